@@ -1,0 +1,38 @@
+"""dvc-dali: the state of NVIDIA DALI pipelines as DVC experiment checkpoints.
+
+    ckpt = dvc_dali.Checkpointer("checkpoint")
+    pipe = ckpt.pipeline("train", my_pipeline, batch_size=32, num_threads=2,
+                         device_id=None, seed=1)
+    weights = ckpt.arrays.get("w", init_weights())
+    for step in range(ckpt.step, total_steps):
+        ...
+        ckpt.make_checkpoint(step + 1, arrays={"w": weights})
+"""
+
+from ._version import __version__
+from .checkpointer import Checkpointer
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    DvcDaliError,
+    PipelineMismatchError,
+    RecordError,
+    SignalError,
+    UnnamedOperatorWarning,
+    UnsupportedPipelineError,
+)
+from .signal import make_checkpoint
+
+__all__ = [
+    "Checkpointer",
+    "make_checkpoint",
+    "DvcDaliError",
+    "CheckpointCorruptError",
+    "CheckpointFormatError",
+    "PipelineMismatchError",
+    "RecordError",
+    "SignalError",
+    "UnnamedOperatorWarning",
+    "UnsupportedPipelineError",
+    "__version__",
+]

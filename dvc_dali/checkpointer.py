@@ -1,0 +1,154 @@
+"""The Checkpointer: build pipelines fresh or restored, save, resume."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import dali_state, store
+from ._version import __version__
+from .errors import CheckpointCorruptError, PipelineMismatchError
+
+def _array_module():
+    """CuPy when a GPU is usable, so GPU arrays come back on the GPU."""
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:
+        return None
+
+
+class Checkpointer:
+    """Saves and restores the exact state of a training run.
+
+    ``path`` is the directory declared as the stage's checkpoint output.
+    On construction the latest complete checkpoint in it (if any) is read and
+    verified; :attr:`step`, :attr:`arrays` and :attr:`metadata` hand it back,
+    and :meth:`pipeline` builds each pipeline restored to its saved position.
+    ``resume=False`` ignores what is there (it is replaced at the next save).
+    """
+
+    def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True) -> None:
+        self.path = Path(path)
+        self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._snapshot = store.read_snapshot(self.path, _array_module()) if resume else None
+
+    # -- what was restored -------------------------------------------------
+    @property
+    def resumed(self) -> bool:
+        """True when a checkpoint was found and is being resumed."""
+        return self._snapshot is not None
+
+    @property
+    def step(self) -> int:
+        """The step saved in the checkpoint, 0 for a fresh start."""
+        return self._snapshot.step if self._snapshot else 0
+
+    @property
+    def arrays(self) -> dict[str, Any]:
+        """The arrays saved with the checkpoint (empty for a fresh start)."""
+        return dict(self._snapshot.arrays) if self._snapshot else {}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The JSON metadata saved with the checkpoint (empty for a fresh start)."""
+        return dict(self._snapshot.manifest["metadata"]) if self._snapshot else {}
+
+    # -- pipelines ---------------------------------------------------------
+    def pipeline(self, name: str, source: Any, **kwargs: Any):
+        """Build pipeline ``name``, restored from the checkpoint when resuming.
+
+        ``source`` is a ``@pipeline_def`` function, called with ``kwargs``
+        (batch_size, num_threads, device_id, seed and its own arguments), or
+        an unbuilt ``Pipeline``. Returns the built pipeline.
+        """
+        if name in self._pipes:
+            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
+        pipe = dali_state.prepare(source, kwargs, None)
+        dali_state.check_restorable(pipe, name)
+        description = dali_state.describe(pipe)
+        state = self._saved_state(name, description)
+        if state is not None:
+            dali_state.restore_at_build(pipe, state)
+        try:
+            pipe.build()
+        except RuntimeError as exc:
+            if state is None:
+                raise
+            raise CheckpointCorruptError(
+                f"{self._state_file(name)}: DALI could not restore pipeline {name!r} from it "
+                f"({str(exc).splitlines()[0]}). Restore an earlier checkpoint with "
+                "`dvc exp apply <row>`, or start over with `dvc-dali reset`.") from exc
+        dali_state.warn_unnamed(name, dali_state.read_state(dali_state.capture(pipe), name))
+        self._pipes[name] = (pipe, description)
+        return pipe
+
+    def _state_file(self, name: str) -> Path:
+        return self._snapshot.path / self._snapshot.manifest["pipelines"][name]["file"]
+
+    def _saved_state(self, name: str, description: dict[str, Any]) -> bytes | None:
+        if self._snapshot is None:
+            return None
+        saved = self._snapshot.manifest["pipelines"]
+        manifest = self._snapshot.path / store.MANIFEST
+        if name not in saved:
+            raise PipelineMismatchError(
+                f"{manifest}: has no pipeline {name!r} (it holds {sorted(saved) or 'none'}), so "
+                f"{name!r} cannot resume where the others do. Register the pipelines under "
+                "the names they were saved with, or start over with `dvc-dali reset`.")
+        old = saved[name].get("description")
+        if not isinstance(old, dict):
+            raise CheckpointCorruptError(f"{manifest}: pipeline {name!r} has no description; "
+                                         "start over with `dvc-dali reset`.")
+        diff = dali_state.differences(old, description)
+        if diff:
+            raise PipelineMismatchError(
+                f"{manifest}: pipeline {name!r} differs from the one that wrote the checkpoint, "
+                "and DALI would restore into it silently, producing other batches:\n  "
+                + "\n  ".join(diff)
+                + "\nRun with the saved settings to resume, or start over with "
+                "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
+        state = self._snapshot.pipeline_states[name]
+        dali_state.read_state(state, str(self._state_file(name)))
+        return state
+
+    # -- saving ------------------------------------------------------------
+    def save(self, step: int, arrays: dict[str, Any] | None = None,
+             metadata: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint of every registered pipeline plus ``arrays``
+        (NumPy or CuPy) and JSON ``metadata``; returns the snapshot directory."""
+        pipelines = {}
+        for name, (pipe, description) in self._pipes.items():
+            state = dali_state.capture(pipe)
+            info = dali_state.read_state(state, name)
+            pipelines[name] = {
+                "state": state,
+                "fingerprint": dali_state.fingerprint(description),
+                "description": description,
+                "iter": info["iter"],
+                "epoch_idx": info["epoch_idx"],
+            }
+        versions = {
+            "dvc_dali": __version__,
+            "dali": dali_state.dali_version(),
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        }
+        return store.write_snapshot(self.path, step, pipelines, dict(arrays or {}),
+                                    dict(metadata or {}), versions)
+
+    def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
+                        metadata: dict[str, Any] | None = None) -> Path:
+        """:meth:`save`, then signal DVC to record it (see :func:`make_checkpoint`)."""
+        from .signal import make_checkpoint
+
+        path = self.save(step, arrays, metadata)
+        make_checkpoint(step=step)
+        return path
+

@@ -1,0 +1,261 @@
+"""Everything that touches DALI: building pipelines with a checkpoint,
+describing a pipeline for the manifest, and reading checkpoint bytes.
+
+DALI restores silently into a pipeline with another batch size, shuffle flag,
+file_root, shard or seed. The description recorded here holds each of those,
+so a restore can say what differs instead of producing other data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import warnings
+from typing import Any
+
+from . import protowire
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    UnnamedOperatorWarning,
+    UnsupportedPipelineError,
+)
+
+# Arguments DALI adds for its own bookkeeping (source line numbers, display
+# names): they change when the script is edited, not when the data does.
+_IGNORED_ARG_PREFIX = "_"
+_IGNORED_ARGS = {"preserve_name", "device_id", "num_threads"}
+_DATA_LOCATION_ARGS = {"file_root", "file_list", "annotations_file", "manifest_filepaths"}
+
+
+def dali_version() -> str:
+    import nvidia.dali
+
+    return nvidia.dali.__version__
+
+
+def prepare(source: Any, kwargs: dict[str, Any], checkpoint: bytes | None):
+    """An unbuilt Pipeline with checkpointing on, set to restore ``checkpoint``.
+
+    ``source`` is a ``@pipeline_def`` function (called with ``kwargs``) or an
+    unbuilt ``Pipeline``.
+    """
+    from nvidia.dali import Pipeline
+
+    if isinstance(source, Pipeline):
+        if kwargs:
+            raise TypeError("pipeline arguments are given to the @pipeline_def function, "
+                            "not with an already constructed Pipeline")
+        if source._built:
+            raise ValueError("the Pipeline is already built: DALI restores a checkpoint only "
+                             "at build(); pass the Pipeline before calling build() or run()")
+        # Pipeline() stores both and reads them only at build(); setting them
+        # here is what passing them to the constructor would have done.
+        source._enable_checkpointing = True
+        source._checkpoint = checkpoint
+        return source
+    if not callable(source):
+        raise TypeError(f"expected a @pipeline_def function or an unbuilt Pipeline, "
+                        f"got {type(source).__name__}")
+    pipe = source(**kwargs, enable_checkpointing=True, checkpoint=checkpoint)
+    if not isinstance(pipe, Pipeline):
+        raise TypeError(f"{getattr(source, '__name__', source)!r} returned "
+                        f"{type(pipe).__name__}, not a Pipeline: decorate it with @pipeline_def")
+    return pipe
+
+
+def restore_at_build(pipe, checkpoint: bytes) -> None:
+    """Make ``build()`` restore ``checkpoint``, as Pipeline(checkpoint=...) would."""
+    pipe._checkpoint = checkpoint
+
+
+def build_graph(pipe) -> None:
+    """Build the Python graph without DALI's own external_source warning,
+    which :func:`check_restorable` replaces with an error."""
+    if not pipe._py_graph_built:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline")
+            pipe._build_graph()
+
+
+def check_restorable(pipe, name: str) -> None:
+    """Refuse external sources whose position DALI does not checkpoint.
+
+    DALI restores an external_source only for a one-argument callable; any
+    other source silently restarts from its beginning after a restore.
+    """
+    from nvidia.dali.external_source import _is_external_source
+    from nvidia.dali._utils.external_source_impl import SourceKind
+
+    build_graph(pipe)
+    for op in pipe._ops:
+        if not _is_external_source(op):
+            continue
+        group = getattr(op, "_group", None)
+        if op._callback is None or group is None:
+            form = "no source (fed with feed_input)"
+        elif group.source_desc.kind != SourceKind.CALLABLE:
+            form = f"a {group.source_desc.kind.name.lower()} source"
+        elif not group.source_desc.has_inputs:
+            form = "a callable without arguments"
+        else:
+            continue
+        raise UnsupportedPipelineError(
+            f"pipeline {name!r}: external_source {op.name!r} has {form}. DALI cannot save "
+            "its position and would restart it from the beginning after a restore, so the "
+            "batches would differ from an uninterrupted run. Use a callable of one argument: "
+            "the sample index (int), nvidia.dali.types.SampleInfo (batch=False) or "
+            "nvidia.dali.types.BatchInfo (batch=True, batch_info=True)."
+        )
+
+
+def _decode_argument(raw: bytes) -> tuple[str, Any]:
+    msg = protowire.parse(raw)
+    name = msg[1][0].decode()
+    values: list[Any] = []
+    values += [struct.unpack("<f", v)[0] for v in msg.get(3, [])]
+    values += [v - (1 << 64) if v >= 1 << 63 else v for v in msg.get(4, [])]
+    values += [v.decode() for v in msg.get(5, [])]
+    values += [bool(v) for v in msg.get(6, [])]
+    is_vector = bool(msg.get(8, [0])[0])
+    return name, values if is_vector or len(values) != 1 else values[0]
+
+
+def _data_digest(arg: str, value: Any) -> str | None:
+    """A digest of the data behind a location argument, so a data set that
+    changed under the same path is noticed."""
+    paths = value if isinstance(value, list) else [value]
+    h = hashlib.sha1()
+    for path in paths:
+        if not isinstance(path, str) or not path:
+            continue
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                for f in sorted(files):
+                    full = os.path.join(root, f)
+                    h.update(f"{os.path.relpath(full, path)}\0{os.path.getsize(full)}\0".encode())
+        elif os.path.isfile(path):
+            with open(path, "rb") as fh:
+                h.update(fh.read())
+        else:
+            return None
+    return h.hexdigest()
+
+
+def describe(pipe) -> dict[str, Any]:
+    """What determines the pipeline's output stream, as plain JSON data."""
+    build_graph(pipe)
+    msg = protowire.parse(pipe.serialize())
+    operators: dict[str, Any] = {}
+    data: dict[str, str] = {}
+    for raw in msg.get(5, []):
+        op = protowire.parse(raw)
+        inst = op[5][0].decode() if 5 in op else op[1][0].decode()
+        args = {}
+        for raw_arg in op.get(4, []):
+            arg, value = _decode_argument(raw_arg)
+            if arg.startswith(_IGNORED_ARG_PREFIX) or arg in _IGNORED_ARGS:
+                continue
+            args[arg] = value
+            if arg in _DATA_LOCATION_ARGS:
+                digest = _data_digest(arg, value)
+                if digest:
+                    data[f"{inst}.{arg}"] = digest
+        inputs = [protowire.parse(i)[1][0].decode() for i in op.get(2, [])]
+        operators[inst] = {"type": op[1][0].decode(), "args": args, "inputs": inputs}
+    seed = msg.get(9, [-1])[0]
+    return {
+        "batch_size": msg[2][0],
+        "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,
+        "operators": operators,
+        "data": data,
+    }
+
+
+def fingerprint(description: dict[str, Any]) -> str:
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}" if prefix else key, out)
+    else:
+        out[prefix] = value
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable 'what: old -> new' lines between two descriptions."""
+    flat_old: dict[str, Any] = {}
+    flat_new: dict[str, Any] = {}
+    _flatten(old, "", flat_old)
+    _flatten(new, "", flat_new)
+    lines = []
+    for key in sorted(set(flat_old) | set(flat_new)):
+        a, b = flat_old.get(key, "<absent>"), flat_new.get(key, "<absent>")
+        if a != b:
+            if key.startswith("data."):
+                a, b = "files as saved", "different files"
+            lines.append(f"{key}: {json.dumps(a)} -> {json.dumps(b)}")
+    return lines
+
+
+def capture(pipe) -> bytes:
+    """The pipeline's state now (readers' positions, random generators)."""
+    return pipe.checkpoint()
+
+
+def read_state(data: bytes, path: str) -> dict[str, Any]:
+    """Check checkpoint bytes and return {operators: {name: state size}, iter, epoch_idx}.
+
+    DALI itself fails on bad bytes with cryptic errors (or an UnpicklingError
+    for DALI 1.x checkpoints); this names the file and the cause first.
+    """
+    if not data:
+        raise CheckpointCorruptError(f"{path}: the DALI state file is empty. The checkpoint "
+                                     "is damaged: restore an earlier one with `dvc exp apply`, "
+                                     "or start over with `dvc-dali reset`.")
+    try:
+        msg = protowire.parse(data)
+        ops = {}
+        for raw in msg.get(1, []):
+            op = protowire.parse(raw)
+            ops[op[1][0].decode()] = len(op.get(2, [b""])[0])
+        ctx = protowire.parse(msg[2][0]) if 2 in msg else {}
+        pipeline_data = ctx.get(1, [b""])[0]
+    except (protowire.WireError, KeyError, IndexError, UnicodeDecodeError, TypeError) as exc:
+        raise CheckpointCorruptError(
+            f"{path}: not a DALI checkpoint ({exc}). The file is damaged or was replaced: "
+            "restore an earlier checkpoint with `dvc exp apply`, or start over with "
+            "`dvc-dali reset`.") from None
+    if pipeline_data[:1] == b"\x80":
+        raise CheckpointFormatError(
+            f"{path}: written by DALI 1.x (its pipeline data is a pickle); DALI "
+            f"{dali_version()} reads only DALI 2 checkpoints and dvc-dali never unpickles. "
+            "Finish the run with DALI 1.x, or start over with `dvc-dali reset`.")
+    try:
+        info = json.loads(pipeline_data)
+        return {"operators": ops, "iter": int(info["iter"]), "epoch_idx": int(info["epoch_idx"])}
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointCorruptError(
+            f"{path}: the DALI pipeline data is not the JSON DALI 2 writes. Restore an earlier "
+            "checkpoint with `dvc exp apply`, or start over with `dvc-dali reset`.") from None
+
+
+def warn_unnamed(name: str, state: dict[str, Any]) -> None:
+    """Warn about stateful operators whose state is keyed by creation order."""
+    unnamed = [op for op, size in state["operators"].items() if size and op.startswith("__")]
+    if unnamed:
+        warnings.warn(
+            f"pipeline {name!r}: stateful operators without name= ({', '.join(unnamed)}); "
+            "their saved state is matched by creation order, so reordering them in the code "
+            "would restore each into the other. Give each a name, e.g. "
+            "fn.random.uniform(..., name=\"angle\").",
+            UnnamedOperatorWarning,
+            stacklevel=3,
+        )
+

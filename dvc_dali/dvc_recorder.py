@@ -1,0 +1,680 @@
+"""Record checkpoints of a running ``dvc exp run`` stage as DVC 3 experiments.
+
+DVC 3 removed checkpoint experiments. This module brings back the part that
+matters: called from inside the stage command (same process as the training
+loop) while ``dvc exp run`` is running, :func:`record_checkpoint` caches the
+stage outputs, writes the workspace ``dvc.lock`` (so a rerun resumes from the
+checkpoint) and publishes one experiment ref per checkpoint, one row of
+``dvc exp show``, without touching the user's HEAD, index or files.
+
+All coupling to DVC internals lives in this module, and DVC is imported
+lazily inside functions (importing it costs about a second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from typing import Any, Optional
+
+__all__ = [
+    "LINEAGE_KEY",
+    "RecordResult",
+    "RecorderError",
+    "in_dvc_exp_run",
+    "list_checkpoint_rows",
+    "record_checkpoint",
+]
+
+#: First word of the machine-readable line in every checkpoint commit message.
+LINEAGE_KEY = "dvc-dali-checkpoint:"
+
+_EXPS_NAMESPACE = "refs/exps"
+_ZERO_SHA = "0" * 40
+_IGNORED_MSG = "The following paths are ignored"
+_INDEX_LOCK_WAIT_S = 5.0
+
+
+class RecorderError(Exception):
+    """A checkpoint could not be recorded; the message says where and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordResult:
+    """What :func:`record_checkpoint` published."""
+
+    ref: str  # full ref, refs/exps/<b[:2]>/<b[2:]>/<name>
+    name: str  # experiment (row) name, usable with `dvc exp apply`
+    sha: str  # commit sha
+    step: int
+    exp_name: str  # DVC_EXP_NAME of the running experiment
+    parent: Optional[str]  # previous checkpoint commit of this lineage
+    baseline: str
+    workspace: bool  # True: workspace run; False: --temp / queued run
+    lockfile: str  # absolute path of the dvc.lock that was written
+    duration_s: float
+    phases: dict[str, float]  # seconds per phase, for benchmarks
+
+
+def in_dvc_exp_run() -> bool:
+    """True when running as the command of a stage under ``dvc exp run``."""
+    return bool(os.environ.get("DVC_ROOT")) and bool(
+        os.environ.get("DVC_EXP_BASELINE_REV")
+    )
+
+
+# --------------------------------------------------------------------------
+# per-process state: an opened Repo per root, git dirs, lineage tips
+# --------------------------------------------------------------------------
+
+_REPOS: dict[str, Any] = {}
+_GIT_DIRS: dict[str, tuple[str, str]] = {}  # path -> (git dir, toplevel)
+_TIPS: dict[tuple[str, str, str], Optional[str]] = {}  # lineage tips
+_MAIN_CACHE: dict[str, str] = {}
+
+
+def _git(
+    args: list[str],
+    cwd: str,
+    env: Optional[dict[str, str]] = None,
+    check: bool = True,
+    input: Optional[str] = None,  # noqa: A002
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(  # noqa: S603
+        ["git", *args],
+        cwd=cwd,
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise RecorderError(
+            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' "
+            f"(exit {proc.returncode}): {proc.stderr.strip()}"
+        )
+    return proc
+
+
+def _git_dirs(path: str) -> tuple[str, str]:
+    """(absolute git dir, work tree top level) of the repo holding path."""
+    key = os.path.realpath(path)
+    if key not in _GIT_DIRS:
+        proc = _git(
+            ["rev-parse", "--absolute-git-dir", "--show-toplevel"],
+            cwd=path,
+            check=False,
+        )
+        lines = proc.stdout.split("\n")
+        if proc.returncode != 0 or len(lines) < 2:
+            raise RecorderError(
+                f"dvc_dali: '{path}' is not inside a git work tree "
+                f"({proc.stderr.strip()}); run inside `dvc exp run` of a git repo."
+            )
+        _GIT_DIRS[key] = (lines[0].strip(), lines[1].strip())
+    return _GIT_DIRS[key]
+
+
+def _open_repo(root: str):
+    from dvc.repo import Repo
+
+    repo = _REPOS.get(root)
+    if repo is None:
+        try:
+            repo = Repo(root)
+        except Exception as exc:
+            raise RecorderError(
+                f"dvc_dali: cannot open the DVC repo at '{root}': {exc}. "
+                "Run the training command through `dvc exp run`."
+            ) from exc
+        _REPOS[root] = repo
+    return repo
+
+
+def _find_dvc_root(start: str) -> str:
+    from dvc.repo import Repo
+
+    try:
+        return Repo.find_root(start)
+    except Exception as exc:
+        raise RecorderError(
+            f"dvc_dali: no DVC repo (.dvc directory) at or above the working "
+            f"directory '{start}': {exc}. Run the training command as a stage "
+            "of `dvc exp run`."
+        ) from exc
+
+
+# --------------------------------------------------------------------------
+# stage lookup
+# --------------------------------------------------------------------------
+
+
+def _find_stage(repo, target: Optional[str], out: Optional[str]):
+    cwd = os.path.realpath(os.getcwd())
+    try:
+        stages = [s for s in repo.index.stages if getattr(s, "name", None)]
+    except Exception as exc:
+        raise RecorderError(
+            f"dvc_dali: cannot load the stages of the DVC repo '{repo.root_dir}': "
+            f"{exc}. Fix dvc.yaml (`dvc stage list` shows the problem)."
+        ) from exc
+
+    if target:
+        path, _, name = target.rpartition(":")
+        cands = [s for s in stages if s.name == name]
+        if path:
+            want = os.path.normpath(path)
+            cands = [
+                s
+                for s in cands
+                if os.path.normpath(s.path).endswith(os.sep + want)
+                or os.path.normpath(s.path) == os.path.abspath(want)
+            ]
+        if len(cands) > 1:  # the command runs in the stage's wdir
+            by_wdir = [s for s in cands if os.path.realpath(s.wdir) == cwd]
+            cands = by_wdir or cands
+        if len(cands) > 1:
+            root_file = os.path.join(repo.root_dir, "dvc.yaml")
+            cands = [s for s in cands if s.path == root_file] or cands
+        if len(cands) == 1:
+            return cands[0]
+        where = ", ".join(s.addressing for s in cands) or "none"
+        raise RecorderError(
+            f"dvc_dali: stage '{target}' (from "
+            f"{'the stage= argument' if target != os.environ.get('DVC_STAGE') else 'env DVC_STAGE'}) "
+            f"matches {len(cands)} stages in the DVC repo '{repo.root_dir}' "
+            f"(candidates: {where}). Pass stage='<dvc.yaml path>:<name>' to "
+            "record_checkpoint()."
+        )
+
+    if out:
+        want = os.path.realpath(os.path.abspath(out))
+        cands = [
+            s
+            for s in stages
+            if any(
+                os.path.realpath(o.fs_path) == want
+                or want.startswith(os.path.realpath(o.fs_path) + os.sep)
+                for o in s.outs
+            )
+        ]
+    else:
+        cands = [
+            s
+            for s in stages
+            if os.path.realpath(s.wdir) == cwd and any(o.persist for o in s.outs)
+        ]
+    if len(cands) == 1:
+        return cands[0]
+    raise RecorderError(
+        f"dvc_dali: env DVC_STAGE is not set and {len(cands)} stages of "
+        f"'{repo.root_dir}' have "
+        f"{'an output covering ' + repr(out) if out else 'persist outputs in ' + repr(cwd)}"
+        f" ({', '.join(s.addressing for s in cands) or 'none'}). "
+        "Pass stage='<name>' to record_checkpoint() (DVC >= 3.49 sets DVC_STAGE)."
+    )
+
+
+# --------------------------------------------------------------------------
+# dvc.lock
+# --------------------------------------------------------------------------
+
+
+def _outs_digest(entry: Optional[dict]) -> str:
+    outs = (entry or {}).get("outs") or []
+    blob = json.dumps(outs, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _read_lock(path: str) -> tuple[str, Any]:
+    from dvc.utils.serialize import parse_yaml_for_update
+
+    try:
+        with open(path, encoding="utf-8") as fobj:
+            text = fobj.read()
+    except FileNotFoundError:
+        return "", {}
+    try:
+        return text, parse_yaml_for_update(text, path) or {}
+    except Exception as exc:
+        raise RecorderError(
+            f"dvc_dali: '{path}' is not valid YAML ({exc}). Restore it with "
+            f"`git checkout -- {os.path.basename(path)}` or delete it."
+        ) from exc
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fobj:
+        fobj.write(text)
+        fobj.flush()
+        os.fsync(fobj.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------
+# git plumbing
+# --------------------------------------------------------------------------
+
+
+def _wait_index_lock(git_dir: str) -> None:
+    lock = os.path.join(git_dir, "index.lock")
+    deadline = time.monotonic() + _INDEX_LOCK_WAIT_S
+    while os.path.exists(lock):
+        if time.monotonic() > deadline:
+            raise RecorderError(
+                f"dvc_dali: git index lock '{lock}' has been held for "
+                f"{_INDEX_LOCK_WAIT_S:.0f} s. Another git process is running or "
+                "crashed; if none is running, delete that file. The checkpoint "
+                "files are intact; the next checkpoint will retry."
+            )
+        time.sleep(0.05)
+
+
+def _commit_env(env: dict[str, str], cwd: str) -> dict[str, str]:
+    """env with a fallback identity when git has none configured."""
+    if all(
+        env.get(k)
+        for k in (
+            "GIT_AUTHOR_NAME",
+            "GIT_AUTHOR_EMAIL",
+            "GIT_COMMITTER_NAME",
+            "GIT_COMMITTER_EMAIL",
+        )
+    ):
+        return env
+    proc = _git(["var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, check=False)
+    if proc.returncode == 0:
+        return env
+    env = dict(env)
+    for who in ("AUTHOR", "COMMITTER"):
+        env.setdefault(f"GIT_{who}_NAME", "dvc-dali")
+        env.setdefault(f"GIT_{who}_EMAIL", "dvc-dali@localhost")
+    return env
+
+
+def _stage_paths(repo, stage, toplevel: str) -> list[str]:
+    """Paths a normal `dvc exp run` commit would stage, relative to toplevel."""
+    from dvc.repo.experiments.executor.base import BaseExecutor
+    from dvc.stage.utils import _get_stage_files
+
+    cwd = os.getcwd()
+    paths = [os.path.join(cwd, p) for p in _get_stage_files(stage)]
+    paths += [
+        os.path.join(repo.root_dir, p)
+        for p in BaseExecutor._get_top_level_paths(repo)
+    ]
+    # .gitignore files that ignore cached outputs (written by Output.save())
+    paths += [os.path.join(cwd, p) for p in repo.scm_context.files_to_track]
+    repo.scm_context.files_to_track = set()
+    paths += [
+        os.path.join(os.path.dirname(o.fs_path), ".gitignore")
+        for o in stage.outs
+        if o.use_scm_ignore and o.is_in_repo
+    ]
+
+    out: list[str] = []
+    top = os.path.realpath(toplevel)
+    for p in paths:
+        p = os.path.realpath(os.path.abspath(p))
+        if not os.path.lexists(p):
+            continue
+        rel = os.path.relpath(p, top)
+        if rel == ".." or rel.startswith(".." + os.sep) or rel in out:
+            continue
+        out.append(rel)
+    return out
+
+
+def _build_commit(
+    git_dir: str,
+    toplevel: str,
+    paths: list[str],
+    baseline: str,
+    message: str,
+) -> str:
+    """Commit (tracked changes + paths) on top of baseline via a private index."""
+    index = os.path.join(git_dir, "index")
+    private = os.path.join(
+        git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    )
+    _wait_index_lock(git_dir)
+    try:
+        if os.path.exists(index):
+            shutil.copy2(index, private)  # keep mtime: racy-clean detection
+        env = dict(os.environ, GIT_INDEX_FILE=private)
+        _git(["add", "-u", "--", ":/"], cwd=toplevel, env=env)
+        if paths:
+            proc = _git(
+                ["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
+                cwd=toplevel,
+                env=env,
+                check=False,
+            )
+            if proc.returncode != 0 and not proc.stderr.lstrip().startswith(
+                _IGNORED_MSG
+            ):
+                raise RecorderError(
+                    f"dvc_dali: `git add` of {paths} into a private index failed "
+                    f"in '{toplevel}': {proc.stderr.strip()}"
+                )
+        tree = _git(["write-tree"], cwd=toplevel, env=env).stdout.strip()
+        env = _commit_env(env, toplevel)
+        return _git(
+            ["commit-tree", tree, "-p", baseline, "-F", "-"],
+            cwd=toplevel,
+            env=env,
+            input=message,
+        ).stdout.strip()
+    finally:
+        for p in (private, private + ".lock"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def _publish(
+    sha: str, ref: str, cwd_top: str, main_git_dir: str, workspace: bool
+) -> bool:
+    """Create ref -> sha in the main repo; False when the ref already exists."""
+    if workspace:
+        proc = _git(
+            ["update-ref", "-m", "dvc-dali: checkpoint", ref, sha, _ZERO_SHA],
+            cwd=cwd_top,
+            check=False,
+        )
+    else:
+        proc = _git(
+            ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"],
+            cwd=cwd_top,
+            check=False,
+        )
+    if proc.returncode == 0:
+        return True
+    exists = _git(
+        ["rev-parse", "--verify", "--quiet", ref], cwd=main_git_dir, check=False
+    )
+    if exists.returncode == 0:
+        return False
+    raise RecorderError(
+        f"dvc_dali: could not create experiment ref '{ref}' in '{main_git_dir}': "
+        f"{proc.stderr.strip()}. Check that the repo is writable and no "
+        f"'{ref}.lock' file is left in it."
+    )
+
+
+# --------------------------------------------------------------------------
+# lineage
+# --------------------------------------------------------------------------
+
+_LINEAGE_RE = re.compile(r"^" + re.escape(LINEAGE_KEY) + r"\s*(.*)$", re.MULTILINE)
+
+
+def _parse_lineage(text: str) -> Optional[dict[str, str]]:
+    found = _LINEAGE_RE.findall(text)
+    if not found:
+        return None
+    fields = {}
+    for tok in found[-1].split():
+        key, sep, val = tok.partition("=")
+        if sep:
+            fields[key] = val
+    return fields if "step" in fields and "exp" in fields else None
+
+
+def _iter_ckpt_refs(git_dir: str, cwd: str):
+    fmt = "%(objectname)%00%(refname)%00%(committerdate:unix)%00%(contents)%00%00"
+    proc = _git(
+        ["--git-dir", git_dir, "for-each-ref", f"--format={fmt}", _EXPS_NAMESPACE],
+        cwd=cwd,
+    )
+    for rec in proc.stdout.split("\0\0"):
+        parts = rec.lstrip("\n").split("\0")
+        if len(parts) < 4:
+            continue
+        sha, ref, date, contents = parts[:4]
+        fields = _parse_lineage(contents)
+        if fields is None:
+            continue
+        yield sha, ref, int(date or 0), fields
+
+
+def _find_resume_parent(
+    main_git_dir: str, cwd: str, stage_addr: str, digest: str
+) -> Optional[str]:
+    """Newest recorded checkpoint whose outputs are the ones we resumed from."""
+    best: tuple[int, str] = (-1, "")
+    for sha, _ref, date, fields in _iter_ckpt_refs(main_git_dir, cwd):
+        if fields.get("outs") == digest and fields.get("stage") == stage_addr:
+            best = max(best, (date, sha))
+    return best[1] or None
+
+
+# --------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------
+
+
+def record_checkpoint(
+    step: int,
+    *,
+    stage: Optional[str] = None,
+    name: Optional[str] = None,
+    message: str = "",
+    out: Optional[str] = None,
+) -> RecordResult:
+    """Record the current stage outputs as one experiment row (see module doc).
+
+    step: training step, in the row name and the lineage line.
+    stage: stage address; default env DVC_STAGE, else the single stage
+        whose outputs cover ``out`` (or with persist outputs in the cwd).
+    name: row (experiment ref) name; default ``f"{DVC_EXP_NAME}-step{step}"``.
+    message: first line of the commit message.
+    """
+    t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+    from dvc.lock import LockError
+    from dvc.repo.experiments.refs import ExpRefInfo
+    from dvc.repo.experiments.utils import check_ref_format
+    from dvc.stage.serialize import to_single_stage_lockfile
+    from dvc.utils.serialize import dumps_yaml
+
+    if not in_dvc_exp_run():
+        raise RecorderError(
+            "dvc_dali: record_checkpoint() needs env DVC_ROOT and "
+            "DVC_EXP_BASELINE_REV, set by `dvc exp run` for the stage command; "
+            "run training with `dvc exp run` (plain `dvc repro` records nothing)."
+        )
+    step = int(step)
+    dvc_root = os.environ["DVC_ROOT"]
+    baseline = os.environ["DVC_EXP_BASELINE_REV"]
+    exp_name = os.environ.get("DVC_EXP_NAME") or f"exp-{baseline[:7]}"
+    if not os.path.isdir(os.path.join(dvc_root, ".dvc")):
+        raise RecorderError(
+            f"dvc_dali: DVC_ROOT='{dvc_root}' is not a DVC repo (no .dvc "
+            "directory). Unset DVC_ROOT or run through `dvc exp run`."
+        )
+
+    root = _find_dvc_root(os.getcwd())
+    git_dir, toplevel = _git_dirs(root)
+    main_git_dir, _ = _git_dirs(dvc_root)
+    workspace = os.path.samefile(git_dir, main_git_dir)
+    repo = _open_repo(root)
+    phases["open"] = time.perf_counter() - t0
+
+    if not workspace:
+        _check_shared_cache(repo, dvc_root)
+
+    try:
+        repo.lock.lock()
+    except LockError as exc:
+        raise RecorderError(
+            f"dvc_dali: DVC repo lock '{repo.lock.lockfile}' is held by another "
+            "DVC process; the checkpoint was not recorded (its files are "
+            "intact). Wait for that process, or remove the lock file if no DVC "
+            "process is running."
+        ) from exc
+    try:
+        t = time.perf_counter()
+        stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), out)
+        stage_addr = os.path.relpath(stg.path, repo.root_dir) + ":" + stg.name
+        lock_path = stg.dvcfile._lockfile.path
+        _, lock_data = _read_lock(lock_path)
+        old_entry = (lock_data.get("stages") or {}).get(stg.name)
+        try:
+            stg.save(run_cache=False)
+        except Exception as exc:
+            raise RecorderError(
+                f"dvc_dali: saving stage '{stg.addressing}' failed: {exc}. Write "
+                "every output (and params) before calling record_checkpoint()."
+            ) from exc
+        phases["save"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        for o in stg.outs:
+            if o.use_cache:
+                o.commit(relink=False)  # never link the live files into cache
+        phases["cache"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        entry = to_single_stage_lockfile(stg)
+        if not lock_data:
+            lock_data = {"schema": "2.0"}
+        if lock_data.get("stages") is None:
+            lock_data["stages"] = {}
+        lock_data["stages"][stg.name] = entry
+        _write_atomic(lock_path, dumps_yaml(lock_data))
+        phases["lockfile"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        tip_key = (os.path.realpath(main_git_dir), exp_name, stage_addr)
+        if tip_key not in _TIPS:
+            _TIPS[tip_key] = (
+                _find_resume_parent(
+                    main_git_dir, toplevel, stage_addr, _outs_digest(old_entry)
+                )
+                if old_entry
+                else None
+            )
+        parent = _TIPS[tip_key]
+        row = name or f"{exp_name}-step{step}"
+        lineage = (
+            f"{LINEAGE_KEY} exp={exp_name} step={step} "
+            f"parent={parent or 'none'} stage={stage_addr} "
+            f"outs={_outs_digest(entry)}"
+        )
+        first = message.strip() or f"dvc-dali checkpoint {exp_name} step {step}"
+        paths = _stage_paths(repo, stg, toplevel)
+        sha = _build_commit(
+            git_dir, toplevel, paths, baseline, f"{first}\n\n{lineage}\n"
+        )
+        phases["commit"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        candidates = [row] if name else [row, f"{row}-{sha[:7]}"]
+        ref = ""
+        for cand in candidates:
+            ref_info = ExpRefInfo(baseline, cand)
+            if cand == exp_name:
+                raise RecorderError(
+                    f"dvc_dali: checkpoint name '{cand}' equals the experiment "
+                    "name DVC_EXP_NAME; `dvc exp run` would fail to create its own "
+                    "ref. Pass another name=."
+                )
+            try:
+                check_ref_format(repo.scm, ref_info)
+            except Exception as exc:
+                raise RecorderError(
+                    f"dvc_dali: checkpoint name '{cand}' is not a valid git ref "
+                    f"name ({exc}). Pass a name without spaces, '/', '~', '^', ':'."
+                ) from exc
+            if _publish(sha, str(ref_info), toplevel, main_git_dir, workspace):
+                ref, row = str(ref_info), cand
+                break
+        if not ref:
+            raise RecorderError(
+                f"dvc_dali: experiment ref '{ExpRefInfo(baseline, candidates[-1])}' "
+                f"already exists in '{main_git_dir}'. Pass another name= or "
+                "remove the old experiment with `dvc exp remove`."
+            )
+        phases["publish"] = time.perf_counter() - t
+        _TIPS[tip_key] = sha
+    finally:
+        repo.lock.unlock()
+        repo._reset()
+
+    return RecordResult(
+        ref=ref,
+        name=row,
+        sha=sha,
+        step=step,
+        exp_name=exp_name,
+        parent=parent,
+        baseline=baseline,
+        workspace=workspace,
+        lockfile=lock_path,
+        duration_s=time.perf_counter() - t0,
+        phases=phases,
+    )
+
+
+def _check_shared_cache(repo, dvc_root: str) -> None:
+    """--temp/queued runs must write into the main repo's cache."""
+    from dvc.repo import Repo
+
+    key = os.path.realpath(dvc_root)
+    if key not in _MAIN_CACHE:
+        with Repo(dvc_root) as main:
+            _MAIN_CACHE[key] = main.cache.local_cache_dir
+    mine = repo.cache.local_cache_dir
+    if os.path.realpath(mine) != os.path.realpath(_MAIN_CACHE[key]):
+        raise RecorderError(
+            f"dvc_dali: this run's DVC cache '{mine}' is not the cache of "
+            f"DVC_ROOT '{dvc_root}' ('{_MAIN_CACHE[key]}'), so recorded "
+            "checkpoints could not be applied there. Set `cache.dir` of the "
+            "executor repo to the main cache."
+        )
+
+
+def list_checkpoint_rows(dvc_root: str, exp_name: Optional[str] = None) -> list[dict]:
+    """Checkpoint refs recorded under refs/exps of the repo at dvc_root.
+
+    Each row: name, ref, sha, exp, step, parent, stage, outs, baseline, time.
+    Sorted by (exp, step, time).
+    """
+    git_dir, _ = _git_dirs(dvc_root)
+    rows = []
+    for sha, ref, date, fields in _iter_ckpt_refs(git_dir, dvc_root):
+        if exp_name is not None and fields.get("exp") != exp_name:
+            continue
+        parts = ref.split("/")
+        try:
+            step = int(fields["step"])
+        except ValueError:
+            continue
+        parent = fields.get("parent")
+        rows.append(
+            {
+                "name": parts[-1],
+                "ref": ref,
+                "sha": sha,
+                "exp": fields["exp"],
+                "step": step,
+                "parent": None if parent in (None, "none") else parent,
+                "stage": fields.get("stage"),
+                "outs": fields.get("outs"),
+                "baseline": "".join(parts[2:4]) if len(parts) == 5 else None,
+                "time": date,
+            }
+        )
+    rows.sort(key=lambda r: (r["exp"], r["step"], r["time"]))
+    return rows

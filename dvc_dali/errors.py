@@ -1,0 +1,35 @@
+"""Exceptions. Every message names the file, what is wrong and what to do."""
+
+from __future__ import annotations
+
+
+class DvcDaliError(Exception):
+    """Base class of every error dvc-dali raises on purpose."""
+
+
+class CheckpointCorruptError(DvcDaliError):
+    """A checkpoint file is missing, truncated, garbage or fails its digest."""
+
+
+class CheckpointFormatError(DvcDaliError):
+    """A checkpoint from a foreign or newer format, or from DALI 1.x."""
+
+
+class PipelineMismatchError(DvcDaliError):
+    """The checkpoint was written by a different pipeline than the one built now."""
+
+
+class UnsupportedPipelineError(DvcDaliError):
+    """A pipeline whose state DALI cannot capture exactly (an external_source)."""
+
+
+class SignalError(DvcDaliError):
+    """The DVC_CHECKPOINT signal could not be written or was never answered."""
+
+
+class RecordError(DvcDaliError):
+    """A checkpoint could not be recorded as a DVC experiment."""
+
+
+class UnnamedOperatorWarning(UserWarning):
+    """A stateful operator without ``name=``: its state is keyed by creation order."""

@@ -1,0 +1,267 @@
+"""The on-disk checkpoint format and its crash-safe publication.
+
+    <checkpoint dir>/             the stage's `checkpoint: true` / `persist: true` output
+      LATEST                      "<snapshot name> <sha256 of its manifest.json>"
+      step-000000120-1a2b3c4d/    one complete snapshot
+        manifest.json             format, step, versions, pipelines, arrays, digests
+        pipelines/<n>.dali        DALI state bytes, one file per pipeline
+        arrays/<n>.npy            user arrays, .npy without pickle
+
+A snapshot is written into `.tmp-*`, fsynced, renamed to `step-*` (atomic),
+and only then does LATEST move to it (atomic replace). A crash at any instant
+leaves LATEST naming a complete snapshot; the next save removes leftovers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CheckpointCorruptError, CheckpointFormatError
+
+FORMAT = "dvc-dali-checkpoint"
+FORMAT_VERSION = 1
+LATEST = "LATEST"
+MANIFEST = "manifest.json"
+_SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MEMBER_PATH = re.compile(r"^(pipelines|arrays)/[0-9]{5}\.(dali|npy)$")
+_FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
+        "`dvc-dali reset`")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _HashingWriter:
+    """A file wrapper that hashes what passes through, so nothing is read twice."""
+
+    def __init__(self, fh):
+        self._fh, self.sha256, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self._fh.write(data)
+
+
+@dataclass
+class Snapshot:
+    """A complete snapshot read back from disk, digests verified."""
+
+    path: Path
+    manifest: dict[str, Any]
+    pipeline_states: dict[str, bytes] = field(default_factory=dict)
+    arrays: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return self.manifest["step"]
+
+
+def to_numpy(name: str, value: Any) -> tuple[np.ndarray, str]:
+    """The array as NumPy on the host, and the device it came from."""
+    device = "cpu"
+    if type(value).__module__.startswith("cupy"):
+        value, device = value.get(), "gpu"
+    elif hasattr(value, "__array__") and not isinstance(value, np.ndarray):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"array {name!r}: expected a NumPy or CuPy array, got "
+                        f"{type(value).__name__}")
+    if value.dtype.hasobject:
+        raise TypeError(f"array {name!r}: dtype {value.dtype} holds Python objects, which "
+                        "would need pickle; store numbers, or put small values in metadata")
+    return value, device
+
+
+def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
+                   arrays: dict[str, Any], metadata: dict[str, Any],
+                   versions: dict[str, str]) -> Path:
+    """Publish one snapshot atomically; returns its directory.
+
+    ``pipelines`` maps a name to {"state": bytes, plus manifest fields}.
+    """
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    try:
+        meta_text = json.dumps(metadata, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata must be plain JSON (numbers, strings, lists, dicts): {exc}")
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
+    tmp = root / f".tmp-{name}"
+    (tmp / "pipelines").mkdir(parents=True)
+    (tmp / "arrays").mkdir()
+    files: dict[str, dict[str, Any]] = {}
+
+    def put(rel: str, write) -> None:
+        with open(tmp / rel, "wb") as fh:
+            writer = _HashingWriter(fh)
+            write(writer)
+            fh.flush()
+            os.fsync(fh.fileno())
+        files[rel] = {"sha256": writer.sha256.hexdigest(), "size": writer.size}
+
+    manifest_pipes = {}
+    for i, (pname, info) in enumerate(sorted(pipelines.items())):
+        rel = f"pipelines/{i:05d}.dali"
+        put(rel, lambda w, data=info["state"]: w.write(data))
+        manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
+    manifest_arrays = {}
+    for i, (aname, value) in enumerate(sorted(arrays.items())):
+        host, device = to_numpy(aname, value)
+        rel = f"arrays/{i:05d}.npy"
+        put(rel, lambda w, a=host: np.lib.format.write_array(w, a, allow_pickle=False))
+        manifest_arrays[aname] = {"file": rel, "dtype": host.dtype.str,
+                                  "shape": list(host.shape), "device": device}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": versions,
+        "pipelines": manifest_pipes,
+        "arrays": manifest_arrays,
+        "metadata": json.loads(meta_text),
+        "files": files,
+    }
+    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    put(MANIFEST, lambda w: w.write(text))
+    _fsync_dir(tmp / "pipelines")
+    _fsync_dir(tmp / "arrays")
+    _fsync_dir(tmp)
+    final = root / name
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
+    with open(latest_tmp, "w") as fh:
+        fh.write(f"{name} {hashlib.sha256(text).hexdigest()}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(latest_tmp, root / LATEST)
+    _fsync_dir(root)
+    remove_leftovers(root, keep=name)
+    return final
+
+
+def remove_leftovers(root: Path, keep: str) -> None:
+    """Remove unfinished and superseded snapshots (orbax-style cleanup)."""
+    for entry in root.iterdir():
+        if entry.name in (keep, LATEST):
+            continue
+        if entry.name.startswith(".tmp-") or _SNAPSHOT_NAME.match(entry.name):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def latest(root: Path) -> tuple[str, str] | None:
+    """The snapshot LATEST names and its manifest's sha256, or None when
+    there is no checkpoint yet. The digest makes an edited manifest visible."""
+    pointer = root / LATEST
+    if not pointer.exists():
+        if root.is_dir() and any(_SNAPSHOT_NAME.match(e.name) for e in root.iterdir()):
+            raise CheckpointCorruptError(f"{pointer}: missing, but {root} holds snapshots; "
+                                         f"the directory was edited by hand: {_FIX}")
+        return None
+    text = pointer.read_text(errors="replace").split()
+    if len(text) != 2 or not _SNAPSHOT_NAME.match(text[0]) or not _SHA256.match(text[1]):
+        raise CheckpointCorruptError(f"{pointer}: does not hold '<snapshot> <manifest sha256>' "
+                                     f"(found {' '.join(text)[:80]!r}): {_FIX}")
+    if not (root / text[0] / MANIFEST).is_file():
+        raise CheckpointCorruptError(f"{pointer}: names {text[0]}, but "
+                                     f"{root / text[0] / MANIFEST} does not exist: {_FIX}")
+    return text[0], text[1]
+
+
+def _read_member(snap_dir: Path, rel: str, files: dict[str, Any]) -> bytes:
+    if not isinstance(rel, str) or not _MEMBER_PATH.match(rel) or rel not in files:
+        raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: file entry {rel!r} is not one "
+                                     f"this format writes (paths stay inside the snapshot): "
+                                     f"{_FIX}")
+    path = snap_dir / rel
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: missing from the checkpoint: {_FIX}") from None
+    want = files[rel]
+    if len(data) != want.get("size"):
+        raise CheckpointCorruptError(f"{path}: {len(data)} bytes, the manifest says "
+                                     f"{want.get('size')} (truncated or overwritten): {_FIX}")
+    if hashlib.sha256(data).hexdigest() != want.get("sha256"):
+        raise CheckpointCorruptError(f"{path}: contents do not match the sha256 in "
+                                     f"{snap_dir / MANIFEST} (corrupted or edited): {_FIX}")
+    return data
+
+
+def read_manifest(snap_dir: Path, sha256: str) -> dict[str, Any]:
+    path = snap_dir / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{path}: missing: {_FIX}") from None
+    if hashlib.sha256(raw).hexdigest() != sha256:
+        raise CheckpointCorruptError(f"{path}: does not match the sha256 recorded in "
+                                     f"{snap_dir.parent / LATEST} (edited or corrupted): {_FIX}")
+    try:
+        manifest = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"{path}: not valid JSON ({exc}): {_FIX}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointFormatError(f"{path}: not a dvc-dali manifest (no \"format\": "
+                                    f"\"{FORMAT}\"); point dvc-dali at its own checkpoint "
+                                    "directory, or start over with `dvc-dali reset`")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointFormatError(f"{path}: format_version {version!r} is newer than this "
+                                    f"dvc-dali reads ({FORMAT_VERSION}); upgrade dvc-dali "
+                                    "(pip install -U dvc-dali)")
+    for key, kind in (("step", int), ("pipelines", dict), ("arrays", dict),
+                      ("metadata", dict), ("files", dict)):
+        if not isinstance(manifest.get(key), kind):
+            raise CheckpointCorruptError(f"{path}: field {key!r} is missing or not a "
+                                         f"{kind.__name__}: {_FIX}")
+    return manifest
+
+
+def read_snapshot(root: Path, array_module=None) -> Snapshot | None:
+    """The latest complete snapshot with every digest checked, or None."""
+    found = latest(root)
+    if found is None:
+        return None
+    snap_dir = root / found[0]
+    manifest = read_manifest(snap_dir, found[1])
+    files = manifest["files"]
+    snap = Snapshot(snap_dir, manifest)
+    for pname, info in manifest["pipelines"].items():
+        snap.pipeline_states[pname] = _read_member(snap_dir, info.get("file"), files)
+    for aname, info in manifest["arrays"].items():
+        data = _read_member(snap_dir, info.get("file"), files)
+        try:
+            value = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+        except ValueError as exc:
+            raise CheckpointCorruptError(f"{snap_dir / info['file']}: not a readable .npy "
+                                         f"({exc}): {_FIX}") from None
+        if info.get("device") == "gpu" and array_module is not None:
+            value = array_module.asarray(value)
+        snap.arrays[aname] = value
+    return snap
+
