@@ -119,6 +119,7 @@ def _decode_argument(raw: bytes) -> tuple[str, Any]:
     values += [v - (1 << 64) if v >= 1 << 63 else v for v in msg.get(4, [])]
     values += [v.decode() for v in msg.get(5, [])]
     values += [bool(v) for v in msg.get(6, [])]
+    values += [_decode_argument(v)[1] for v in msg.get(7, [])]  # vector elements
     is_vector = bool(msg.get(8, [0])[0])
     return name, values if is_vector or len(values) != 1 else values[0]
 
@@ -190,11 +191,16 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Human-readable 'what: old -> new' lines between two descriptions."""
+    old_ops, new_ops = old.get("operators", {}), new.get("operators", {})
+    lines = [f"operator {op}: {old_ops[op]['type'] if op in old_ops else '<absent>'} -> "
+             f"{new_ops[op]['type'] if op in new_ops else '<absent>'}"
+             for op in sorted(set(old_ops) ^ set(new_ops))]
+    common = set(old_ops) & set(new_ops)
     flat_old: dict[str, Any] = {}
     flat_new: dict[str, Any] = {}
-    _flatten(old, "", flat_old)
-    _flatten(new, "", flat_new)
-    lines = []
+    for flat, desc, ops in ((flat_old, old, old_ops), (flat_new, new, new_ops)):
+        pruned = {**desc, "operators": {k: v for k, v in ops.items() if k in common}}
+        _flatten(pruned, "", flat)
     for key in sorted(set(flat_old) | set(flat_new)):
         a, b = flat_old.get(key, "<absent>"), flat_new.get(key, "<absent>")
         if a != b:

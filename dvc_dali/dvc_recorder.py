@@ -14,12 +14,14 @@ lazily inside functions (importing it costs about a second).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from typing import Any, Optional
@@ -78,6 +80,9 @@ _REPOS: dict[str, Any] = {}
 _GIT_DIRS: dict[str, tuple[str, str]] = {}  # path -> (git dir, toplevel)
 _TIPS: dict[tuple[str, str, str], Optional[str]] = {}  # lineage tips
 _MAIN_CACHE: dict[str, str] = {}
+_HAS_IDENT: dict[str, bool] = {}
+_SWEPT: set[str] = set()
+_CALL_LOCK = threading.Lock()
 
 
 def _git(
@@ -252,6 +257,7 @@ def _read_lock(path: str) -> tuple[str, Any]:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    _sweep_leftovers(f"{path}.dvc-dali-*.tmp")
     tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fobj:
         fobj.write(text)
@@ -281,18 +287,10 @@ def _wait_index_lock(git_dir: str) -> None:
 
 def _commit_env(env: dict[str, str], cwd: str) -> dict[str, str]:
     """env with a fallback identity when git has none configured."""
-    if all(
-        env.get(k)
-        for k in (
-            "GIT_AUTHOR_NAME",
-            "GIT_AUTHOR_EMAIL",
-            "GIT_COMMITTER_NAME",
-            "GIT_COMMITTER_EMAIL",
-        )
-    ):
-        return env
-    proc = _git(["var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, check=False)
-    if proc.returncode == 0:
+    if cwd not in _HAS_IDENT:
+        proc = _git(["var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, check=False)
+        _HAS_IDENT[cwd] = proc.returncode == 0
+    if _HAS_IDENT[cwd]:
         return env
     env = dict(env)
     for who in ("AUTHOR", "COMMITTER"):
@@ -334,6 +332,30 @@ def _stage_paths(repo, stage, toplevel: str) -> list[str]:
     return out
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _sweep_leftovers(pattern: str) -> None:
+    """Remove files of ours left by killed processes (pid in the name)."""
+    if pattern in _SWEPT:
+        return
+    _SWEPT.add(pattern)
+    for path in glob.glob(pattern):
+        m = re.search(r"dvc-dali(?:-index)?-(\d+)", os.path.basename(path))
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _build_commit(
     git_dir: str,
     toplevel: str,
@@ -343,6 +365,7 @@ def _build_commit(
 ) -> str:
     """Commit (tracked changes + paths) on top of baseline via a private index."""
     index = os.path.join(git_dir, "index")
+    _sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
     private = os.path.join(
         git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     )
@@ -480,6 +503,18 @@ def record_checkpoint(
     name: row (experiment ref) name; default ``f"{DVC_EXP_NAME}-step{step}"``.
     message: first line of the commit message.
     """
+    with _CALL_LOCK:  # one record at a time per process
+        return _record(step, stage=stage, name=name, message=message, out=out)
+
+
+def _record(
+    step: int,
+    *,
+    stage: Optional[str],
+    name: Optional[str],
+    message: str,
+    out: Optional[str],
+) -> RecordResult:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
     from dvc.lock import LockError
