@@ -8,7 +8,7 @@ checkpoint) and publishes one experiment ref per checkpoint, one row of
 ``dvc exp show``, without touching the user's HEAD, index or files.
 
 All coupling to DVC internals lives in this module, and DVC is imported
-lazily inside functions (importing it costs about a second).
+lazily inside functions (importing it is slow).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from typing import Any, Optional
+from urllib.parse import quote, unquote
 
 __all__ = [
     "LINEAGE_KEY",
@@ -44,7 +45,13 @@ _IGNORED_MSG = "The following paths are ignored"
 _INDEX_LOCK_WAIT_S = 5.0
 
 
-class RecorderError(Exception):
+try:  # the package's error hierarchy, when imported as dvc_dali.dvc_recorder
+    from .errors import RecordError as _RecordErrorBase
+except ImportError:  # loaded as a single file
+    _RecordErrorBase = Exception  # type: ignore[misc,assignment]
+
+
+class RecorderError(_RecordErrorBase):
     """A checkpoint could not be recorded; the message says where and what to do."""
 
 
@@ -78,7 +85,8 @@ def in_dvc_exp_run() -> bool:
 
 _REPOS: dict[str, Any] = {}
 _GIT_DIRS: dict[str, tuple[str, str]] = {}  # path -> (git dir, toplevel)
-_TIPS: dict[tuple[str, str, str], Optional[str]] = {}  # lineage tips
+# lineage tip per (main git dir, experiment, stage): (commit sha, step)
+_TIPS: dict[tuple[str, str, str], tuple[Optional[str], int]] = {}
 _MAIN_CACHE: dict[str, str] = {}
 _HAS_IDENT: dict[str, bool] = {}
 _SWEPT: set[str] = set()
@@ -192,9 +200,13 @@ def _find_stage(repo, target: Optional[str], out: Optional[str]):
         if len(cands) == 1:
             return cands[0]
         where = ", ".join(s.addressing for s in cands) or "none"
+        origin = (
+            "env DVC_STAGE"
+            if target == os.environ.get("DVC_STAGE")
+            else "the stage= argument"
+        )
         raise RecorderError(
-            f"dvc_dali: stage '{target}' (from "
-            f"{'the stage= argument' if target != os.environ.get('DVC_STAGE') else 'env DVC_STAGE'}) "
+            f"dvc_dali: stage '{target}' (from {origin}) "
             f"matches {len(cands)} stages in the DVC repo '{repo.root_dir}' "
             f"(candidates: {where}). Pass stage='<dvc.yaml path>:<name>' to "
             "record_checkpoint()."
@@ -410,24 +422,19 @@ def _publish(
 ) -> bool:
     """Create ref -> sha in the main repo; False when the ref already exists."""
     if workspace:
-        proc = _git(
-            ["update-ref", "-m", "dvc-dali: checkpoint", ref, sha, _ZERO_SHA],
-            cwd=cwd_top,
-            check=False,
-        )
+        args = ["update-ref", "-m", "dvc-dali: checkpoint", ref, sha, _ZERO_SHA]
     else:
-        proc = _git(
-            ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"],
-            cwd=cwd_top,
-            check=False,
+        args = ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"]
+    for attempt in range(3):  # DVC (dulwich) may prune ref dirs concurrently
+        proc = _git(args, cwd=cwd_top, check=False)
+        if proc.returncode == 0:
+            return True
+        exists = _git(
+            ["rev-parse", "--verify", "--quiet", ref], cwd=main_git_dir, check=False
         )
-    if proc.returncode == 0:
-        return True
-    exists = _git(
-        ["rev-parse", "--verify", "--quiet", ref], cwd=main_git_dir, check=False
-    )
-    if exists.returncode == 0:
-        return False
+        if exists.returncode == 0:
+            return False
+        time.sleep(0.1 * (attempt + 1))
     raise RecorderError(
         f"dvc_dali: could not create experiment ref '{ref}' in '{main_git_dir}': "
         f"{proc.stderr.strip()}. Check that the repo is writable and no "
@@ -473,13 +480,18 @@ def _iter_ckpt_refs(git_dir: str, cwd: str):
 
 def _find_resume_parent(
     main_git_dir: str, cwd: str, stage_addr: str, digest: str
-) -> Optional[str]:
-    """Newest recorded checkpoint whose outputs are the ones we resumed from."""
-    best: tuple[int, str] = (-1, "")
+) -> tuple[Optional[str], int]:
+    """(sha, step) of the newest recorded checkpoint whose outputs are the
+    ones this run resumed from; (None, 0) when there is none."""
+    best: tuple[int, str, int] = (-1, "", 0)
     for sha, _ref, date, fields in _iter_ckpt_refs(main_git_dir, cwd):
         if fields.get("outs") == digest and fields.get("stage") == stage_addr:
-            best = max(best, (date, sha))
-    return best[1] or None
+            try:
+                step = int(fields["step"])
+            except ValueError:
+                continue
+            best = max(best, (date, sha, step))
+    return (best[1] or None), best[2]
 
 
 # --------------------------------------------------------------------------
@@ -488,7 +500,7 @@ def _find_resume_parent(
 
 
 def record_checkpoint(
-    step: int,
+    step: Optional[int] = None,
     *,
     stage: Optional[str] = None,
     name: Optional[str] = None,
@@ -497,7 +509,8 @@ def record_checkpoint(
 ) -> RecordResult:
     """Record the current stage outputs as one experiment row (see module doc).
 
-    step: training step, in the row name and the lineage line.
+    step: training step, in the row name and the lineage line; None: one
+        more than the previous checkpoint of this run (or the one it resumed).
     stage: stage address; default env DVC_STAGE, else the single stage
         whose outputs cover ``out`` (or with persist outputs in the cwd).
     name: row (experiment ref) name; default ``f"{DVC_EXP_NAME}-step{step}"``.
@@ -508,7 +521,7 @@ def record_checkpoint(
 
 
 def _record(
-    step: int,
+    step: Optional[int],
     *,
     stage: Optional[str],
     name: Optional[str],
@@ -529,7 +542,7 @@ def _record(
             "DVC_EXP_BASELINE_REV, set by `dvc exp run` for the stage command; "
             "run training with `dvc exp run` (plain `dvc repro` records nothing)."
         )
-    step = int(step)
+    step = None if step is None else int(step)
     dvc_root = os.environ["DVC_ROOT"]
     baseline = os.environ["DVC_EXP_BASELINE_REV"]
     exp_name = os.environ.get("DVC_EXP_NAME") or f"exp-{baseline[:7]}"
@@ -544,10 +557,24 @@ def _record(
     main_git_dir, _ = _git_dirs(dvc_root)
     workspace = os.path.samefile(git_dir, main_git_dir)
     repo = _open_repo(root)
-    phases["open"] = time.perf_counter() - t0
-
     if not workspace:
         _check_shared_cache(repo, dvc_root)
+    phases["open"] = time.perf_counter() - t0
+
+    row = name or f"{exp_name}-step{0 if step is None else step}"
+    if row == exp_name:
+        raise RecorderError(
+            f"dvc_dali: checkpoint name '{row}' equals the experiment name "
+            "(env DVC_EXP_NAME); `dvc exp run` could then not create its own "
+            "ref. Pass another name=."
+        )
+    try:
+        check_ref_format(repo.scm, ExpRefInfo(baseline, row))
+    except Exception as exc:
+        raise RecorderError(
+            f"dvc_dali: checkpoint name '{row}' is not a valid git ref name "
+            f"({exc}). Pass a name without spaces, '/', '~', '^', ':' or '..'."
+        ) from exc
 
     try:
         repo.lock.lock()
@@ -561,7 +588,9 @@ def _record(
     try:
         t = time.perf_counter()
         stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), out)
-        stage_addr = os.path.relpath(stg.path, repo.root_dir) + ":" + stg.name
+        stage_addr = quote(
+            os.path.relpath(stg.path, repo.root_dir) + ":" + stg.name, safe="/:@"
+        )
         lock_path = stg.dvcfile._lockfile.path
         _, lock_data = _read_lock(lock_path)
         old_entry = (lock_data.get("stages") or {}).get(stg.name)
@@ -598,10 +627,12 @@ def _record(
                     main_git_dir, toplevel, stage_addr, _outs_digest(old_entry)
                 )
                 if old_entry
-                else None
+                else (None, 0)
             )
-        parent = _TIPS[tip_key]
-        row = name or f"{exp_name}-step{step}"
+        parent, last_step = _TIPS[tip_key]
+        if step is None:
+            step = last_step + 1
+            row = name or f"{exp_name}-step{step}"
         lineage = (
             f"{LINEAGE_KEY} exp={exp_name} step={step} "
             f"parent={parent or 'none'} stage={stage_addr} "
@@ -617,21 +648,8 @@ def _record(
         t = time.perf_counter()
         candidates = [row] if name else [row, f"{row}-{sha[:7]}"]
         ref = ""
-        for cand in candidates:
+        for cand in candidates:  # an existing ref is never overwritten
             ref_info = ExpRefInfo(baseline, cand)
-            if cand == exp_name:
-                raise RecorderError(
-                    f"dvc_dali: checkpoint name '{cand}' equals the experiment "
-                    "name DVC_EXP_NAME; `dvc exp run` would fail to create its own "
-                    "ref. Pass another name=."
-                )
-            try:
-                check_ref_format(repo.scm, ref_info)
-            except Exception as exc:
-                raise RecorderError(
-                    f"dvc_dali: checkpoint name '{cand}' is not a valid git ref "
-                    f"name ({exc}). Pass a name without spaces, '/', '~', '^', ':'."
-                ) from exc
             if _publish(sha, str(ref_info), toplevel, main_git_dir, workspace):
                 ref, row = str(ref_info), cand
                 break
@@ -642,7 +660,7 @@ def _record(
                 "remove the old experiment with `dvc exp remove`."
             )
         phases["publish"] = time.perf_counter() - t
-        _TIPS[tip_key] = sha
+        _TIPS[tip_key] = (sha, step)
     finally:
         repo.lock.unlock()
         repo._reset()
@@ -705,7 +723,7 @@ def list_checkpoint_rows(dvc_root: str, exp_name: Optional[str] = None) -> list[
                 "exp": fields["exp"],
                 "step": step,
                 "parent": None if parent in (None, "none") else parent,
-                "stage": fields.get("stage"),
+                "stage": unquote(fields["stage"]) if "stage" in fields else None,
                 "outs": fields.get("outs"),
                 "baseline": "".join(parts[2:4]) if len(parts) == 5 else None,
                 "time": date,

@@ -1,0 +1,314 @@
+"""Train a digit classifier from a DALI pipeline, checkpointing with dvc-dali.
+
+    python examples/prepare.py           # data/digits/<label>/<index>.png
+    python examples/train.py             # or: dvc exp run (see templates/dvc.yaml)
+
+Reads params.yaml `train`: steps, checkpoint_every, batch_size, seed, lr,
+hidden, device (auto|cpu|gpu), data. Writes checkpoint/ (resume state),
+model/model.npz and dvclive/. Run it again after an interruption and it
+resumes from the last checkpoint, producing byte for byte the model an
+uninterrupted run produces. Changing `lr` on resume is allowed; changing
+anything that shapes the DALI stream (batch_size, seed, data) is refused
+with dvc_dali.PipelineMismatchError.
+
+DVC_DALI_EXAMPLE_KILL_AT_STEP=N kills the process with SIGKILL right after
+the checkpoint at step N (to simulate preemption in tests).
+"""
+
+import os
+
+# Single-threaded BLAS before NumPy loads: the CPU math is then bitwise
+# reproducible, which exact resume needs (a forced value, not a default).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import zipfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+
+import dvc_dali  # noqa: E402
+
+CROP = 16  # side of the crops the model sees
+CLASSES = 10
+WEIGHTS = ("w1", "b1", "w2", "b2")
+KILL_ENV = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+DEFAULTS = {
+    "steps": 60,
+    "checkpoint_every": 10,
+    "batch_size": 32,
+    "seed": 0,
+    "lr": 0.1,
+    "hidden": 64,
+    "device": "auto",
+    "data": "data/digits",
+}
+
+
+def read_params(path: Path) -> dict:
+    import yaml
+
+    params = dict(DEFAULTS)
+    if path.is_file():
+        with open(path, encoding="utf-8") as fh:
+            params.update((yaml.safe_load(fh) or {}).get("train") or {})
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
+    if params["device"] not in ("auto", "cpu", "gpu"):
+        sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
+    for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
+        if int(params[key]) < 1:
+            sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
+    return params
+
+
+def pick_device(requested: str):
+    """('gpu', cupy) when a GPU is usable and wanted, else ('cpu', numpy)."""
+    if requested == "cpu":
+        return "cpu", np
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+        return "gpu", cupy
+    except Exception as exc:  # ImportError, CUDA driver errors
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    if requested == "gpu":
+        sys.exit(f"train.device is gpu, but no GPU is usable ({why}). Install cupy-cuda12x "
+                 "on a machine with a CUDA GPU, or set train.device to cpu or auto.")
+    print(f"train: no usable GPU ({why}); device auto falls back to the CPU")
+    return "cpu", np
+
+
+@pipeline_def
+def digits_pipeline(data, gpu=False):
+    """Decode, rotate by a random angle, crop a random area, scale to [0, 1].
+
+    Every stateful operator has a name: its saved state is keyed by it.
+    """
+    pngs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader")
+    images = fn.decoders.image(pngs, device="mixed" if gpu else "cpu", output_type=types.GRAY)
+    angle = fn.random.uniform(range=(-15.0, 15.0), name="angle")
+    images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
+    images = fn.random_resized_crop(images, size=(CROP, CROP), random_area=(0.6, 1.0),
+                                    name="crop")
+    images = fn.cast(images, dtype=types.FLOAT) * (1.0 / 255.0)
+    if gpu:
+        labels = labels.gpu()
+    return images, labels
+
+
+def init_weights(seed: int, hidden: int) -> dict:
+    rng = np.random.default_rng(seed)
+    inputs = CROP * CROP
+    return {
+        "w1": (rng.standard_normal((inputs, hidden)) * np.sqrt(2.0 / inputs)).astype(np.float32),
+        "b1": np.zeros(hidden, np.float32),
+        "w2": (rng.standard_normal((hidden, CLASSES)) * np.sqrt(1.0 / hidden)).astype(np.float32),
+        "b2": np.zeros(CLASSES, np.float32),
+    }
+
+
+def to_host(a) -> np.ndarray:
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def restored_weights(ck, hidden: int, xp) -> dict:
+    expected = {k: v.shape for k, v in init_weights(0, hidden).items()}
+    saved = ck.arrays
+    for name, shape in expected.items():
+        if name not in saved or tuple(saved[name].shape) != shape:
+            got = tuple(saved[name].shape) if name in saved else "absent"
+            sys.exit(f"{ck.path}: saved weight {name!r} has shape {got}, the model needs "
+                     f"{shape} (train.hidden changed?). Set train.hidden back to resume, or "
+                     f"delete {ck.path} to start over.")
+    return {k: xp.asarray(to_host(saved[k]), dtype=xp.float32) for k in expected}
+
+
+def sgd_step(w: dict, x, y, lr, xp):
+    """One step of plain SGD on a 1-hidden-layer ReLU MLP with softmax
+    cross-entropy. Updates ``w`` in place; returns (loss, accuracy) as 0-d arrays."""
+    n = x.shape[0]
+    rows = xp.arange(n)
+    pre = x @ w["w1"] + w["b1"]
+    h = xp.maximum(pre, 0)
+    logits = h @ w["w2"] + w["b2"]
+    logits = logits - logits.max(axis=1, keepdims=True)
+    logp = logits - xp.log(xp.exp(logits).sum(axis=1, keepdims=True))
+    loss = -logp[rows, y].mean()
+    acc = (logits.argmax(axis=1) == y).mean()
+    g = xp.exp(logp)
+    g[rows, y] -= 1
+    g /= n
+    gh = (g @ w["w2"].T) * (pre > 0)
+    w["w2"] -= lr * (h.T @ g)
+    w["b2"] -= lr * g.sum(axis=0)
+    w["w1"] -= lr * (x.T @ gh)
+    w["b1"] -= lr * gh.sum(axis=0)
+    return loss, acc
+
+
+def batch_arrays(outputs, gpu: bool, xp):
+    """The pipeline's outputs as (x: N x CROP*CROP float32, y: N int) arrays.
+
+    On the GPU, CuPy wraps DALI's device memory (__cuda_array_interface__):
+    no copy to the host and back. DALI reuses that memory at the next run(),
+    and CuPy works asynchronously: the float(loss) in the loop waits for the
+    step's kernels before the next run().
+    """
+    images, labels = outputs
+    if gpu:
+        x = xp.asarray(images.as_tensor())
+        y = xp.asarray(labels.as_tensor())
+    else:
+        x = np.asarray(images.as_tensor())
+        y = np.asarray(labels.as_tensor())
+    return x.reshape(x.shape[0], -1), y.reshape(-1).astype(xp.int64)
+
+
+def restore_live_files(live_dir: Path, ck) -> None:
+    """Make DVCLive's files agree with the checkpoint being resumed.
+
+    A run killed after the checkpoint may have logged later rows, which the
+    resumed run logs again, and DVCLive writes metrics.json in place, so a
+    kill can leave it empty (then Live(resume=True) fails on it). Keep only
+    complete history rows up to the checkpoint's step, and rewrite
+    metrics.json from the metrics saved in the checkpoint.
+    """
+    step = ck.step
+    for tsv in sorted((live_dir / "plots" / "metrics").rglob("*.tsv")):
+        lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
+        if not lines:
+            continue
+        header = lines[0].rstrip("\r\n").split("\t")
+        keep = lines[:1]
+        for row in lines[1:]:
+            fields = row.rstrip("\r\n").split("\t")
+            if not row.endswith("\n") or len(fields) != len(header):
+                continue  # cut short by the kill
+            try:
+                if int(fields[header.index("step")]) <= step:
+                    keep.append(row)
+            except ValueError:
+                continue
+        if keep != lines:
+            tsv.write_text("".join(keep), encoding="utf-8")
+    meta = ck.metadata
+    if "loss" in meta and "acc" in meta:
+        live_dir.mkdir(parents=True, exist_ok=True)
+        summary = {"train": {"loss": meta["loss"], "acc": meta["acc"]}, "step": step}
+        tmp = live_dir / "metrics.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=4), encoding="utf-8")
+        os.replace(tmp, live_dir / "metrics.json")
+
+
+def save_model(path: Path, weights: dict) -> None:
+    """np.savez with fixed zip timestamps, so equal weights give equal bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name in WEIGHTS:
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w") as fh:
+                np.lib.format.write_array(fh, np.ascontiguousarray(to_host(weights[name])),
+                                          allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
+    parser.add_argument("--model", default="model/model.npz", help="final model file")
+    parser.add_argument("--live", default="dvclive", help="DVCLive directory")
+    args = parser.parse_args(argv)
+
+    p = read_params(Path(args.params))
+    steps, every = int(p["steps"]), int(p["checkpoint_every"])
+    lr_value = float(p["lr"])
+    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+    if not Path(p["data"]).is_dir():
+        sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
+
+    device, xp = pick_device(p["device"])
+    gpu = device == "gpu"
+    lr = xp.float32(lr_value)
+
+    ck = dvc_dali.Checkpointer(args.checkpoint)
+    # Raises dvc_dali.PipelineMismatchError when batch_size, seed or the data
+    # differ from the checkpoint being resumed: let it propagate.
+    pipe = ck.pipeline("train", digits_pipeline, batch_size=int(p["batch_size"]),
+                       num_threads=min(4, os.cpu_count() or 1),
+                       device_id=0 if gpu else None, seed=int(p["seed"]),
+                       data=str(p["data"]), gpu=gpu)
+    if ck.resumed:
+        weights = restored_weights(ck, int(p["hidden"]), xp)
+        old_lr = ck.metadata.get("lr")
+        note = f"; lr {old_lr} -> {lr_value}" if old_lr is not None and old_lr != lr_value else ""
+        print(f"train: resuming from step {ck.step} ({ck.path}) on {device}{note}")
+    else:
+        fresh = init_weights(int(p["seed"]), int(p["hidden"]))
+        weights = {k: xp.asarray(v) for k, v in fresh.items()}
+        print(f"train: starting on {device}: {steps} steps, batch {p['batch_size']}, "
+              f"seed {p['seed']}, lr {lr_value}, checkpoint every {every}")
+    start = ck.step
+    if start > steps:
+        print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
+              "writing its model without training")
+
+    from dvclive import Live
+
+    # resume=True keeps the history when continuing. save_dvc_exp=False: DVC
+    # (dvc-dali) records the experiments, not DVCLive. dvcyaml=False: the
+    # stage declares the metrics and plots; DVCLive would otherwise append
+    # top-level metrics/plots entries to dvc.yaml (and reformat it).
+    if ck.resumed:
+        restore_live_files(Path(args.live), ck)
+    live = Live(dir=args.live, resume=ck.resumed, save_dvc_exp=False, dvcyaml=False)
+
+    t0 = time.perf_counter()
+    loss_sum = acc_sum = 0.0
+    seen = 0
+    for step in range(start + 1, steps + 1):
+        x, y = batch_arrays(pipe.run(), gpu, xp)
+        loss, acc = sgd_step(weights, x, y, lr, xp)
+        loss_sum += float(loss)
+        acc_sum += float(acc)
+        seen += 1
+        if step % every == 0 or step == steps:
+            mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
+            loss_sum = acc_sum = 0.0
+            seen = 0
+            # The metrics of this step are logged first, so the checkpoint
+            # DVC records holds them; DVCLive's step is the training step.
+            live.step = step
+            live.log_metric("train/loss", mean_loss)
+            live.log_metric("train/acc", mean_acc)
+            live.next_step()
+            # Every output of the stage exists when DVC records the checkpoint:
+            # the model of each recorded row is the model at that step.
+            save_model(Path(args.model), weights)
+            ck.make_checkpoint(step, arrays=weights,
+                               metadata={"lr": lr_value, "loss": mean_loss, "acc": mean_acc})
+            print(f"step {step:>6}/{steps}  loss {mean_loss:.4f}  acc {mean_acc:.3f}  "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            if step == kill_at:
+                print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    save_model(Path(args.model), weights)
+    live.end()
+    print(f"train: wrote {args.model} at step {max(start, steps)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

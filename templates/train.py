@@ -1,0 +1,45 @@
+"""A minimal training script with dvc-dali checkpoints (run it with `dvc exp run`)."""
+import os
+
+import numpy as np
+import yaml
+from dvclive import Live
+from nvidia.dali import fn, pipeline_def, types
+
+import dvc_dali
+
+p = {"data": "data/images", "steps": 100, "checkpoint_every": 10, "batch_size": 16,
+     "seed": 0, "lr": 0.1, **(yaml.safe_load(open("params.yaml")) or {}).get("train", {})}
+
+
+@pipeline_def
+def images(data):  # <data>/<class>/<file>.jpg|png; every stateful operator named
+    files, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader")
+    imgs = fn.decoders.image(files, output_type=types.GRAY)
+    imgs = fn.random_resized_crop(imgs, size=(16, 16), random_area=(0.5, 1.0), name="crop")
+    return fn.cast(imgs, dtype=types.FLOAT) / 255.0, labels
+
+
+os.makedirs("model", exist_ok=True)
+ck = dvc_dali.Checkpointer("checkpoint")  # resumes from the last checkpoint, if any
+pipe = ck.pipeline("train", images, batch_size=p["batch_size"], num_threads=2,
+                   device_id=None, seed=p["seed"], data=p["data"])
+w = ck.arrays.get("w", np.zeros((16 * 16, 10), np.float32))
+live = Live(resume=ck.resumed, save_dvc_exp=False, dvcyaml=False)  # dvc.yaml declares them
+for step in range(ck.step + 1, p["steps"] + 1):
+    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())
+    x, y = x.reshape(len(x), -1), y.reshape(-1)
+    logits = x @ w
+    prob = np.exp(logits - logits.max(1, keepdims=True))
+    prob /= prob.sum(1, keepdims=True)
+    loss = float(-np.log(prob[np.arange(len(y)), y] + 1e-12).mean())
+    prob[np.arange(len(y)), y] -= 1
+    w -= np.float32(p["lr"]) * (x.T @ prob) / len(y)
+    if step % p["checkpoint_every"] == 0 or step == p["steps"]:
+        live.step = step  # log first: the recorded checkpoint holds this step's metrics
+        live.log_metric("train/loss", loss)
+        live.next_step()
+        np.save("model/weights.npy", w)  # every output exists when DVC records it
+        ck.make_checkpoint(step, arrays={"w": w}, metadata={"lr": p["lr"]})
+np.save("model/weights.npy", w)
+live.end()

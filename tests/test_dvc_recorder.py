@@ -1,0 +1,448 @@
+"""dvc_dali.dvc_recorder against real `dvc exp run` in temporary git repos.
+
+No mocks: every test builds a git + DVC repo, runs a small training script
+as the stage command, and reads back refs, dvc.lock, the DVC cache and
+`dvc exp show --json`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+PKG_ROOT = Path(__file__).resolve().parents[1]
+RECORDER_FILE = PKG_ROOT / "dvc_dali" / "dvc_recorder.py"
+
+
+def _load_recorder():
+    try:
+        from dvc_dali import dvc_recorder
+
+        return dvc_recorder
+    except Exception:  # package __init__ missing or broken: load the file
+        spec = importlib.util.spec_from_file_location(
+            "dvc_dali_dvc_recorder", RECORDER_FILE
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+
+rec = _load_recorder()
+
+TRAIN_PY = textwrap.dedent(
+    """\
+    import json, os, signal, sys, time
+    try:
+        from dvc_dali.dvc_recorder import record_checkpoint
+    except Exception:  # package __init__ missing or broken: load the file
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "dvc_dali_dvc_recorder", os.environ["DVC_DALI_RECORDER_FILE"])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        record_checkpoint = mod.record_checkpoint
+    from dvclive import Live
+    from ruamel.yaml import YAML
+
+    params = YAML(typ="safe").load(open("params.yaml"))
+    start = 0
+    if os.path.exists("ckpt/state.txt"):
+        start = int(open("ckpt/state.txt").read().split()[0])
+    os.makedirs("ckpt", exist_ok=True)
+    log = open(os.environ["REC_LOG"], "a")
+    with Live(resume=True, save_dvc_exp=False) as live:
+        for step in range(start + 1, start + params["steps"] + 1):
+            with open("ckpt/state.txt", "w") as f:
+                f.write(f"{step} lr={params['lr']} " + "x" * step)
+            with open("progress.txt", "w") as f:  # tracked, same size each step
+                f.write(f"step {step % 10}")
+            live.log_metric("loss", params["lr"] / step)
+            live.log_metric("step_seen", step)
+            live.next_step()
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+            r = record_checkpoint(step)
+            log.write(json.dumps({
+                "exp": os.environ["DVC_EXP_NAME"], "start": start, "step": step,
+                "name": r.name, "ref": r.ref, "sha": r.sha, "parent": r.parent,
+                "workspace": r.workspace, "ms": r.duration_s * 1000,
+                "t": time.time(),
+                "phases_ms": {k: v * 1000 for k, v in r.phases.items()},
+            }) + "\\n")
+            log.flush()
+            if os.environ.get("KILL_AT") == str(step):
+                os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+DVC_YAML = textwrap.dedent(
+    """\
+    stages:
+      train:
+        cmd: python train.py
+        deps: [train.py]
+        params: [lr, steps]
+        outs:
+          - ckpt:
+              persist: true
+        always_changed: true
+    """
+)
+
+
+def _run(args, cwd, env, check=True, timeout=300):
+    proc = subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def dvc(repo, *args, env, check=True, timeout=300):
+    return _run(
+        [sys.executable, "-m", "dvc", *args], repo, env, check=check, timeout=timeout
+    )
+
+
+def git(repo, *args, env=None):
+    return _run(["git", *args], repo, env).stdout.strip()
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = dict(os.environ)
+    e.pop("KILL_AT", None)
+    for k in ("DVC_ROOT", "DVC_EXP_BASELINE_REV", "DVC_EXP_NAME", "DVC_STAGE"):
+        e.pop(k, None)
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(PKG_ROOT), *filter(None, [e.get("PYTHONPATH")])]
+    )
+    e["DVC_NO_ANALYTICS"] = "1"
+    e["DVC_DALI_RECORDER_FILE"] = str(RECORDER_FILE)
+    e["REC_LOG"] = str(tmp_path / "rec.log")
+    return e
+
+
+@pytest.fixture
+def repo(tmp_path, env):
+    r = tmp_path / "repo"
+    r.mkdir()
+    git(r, "init", "-q", "-b", "master")
+    git(r, "config", "user.name", "Test")
+    git(r, "config", "user.email", "test@example.com")
+    dvc(r, "init", "-q", env=env)
+    (r / "train.py").write_text(TRAIN_PY)
+    (r / "dvc.yaml").write_text(DVC_YAML)
+    (r / "params.yaml").write_text("lr: 0.1\nsteps: 3\n")
+    (r / "progress.txt").write_text("step 0")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "init")
+    return r
+
+
+def read_log(env) -> list[dict]:
+    path = Path(env["REC_LOG"])
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def exp_rows(repo, env) -> dict[str, dict]:
+    data = json.loads(dvc(repo, "exp", "show", "--json", env=env).stdout)
+    rows = {}
+    for base in data:
+        for exp in base.get("experiments") or []:
+            for rev in exp["revs"]:
+                rows[rev["name"]] = rev
+    return rows
+
+
+def cached_state(cache_root: Path, dir_hash: str) -> str:
+    """Content of ckpt/state.txt of a directory output, read from the cache."""
+    files = cache_root / "files" / "md5"
+    entries = json.loads((files / dir_hash[:2] / dir_hash[2:]).read_text())
+    md5 = next(e["md5"] for e in entries if e["relpath"] == "state.txt")
+    return (files / md5[:2] / md5[2:]).read_text()
+
+
+def lock_ckpt_hash(text: str) -> str:
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe").load(text)
+    (out,) = [o for o in data["stages"]["train"]["outs"] if o["path"] == "ckpt"]
+    return out["md5"]
+
+
+def check_rows(repo, env, exp, steps, lr, baseline):
+    """Each checkpoint row: its commit's dvc.lock, cache, metrics, params."""
+    rows = exp_rows(repo, env)
+    cache = repo / ".dvc" / "cache"
+    by_name = {}
+    for step in steps:
+        name = f"{exp}-step{step}"
+        assert name in rows, f"no row {name} in {sorted(rows)}"
+        data = rows[name]["data"]
+        sha = rows[name]["rev"]
+        assert git(repo, "rev-parse", f"{sha}^@") == baseline  # only parent
+        lock_hash = lock_ckpt_hash(git(repo, "show", f"{sha}:dvc.lock"))
+        assert lock_hash == data["outs"]["ckpt"]["hash"]
+        assert cached_state(cache, lock_hash).startswith(f"{step} lr={lr} ")
+        metrics = data["metrics"]["dvclive/metrics.json"]["data"]
+        assert metrics["step_seen"] == step
+        assert data["params"]["params.yaml"]["data"]["lr"] == lr
+        assert git(repo, "show", f"{sha}:progress.txt") == f"step {step % 10}"
+        by_name[name] = sha
+    return rows, by_name
+
+
+def test_workspace_rows_lineage_and_apply(repo, env):
+    baseline = git(repo, "rev-parse", "HEAD")
+    dvc(repo, "exp", "run", "-n", "ws", env=env)
+
+    rows, shas = check_rows(repo, env, "ws", [1, 2, 3], 0.1, baseline)
+    assert "ws" in rows  # the final experiment of `dvc exp run` itself
+    assert len(rows) == 4
+    # the user's branch and HEAD are where they were
+    assert git(repo, "symbolic-ref", "HEAD") == "refs/heads/master"
+    assert git(repo, "rev-parse", "HEAD") == baseline
+
+    log = read_log(env)
+    assert [e["step"] for e in log] == [1, 2, 3]
+    assert all(e["workspace"] for e in log)
+    listed = rec.list_checkpoint_rows(str(repo), "ws")
+    assert [(r["step"], r["sha"], r["name"]) for r in listed] == [
+        (s, shas[f"ws-step{s}"], f"ws-step{s}") for s in (1, 2, 3)
+    ]
+    assert [r["parent"] for r in listed] == [
+        None,
+        shas["ws-step1"],
+        shas["ws-step2"],
+    ]
+    print(
+        "\nrecord_checkpoint ms (workspace):",
+        [round(e["ms"], 1) for e in log],
+        "phases of last:",
+        {k: round(v, 1) for k, v in log[-1]["phases_ms"].items()},
+    )
+
+    dvc(repo, "exp", "apply", "ws-step2", env=env)
+    assert (repo / "ckpt" / "state.txt").read_text().startswith("2 lr=0.1 ")
+    dvc(repo, "exp", "apply", "ws-step1", env=env)
+    assert (repo / "ckpt" / "state.txt").read_text().startswith("1 lr=0.1 ")
+
+
+def test_killed_run_resumes_from_last_checkpoint(repo, env):
+    baseline = git(repo, "rev-parse", "HEAD")
+    (repo / "params.yaml").write_text("lr: 0.1\nsteps: 4\n")
+    proc = dvc(repo, "exp", "run", "-n", "k1", env={**env, "KILL_AT": "2"}, check=False)
+    assert proc.returncode != 0
+
+    rows, shas = check_rows(repo, env, "k1", [1, 2], 0.1, baseline)
+    assert "k1-step3" not in rows and "k1" not in rows
+    # the workspace dvc.lock points at the last recorded checkpoint
+    ws_hash = lock_ckpt_hash((repo / "dvc.lock").read_text())
+    assert ws_hash == rows["k1-step2"]["data"]["outs"]["ckpt"]["hash"]
+    assert git(repo, "symbolic-ref", "HEAD") == "refs/heads/master"
+
+    # corrupt the workspace copy: DVC must check out the dvc.lock version
+    (repo / "ckpt" / "state.txt").write_text("999 garbage")
+    (repo / "params.yaml").write_text("lr: 0.1\nsteps: 2\n")
+    dvc(repo, "exp", "run", "-n", "k2", env=env)
+    log = read_log(env)
+    resumed = [e for e in log if e["exp"] == "k2"]
+    assert [(e["start"], e["step"]) for e in resumed] == [(2, 3), (2, 4)]
+    _, shas2 = check_rows(repo, env, "k2", [3, 4], 0.1, baseline)
+    listed = {r["name"]: r for r in rec.list_checkpoint_rows(str(repo))}
+    assert listed["k2-step3"]["parent"] == shas["k1-step2"]
+    assert listed["k2-step4"]["parent"] == shas2["k2-step3"]
+
+
+def test_temp_run_records_into_main_repo(repo, env):
+    baseline = git(repo, "rev-parse", "HEAD")
+    lock_before = (repo / "dvc.lock").exists()
+    dvc(repo, "exp", "run", "--temp", "-n", "tmpx", "-S", "lr=0.5", env=env)
+
+    rows, _ = check_rows(repo, env, "tmpx", [1, 2, 3], 0.5, baseline)
+    assert "tmpx" in rows
+    log = read_log(env)
+    assert [e["workspace"] for e in log] == [False, False, False]
+    assert (repo / "dvc.lock").exists() == lock_before  # workspace untouched
+    dvc(repo, "exp", "apply", "tmpx-step2", env=env)
+    assert (repo / "ckpt" / "state.txt").read_text().startswith("2 lr=0.5 ")
+
+
+def test_queued_runs_in_parallel_do_not_mix(repo, env):
+    baseline = git(repo, "rev-parse", "HEAD")
+    dvc(repo, "exp", "run", "--queue", "-n", "qa", "-S", "lr=0.01", env=env)
+    dvc(repo, "exp", "run", "--queue", "-n", "qb", "-S", "lr=0.02", env=env)
+    subprocess.run(  # workers inherit this env; slow steps make runs overlap
+        [sys.executable, "-m", "dvc", "queue", "start", "-j", "2"],
+        cwd=repo,
+        env={**env, "STEP_SLEEP": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            status = dvc(repo, "queue", "status", env=env).stdout
+            done = [  # "<task> <name> <created...> <status>"
+                line.split()[-1]
+                for line in status.splitlines()
+                if len(line.split()) >= 3 and line.split()[1] in ("qa", "qb")
+            ]
+            if len(done) == 2 and all(s in ("Success", "Failed") for s in done):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+        assert "Failed" not in status, dvc(repo, "queue", "logs", "qa", env=env, check=False).stdout
+    finally:
+        dvc(repo, "queue", "stop", env=env, check=False)
+
+    for exp, lr in (("qa", 0.01), ("qb", 0.02)):
+        rows, shas = check_rows(repo, env, exp, [1, 2, 3], lr, baseline)
+        assert exp in rows
+        listed = rec.list_checkpoint_rows(str(repo), exp)
+        assert [r["step"] for r in listed] == [1, 2, 3]
+        assert [r["parent"] for r in listed] == [
+            None,
+            shas[f"{exp}-step1"],
+            shas[f"{exp}-step2"],
+        ]
+    log = read_log(env)
+    assert sorted((e["exp"], e["step"]) for e in log) == [
+        (x, s) for x in ("qa", "qb") for s in (1, 2, 3)
+    ]
+    assert not any(e["workspace"] for e in log)
+    spans = {
+        x: (min(e["t"] for e in log if e["exp"] == x),
+            max(e["t"] for e in log if e["exp"] == x))
+        for x in ("qa", "qb")
+    }
+    overlap = spans["qa"][0] <= spans["qb"][1] and spans["qb"][0] <= spans["qa"][1]
+    print("\nqueued runs recorded concurrently:", overlap,
+          "record ms:", [round(e["ms"], 1) for e in log])
+
+
+# ---------------------------------------------------------------------------
+# direct calls with the env `dvc exp run` gives the stage command
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stage_env(repo, monkeypatch):
+    """Be the stage command of a workspace run: env set, cwd in the repo."""
+    baseline = git(repo, "rev-parse", "HEAD")
+    for k in ("KILL_AT",):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(repo))
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
+    monkeypatch.setenv("DVC_EXP_NAME", "direct")
+    monkeypatch.setenv("DVC_STAGE", "train")
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    monkeypatch.chdir(repo)
+    (repo / "ckpt").mkdir()
+    (repo / "ckpt" / "state.txt").write_text("1 direct")
+    return baseline
+
+
+def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
+    (repo / "notes.txt").write_text("staged")
+    git(repo, "add", "notes.txt")
+    (repo / "progress.txt").write_text("step 7")  # same size, unstaged
+    staged_before = git(repo, "diff", "--cached", "--name-only")
+    index_before = (repo / ".git" / "index").read_bytes()
+
+    res = rec.record_checkpoint(1)
+
+    assert res.ref.endswith(f"/{stage_env[:2]}/{stage_env[2:]}/direct-step1")
+    assert res.workspace and res.parent is None
+    assert git(repo, "rev-parse", res.ref) == res.sha
+    assert git(repo, "rev-parse", "HEAD") == stage_env
+    assert git(repo, "diff", "--cached", "--name-only") == staged_before
+    assert (repo / ".git" / "index").read_bytes() == index_before
+    files = git(repo, "ls-tree", "-r", "--name-only", res.sha).split()
+    assert {"notes.txt", "dvc.lock", "dvc.yaml", "params.yaml", ".gitignore"} <= set(
+        files
+    )
+    assert "ckpt/state.txt" not in files
+    assert git(repo, "show", f"{res.sha}:progress.txt") == "step 7"
+    assert lock_ckpt_hash((repo / "dvc.lock").read_text()) == lock_ckpt_hash(
+        git(repo, "show", f"{res.sha}:dvc.lock")
+    )
+    assert not list((repo / ".git").glob("dvc-dali-index-*"))
+
+    (repo / "ckpt" / "state.txt").write_text("2 direct")
+    res2 = rec.record_checkpoint(2, message="second")
+    assert res2.parent == res.sha
+    assert git(repo, "log", "-1", "--format=%s", res2.sha) == "second"
+    # the same name again gets a distinct ref, nothing is overwritten
+    res3 = rec.record_checkpoint(2)
+    assert res3.name.startswith("direct-step2-") and res3.ref != res2.ref
+    assert git(repo, "rev-parse", res2.ref) == res2.sha
+
+    # step=None: one more than the last checkpoint of this lineage ...
+    (repo / "ckpt" / "state.txt").write_text("3 direct")
+    res4 = rec.record_checkpoint()
+    assert (res4.step, res4.name, res4.parent) == (3, "direct-step3", res3.sha)
+    # ... also in a new process, found from the outputs in dvc.lock
+    rec._TIPS.clear()
+    (repo / "ckpt" / "state.txt").write_text("4 direct")
+    res5 = rec.record_checkpoint()
+    assert (res5.step, res5.parent) == (4, res4.sha)
+
+
+def test_errors_name_the_problem(repo, stage_env, monkeypatch):
+    monkeypatch.setenv("DVC_STAGE", "nope")
+    with pytest.raises(rec.RecorderError, match="'nope'"):
+        rec.record_checkpoint(1)
+    monkeypatch.setenv("DVC_STAGE", "train")
+
+    with pytest.raises(rec.RecorderError, match="equals the experiment name"):
+        rec.record_checkpoint(1, name="direct")
+    with pytest.raises(rec.RecorderError, match="not a valid git ref"):
+        rec.record_checkpoint(1, name="bad name..x")
+
+    lock = repo / ".git" / "index.lock"
+    lock.write_text("")
+    monkeypatch.setattr(rec, "_INDEX_LOCK_WAIT_S", 0.2)
+    with pytest.raises(rec.RecorderError, match="index.lock"):
+        rec.record_checkpoint(1)
+    lock.unlink()
+
+    monkeypatch.setenv("DVC_ROOT", str(repo / "ckpt"))
+    with pytest.raises(rec.RecorderError, match="not a DVC repo"):
+        rec.record_checkpoint(1)
+
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV")
+    assert not rec.in_dvc_exp_run()
+    with pytest.raises(rec.RecorderError, match="dvc exp run"):
+        rec.record_checkpoint(1)
+
+
+def test_commit_without_git_identity(repo, stage_env, monkeypatch, tmp_path):
+    git(repo, "config", "--unset", "user.name")
+    git(repo, "config", "--unset", "user.email")
+    for k in ("NAME", "EMAIL"):
+        for who in ("AUTHOR", "COMMITTER"):
+            monkeypatch.delenv(f"GIT_{who}_{k}", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("EMAIL", "")
+    res = rec.record_checkpoint(1)
+    assert git(repo, "log", "-1", "--format=%an <%ae>", res.sha).startswith("dvc-dali")
