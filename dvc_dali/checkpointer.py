@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dali_state, store
+from . import dali_state, signal, store
 from ._version import __version__
 from .errors import CheckpointCorruptError, PipelineMismatchError
 
@@ -37,6 +37,11 @@ class Checkpointer:
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True) -> None:
         self.path = Path(path)
         self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
+        if signal.mode() == "self":
+            # Before any training step: a stage DVC 3 cannot resume is refused now.
+            from . import dvc_recorder
+
+            dvc_recorder.check_stage(str(self.path))
         self._snapshot = store.read_snapshot(self.path, _array_module()) if resume else None
 
     # -- what was restored -------------------------------------------------
@@ -118,6 +123,13 @@ class Checkpointer:
         dali_state.read_state(state, str(self._state_file(name)))
         return state
 
+    def live(self, dir: str = "dvclive", **kwargs: Any):
+        """A ``dvclive.Live`` resumed in step with this checkpoint: history
+        after :attr:`step` dropped, ``live.step == self.step``."""
+        from .live import resume_live
+
+        return resume_live(self.step, self.resumed, dir, **kwargs)
+
     # -- saving ------------------------------------------------------------
     def save(self, step: int, arrays: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None) -> Path:
@@ -146,9 +158,7 @@ class Checkpointer:
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
                         metadata: dict[str, Any] | None = None) -> Path:
         """:meth:`save`, then signal DVC to record it (see :func:`make_checkpoint`)."""
-        from .signal import make_checkpoint
-
         path = self.save(step, arrays, metadata)
-        make_checkpoint(step=step)
+        signal.make_checkpoint(step, out=str(self.path))
         return path
 

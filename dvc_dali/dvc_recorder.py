@@ -45,13 +45,10 @@ _IGNORED_MSG = "The following paths are ignored"
 _INDEX_LOCK_WAIT_S = 5.0
 
 
-try:  # the package's error hierarchy, when imported as dvc_dali.dvc_recorder
-    from .errors import RecordError as _RecordErrorBase
-except ImportError:  # loaded as a single file
-    _RecordErrorBase = Exception  # type: ignore[misc,assignment]
+from .errors import RecordError
 
 
-class RecorderError(_RecordErrorBase):
+class RecorderError(RecordError):
     """A checkpoint could not be recorded; the message says where and what to do."""
 
 
@@ -595,17 +592,26 @@ def _record(
         _, lock_data = _read_lock(lock_path)
         old_entry = (lock_data.get("stages") or {}).get(stg.name)
         try:
-            stg.save(run_cache=False)
+            # Outputs written only at the end of training (the final model)
+            # may not exist yet; the persisted checkpoint output must.
+            stg.save(allow_missing=True, run_cache=False)
         except Exception as exc:
             raise RecorderError(
-                f"dvc_dali: saving stage '{stg.addressing}' failed: {exc}. Write "
-                "every output (and params) before calling record_checkpoint()."
+                f"dvc_dali: saving stage '{stg.addressing}' failed: {exc}. Check "
+                "that its dependencies and params exist."
             ) from exc
+        missing = [str(o) for o in stg.outs if o.persist and not o.hash_info]
+        if missing:
+            raise RecorderError(
+                f"dvc_dali: persisted output(s) {', '.join(missing)} of stage "
+                f"'{stg.addressing}' do not exist; write the checkpoint (e.g. "
+                "Checkpointer.save) before signalling make_checkpoint()."
+            )
         phases["save"] = time.perf_counter() - t
 
         t = time.perf_counter()
         for o in stg.outs:
-            if o.use_cache:
+            if o.use_cache and o.hash_info:
                 o.commit(relink=False)  # never link the live files into cache
         phases["cache"] = time.perf_counter() - t
 
@@ -731,3 +737,41 @@ def list_checkpoint_rows(dvc_root: str, exp_name: Optional[str] = None) -> list[
         )
     rows.sort(key=lambda r: (r["exp"], r["step"], r["time"]))
     return rows
+
+
+_STAGE_FIX = """\
+    outs:
+      - {path}:
+          persist: true      # DVC 3 deletes other outputs before a run
+    always_changed: true     # else DVC 3 skips an unchanged stage"""
+
+
+def check_stage(checkpoint_path: str, stage: Optional[str] = None) -> None:
+    """Refuse, before any training step, a stage that DVC 3 cannot resume.
+
+    DVC 3 ignores ``checkpoint: true``: it deletes the output before each run
+    and skips a stage whose deps did not change. Resuming needs the
+    checkpoint output ``persist: true`` and the stage ``always_changed: true``.
+    """
+    root = _find_dvc_root(os.getcwd())
+    repo = _open_repo(root)
+    stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), checkpoint_path)
+    want = os.path.realpath(os.path.abspath(checkpoint_path))
+    out = next((o for o in stg.outs if os.path.realpath(o.fs_path) == want
+                or want.startswith(os.path.realpath(o.fs_path) + os.sep)), None)
+    rel = os.path.relpath(want, os.path.realpath(stg.wdir))
+    problems = []
+    if out is None:
+        problems.append(f"'{rel}' is not one of its outputs")
+    elif not out.persist:
+        problems.append(f"output '{out.def_path}' is not `persist: true`, so DVC 3 deletes "
+                        "it before every run and training would never resume")
+    if not stg.always_changed:
+        problems.append("it is not `always_changed: true`, so DVC 3 skips it when no "
+                        "dependency changed instead of resuming")
+    if problems:
+        raise RecorderError(
+            f"{os.path.relpath(stg.path, repo.root_dir)}: stage '{stg.name}' cannot resume "
+            f"from checkpoints under DVC 3: {'; and '.join(problems)}. Declare it as:\n"
+            + _STAGE_FIX.format(path=out.def_path if out else rel)
+        )

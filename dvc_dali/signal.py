@@ -87,11 +87,13 @@ def wait_removed(path: Path, timeout: float | None = None) -> None:
         delay = min(delay * 2, 0.05)
 
 
-def make_checkpoint(step: int | None = None) -> None:
+def make_checkpoint(step: int | None = None, *, out: str | None = None) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
 
     A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
-    outside ``dvc exp run`` (saying so once).
+    outside ``dvc exp run`` (saying so once). ``step`` names the recorded
+    row (default: one more than the previous); ``out`` is the checkpoint
+    output, to find the stage when DVC does not say (DVC < 3.49).
     """
     global _said_not_recording
     how = mode()
@@ -114,6 +116,6 @@ def make_checkpoint(step: int | None = None) -> None:
         path.unlink()
     write_signal(path)
     try:
-        dvc_recorder.record_checkpoint(step)
+        dvc_recorder.record_checkpoint(step, out=out)
     finally:
         path.unlink(missing_ok=True)

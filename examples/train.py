@@ -23,7 +23,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -174,42 +173,6 @@ def batch_arrays(outputs, gpu: bool, xp):
     return x.reshape(x.shape[0], -1), y.reshape(-1).astype(xp.int64)
 
 
-def restore_live_files(live_dir: Path, ck) -> None:
-    """Make DVCLive's files agree with the checkpoint being resumed.
-
-    A run killed after the checkpoint may have logged later rows, which the
-    resumed run logs again, and DVCLive writes metrics.json in place, so a
-    kill can leave it empty (then Live(resume=True) fails on it). Keep only
-    complete history rows up to the checkpoint's step, and rewrite
-    metrics.json from the metrics saved in the checkpoint.
-    """
-    step = ck.step
-    for tsv in sorted((live_dir / "plots" / "metrics").rglob("*.tsv")):
-        lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
-        if not lines:
-            continue
-        header = lines[0].rstrip("\r\n").split("\t")
-        keep = lines[:1]
-        for row in lines[1:]:
-            fields = row.rstrip("\r\n").split("\t")
-            if not row.endswith("\n") or len(fields) != len(header):
-                continue  # cut short by the kill
-            try:
-                if int(fields[header.index("step")]) <= step:
-                    keep.append(row)
-            except ValueError:
-                continue
-        if keep != lines:
-            tsv.write_text("".join(keep), encoding="utf-8")
-    meta = ck.metadata
-    if "loss" in meta and "acc" in meta:
-        live_dir.mkdir(parents=True, exist_ok=True)
-        summary = {"train": {"loss": meta["loss"], "acc": meta["acc"]}, "step": step}
-        tmp = live_dir / "metrics.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=4), encoding="utf-8")
-        os.replace(tmp, live_dir / "metrics.json")
-
-
 def save_model(path: Path, weights: dict) -> None:
     """np.savez with fixed zip timestamps, so equal weights give equal bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,15 +227,9 @@ def main(argv=None) -> int:
         print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
               "writing its model without training")
 
-    from dvclive import Live
-
-    # resume=True keeps the history when continuing. save_dvc_exp=False: DVC
-    # (dvc-dali) records the experiments, not DVCLive. dvcyaml=False: the
-    # stage declares the metrics and plots; DVCLive would otherwise append
-    # top-level metrics/plots entries to dvc.yaml (and reformat it).
-    if ck.resumed:
-        restore_live_files(Path(args.live), ck)
-    live = Live(dir=args.live, resume=ck.resumed, save_dvc_exp=False, dvcyaml=False)
+    # DVCLive resumed in step with the checkpoint: later rows of a killed run
+    # dropped, a half-written metrics.json repaired, live.step == ck.step.
+    live = ck.live(args.live)
 
     t0 = time.perf_counter()
     loss_sum = acc_sum = 0.0

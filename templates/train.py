@@ -3,7 +3,6 @@ import os
 
 import numpy as np
 import yaml
-from dvclive import Live
 from nvidia.dali import fn, pipeline_def, types
 
 import dvc_dali
@@ -25,7 +24,7 @@ ck = dvc_dali.Checkpointer("checkpoint")  # resumes from the last checkpoint, if
 pipe = ck.pipeline("train", images, batch_size=p["batch_size"], num_threads=2,
                    device_id=None, seed=p["seed"], data=p["data"])
 w = ck.arrays.get("w", np.zeros((16 * 16, 10), np.float32))
-live = Live(resume=ck.resumed, save_dvc_exp=False, dvcyaml=False)  # dvc.yaml declares them
+live = ck.live()  # dvclive.Live resumed at ck.step
 for step in range(ck.step + 1, p["steps"] + 1):
     x, y = (np.asarray(out.as_tensor()) for out in pipe.run())
     x, y = x.reshape(len(x), -1), y.reshape(-1)
