@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,19 @@ class Checkpointer:
     verified; :attr:`step`, :attr:`arrays` and :attr:`metadata` hand it back,
     and :meth:`pipeline` builds each pipeline restored to its saved position.
     ``resume=False`` ignores what is there (it is replaced at the next save).
+
+    ``params`` (JSON: the run's hyperparameters, without the step count) and
+    ``total_steps`` decide what a rerun does: an unfinished run resumes, even
+    with changed params (a changed *pipeline* is refused when it is built); a
+    finished run (step >= its total_steps) resumes only to train further with
+    the same params, otherwise a new run starts from step 0.
     """
 
-    def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
+                 params: dict[str, Any] | None = None, total_steps: int | None = None) -> None:
         self.path = Path(path)
+        self.params = dict(params or {})
+        self.total_steps = total_steps
         self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
         if signal.mode() == "self":
             # Before any training step: a stage DVC 3 cannot resume is refused now.
@@ -43,6 +54,33 @@ class Checkpointer:
 
             dvc_recorder.check_stage(str(self.path))
         self._snapshot = store.read_snapshot(self.path, _array_module()) if resume else None
+        if self._snapshot is not None:
+            self._decide_resume()
+
+    def _param_changes(self) -> list[str]:
+        old = self._snapshot.manifest.get("run", {}).get("params", {})
+        return [f"{k}: {json.dumps(old.get(k, '<absent>'))} -> "
+                f"{json.dumps(self.params.get(k, '<absent>'))}"
+                for k in sorted(set(old) | set(self.params)) if old.get(k) != self.params.get(k)]
+
+    def _decide_resume(self) -> None:
+        """Resume an unfinished run (params may change; the pipeline may not);
+        a finished run is continued only for more steps with the same params,
+        else a new run starts: nothing is lost, the finished run is recorded."""
+        run = self._snapshot.manifest.get("run", {})
+        step, total = self._snapshot.step, run.get("total_steps")
+        changes = self._param_changes() if "params" in run else []
+        finished = isinstance(total, int) and step >= total
+        if finished and (changes or self.total_steps is None or self.total_steps <= step):
+            why = (f"params changed ({'; '.join(changes)})" if changes else
+                   f"total_steps is {self.total_steps}, not more than {step}")
+            print(f"dvc-dali: {self.path} holds a finished run (step {step} of {total}); {why}: "
+                  "starting a new run from step 0 (the finished one stays recorded)",
+                  file=sys.stderr)
+            self._snapshot = None
+        elif changes:
+            print(f"dvc-dali: resuming {self.path} at step {step} with changed params: "
+                  + "; ".join(changes), file=sys.stderr)
 
     # -- what was restored -------------------------------------------------
     @property
@@ -117,6 +155,7 @@ class Checkpointer:
                 f"{manifest}: pipeline {name!r} differs from the one that wrote the checkpoint, "
                 "and DALI would restore into it silently, producing other batches:\n  "
                 + "\n  ".join(diff)
+                + "".join(f"\n  param {c}" for c in self._param_changes())
                 + "\nRun with the saved settings to resume, or start over with "
                 "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
         state = self._snapshot.pipeline_states[name]
@@ -152,8 +191,9 @@ class Checkpointer:
             "numpy": np.__version__,
             "python": platform.python_version(),
         }
+        run = {"params": self.params, "total_steps": self.total_steps}
         return store.write_snapshot(self.path, step, pipelines, dict(arrays or {}),
-                                    dict(metadata or {}), versions)
+                                    dict(metadata or {}), versions, run)
 
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
                         metadata: dict[str, Any] | None = None) -> Path:

@@ -93,7 +93,7 @@ def to_numpy(name: str, value: Any) -> tuple[np.ndarray, str]:
 
 def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    arrays: dict[str, Any], metadata: dict[str, Any],
-                   versions: dict[str, str]) -> Path:
+                   versions: dict[str, str], run: dict[str, Any] | None = None) -> Path:
     """Publish one snapshot atomically; returns its directory.
 
     ``pipelines`` maps a name to {"state": bytes, plus manifest fields}.
@@ -101,9 +101,11 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     try:
-        meta_text = json.dumps(metadata, sort_keys=True, allow_nan=False)
+        meta_text = json.dumps({"metadata": metadata, "run": run or {}}, sort_keys=True,
+                               allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"metadata must be plain JSON (numbers, strings, lists, dicts): {exc}")
+        raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
+                        f"dicts): {exc}") from None
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
@@ -139,7 +141,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         "versions": versions,
         "pipelines": manifest_pipes,
         "arrays": manifest_arrays,
-        "metadata": json.loads(meta_text),
+        **json.loads(meta_text),
         "files": files,
     }
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()

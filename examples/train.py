@@ -205,7 +205,10 @@ def main(argv=None) -> int:
     gpu = device == "gpu"
     lr = xp.float32(lr_value)
 
-    ck = dvc_dali.Checkpointer(args.checkpoint)
+    # The params without the step count: with them dvc-dali tells a finished
+    # run continued for more steps from a new experiment.
+    ck = dvc_dali.Checkpointer(args.checkpoint, total_steps=steps,
+                               params={k: v for k, v in p.items() if k != "steps"})
     # Raises dvc_dali.PipelineMismatchError when batch_size, seed or the data
     # differ from the checkpoint being resumed: let it propagate.
     pipe = ck.pipeline("train", digits_pipeline, batch_size=int(p["batch_size"]),
@@ -214,9 +217,7 @@ def main(argv=None) -> int:
                        data=str(p["data"]), gpu=gpu)
     if ck.resumed:
         weights = restored_weights(ck, int(p["hidden"]), xp)
-        old_lr = ck.metadata.get("lr")
-        note = f"; lr {old_lr} -> {lr_value}" if old_lr is not None and old_lr != lr_value else ""
-        print(f"train: resuming from step {ck.step} ({ck.path}) on {device}{note}")
+        print(f"train: resuming from step {ck.step} ({ck.path}) on {device}")
     else:
         fresh = init_weights(int(p["seed"]), int(p["hidden"]))
         weights = {k: xp.asarray(v) for k, v in fresh.items()}

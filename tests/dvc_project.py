@@ -1,0 +1,71 @@
+"""Real git + DVC projects in temporary directories, for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, env: dict | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    # The stage's `python` must be this interpreter, with dvc_dali importable.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    full_env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def git_init(path: Path) -> None:
+    run(["git", "init", "-q", "-b", "main"], path)
+    run(["git", "config", "user.email", "test@example.invalid"], path)
+    run(["git", "config", "user.name", "dvc-dali tests"], path)
+
+
+def commit_all(path: Path, message: str = "init") -> None:
+    run(["git", "add", "-A"], path)
+    run(["git", "commit", "-q", "-m", message], path)
+
+
+def clone_project(dest: Path) -> Path:
+    """This repository's DVC project (example, dvc.yaml, params) as a fresh
+    git repo: the files a clone would have, including uncommitted edits."""
+    listed = run(["git", "ls-files", "-co", "--exclude-standard"], REPO).stdout.split()
+    for rel in listed:
+        if rel.startswith((".dvc/", "examples/", "templates/")) or rel in (
+                "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+            if (REPO / rel).is_file():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / rel, dest / rel)
+    git_init(dest)
+    commit_all(dest)
+    return dest
+
+
+def exp_rows(path: Path) -> dict[str, dict]:
+    """{experiment name: {"rev", "metrics", "params", "step"}} from `dvc exp show --json`."""
+    data = json.loads(run(["dvc", "exp", "show", "--json", "-A"], path).stdout)
+    rows = {}
+
+    def walk(node):
+        for exp in node.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = (rev.get("data") or {})
+                metrics = {}
+                for f in (data.get("metrics") or {}).values():
+                    metrics.update(f.get("data") or {})
+                rows[rev.get("name") or exp.get("name")] = {
+                    "rev": rev.get("rev"), "metrics": metrics, "step": metrics.get("step"),
+                    "deps": data.get("deps"), "outs": data.get("outs")}
+    for node in data:
+        walk(node)
+    return rows

@@ -1,0 +1,94 @@
+"""The example job end to end under real `dvc exp run` in temporary git repos."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from dvc_project import clone_project, exp_rows, run
+
+KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+
+
+def model_sha(path: Path) -> str:
+    return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    """The final model of one uninterrupted `dvc exp run`."""
+    project = clone_project(tmp_path_factory.mktemp("ref"))
+    run(["dvc", "exp", "run", "-n", "ref"], project)
+    rows = exp_rows(project)
+    assert {rows[f"ref-step{s}"]["step"] for s in range(10, 61, 10)} == set(range(10, 61, 10))
+    return model_sha(project)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    return clone_project(tmp_path)
+
+
+def test_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
+    killed = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "20"})
+    assert killed.returncode != 0
+    rows = exp_rows(project)
+    assert rows["a-step10"]["step"] == 10 and rows["a-step20"]["step"] == 20
+    assert "a-step30" not in rows
+    again = run(["dvc", "exp", "run", "-n", "b"], project, env={KILL: "40"}, check=False)
+    assert "resuming from step 20" in again.stdout
+    final = run(["dvc", "exp", "run", "-n", "c"], project)
+    assert "resuming from step 40" in final.stdout
+    assert model_sha(project) == uninterrupted
+    rows = exp_rows(project)
+    assert {rows[f"c-step{s}"]["step"] for s in (50, 60)} == {50, 60}
+
+
+def test_apply_older_row_then_rerun_resumes_there(project, uninterrupted):
+    run(["dvc", "exp", "run", "-n", "full"], project)
+    run(["dvc", "exp", "apply", "full-step30"], project)
+    out = run(["dvc", "exp", "run", "-n", "again"], project)
+    assert "resuming from step 30" in out.stdout
+    assert model_sha(project) == uninterrupted
+
+
+def test_pipeline_param_change_on_unfinished_run_is_refused(project):
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "20"})
+    refused = run(["dvc", "exp", "run", "-S", "train.batch_size=16"], project, check=False)
+    assert refused.returncode != 0
+    err = refused.stderr + refused.stdout
+    assert "PipelineMismatchError" in err and "batch_size: 32 -> 16" in err
+    assert "dvc-dali reset" in err
+    # Nothing lost: with the old value it resumes.
+    ok = run(["dvc", "exp", "run", "-S", "train.batch_size=32"], project)
+    assert "resuming from step 20" in ok.stdout
+
+
+def test_learning_rate_may_change_on_resume(project):
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "20"})
+    out = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project)
+    assert "resuming from step 20" in out.stdout
+    assert "lr: 0.1 -> 0.05" in out.stderr
+
+
+def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrupted):
+    run(["dvc", "exp", "run", "-n", "done"], project)
+    more = run(["dvc", "exp", "run", "-n", "more", "-S", "train.steps=80"], project)
+    assert "resuming from step 60" in more.stdout
+    assert exp_rows(project)["more-step80"]["step"] == 80
+    new = run(["dvc", "exp", "run", "-n", "new", "-S", "train.steps=60",
+               "-S", "train.batch_size=16"], project)
+    assert "finished run" in new.stderr and "starting on cpu" in new.stdout
+
+
+def test_stage_without_persist_is_refused_before_training(project):
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "          persist: true      # DVC 3 deletes", "          persist: false     # DVC 3 deletes"))
+    run(["git", "commit", "-qam", "break it"], project)
+    out = run(["dvc", "exp", "run"], project, check=False)
+    assert out.returncode != 0
+    err = out.stderr + out.stdout
+    assert "dvc.yaml: stage 'train' cannot resume" in err and "persist: true" in err
+    assert "step     10" not in out.stdout
