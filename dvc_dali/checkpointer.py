@@ -40,11 +40,16 @@ class Checkpointer:
     with changed params (a changed *pipeline* is refused when it is built); a
     finished run (step >= its total_steps) resumes only to train further with
     the same params, otherwise a new run starts from step 0.
+
+    ``keep_last``/``keep_best`` prune the experiment's checkpoint rows after
+    each recording (see :func:`dvc_dali.make_checkpoint`); default: keep all.
     """
 
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
-                 params: dict[str, Any] | None = None, total_steps: int | None = None) -> None:
+                 params: dict[str, Any] | None = None, total_steps: int | None = None,
+                 keep_last: int | None = None, keep_best: str | None = None) -> None:
         self.path = Path(path)
+        self.keep_last, self.keep_best = keep_last, keep_best
         self.params = dict(params or {})
         self.total_steps = total_steps
         self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -199,6 +204,7 @@ class Checkpointer:
                         metadata: dict[str, Any] | None = None) -> Path:
         """:meth:`save`, then signal DVC to record it (see :func:`make_checkpoint`)."""
         path = self.save(step, arrays, metadata)
-        signal.make_checkpoint(step, out=str(self.path))
+        signal.make_checkpoint(step, out=str(self.path), keep_last=self.keep_last,
+                               keep_best=self.keep_best)
         return path
 

@@ -716,6 +716,8 @@ def list_checkpoint_rows(dvc_root: str, exp_name: Optional[str] = None) -> list[
         if exp_name is not None and fields.get("exp") != exp_name:
             continue
         parts = ref.split("/")
+        if len(parts) != 5 or len(parts[2]) != 2:  # DVC's own refs/exps/exec/..., apply/...
+            continue
         try:
             step = int(fields["step"])
         except ValueError:
@@ -775,3 +777,105 @@ def check_stage(checkpoint_path: str, stage: Optional[str] = None) -> None:
             f"from checkpoints under DVC 3: {'; and '.join(problems)}. Declare it as:\n"
             + _STAGE_FIX.format(path=out.def_path if out else rel)
         )
+
+
+def _metric_at(git_dir: str, cwd: str, sha: str, metrics_file: str, metric: str):
+    proc = _git(["--git-dir", git_dir, "show", f"{sha}:{metrics_file}"], cwd=cwd, check=False)
+    if proc.returncode != 0:
+        return None
+    try:
+        node: Any = json.loads(proc.stdout)
+        for part in re.split(r"[/.]", metric):
+            node = node[part]
+        return float(node)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def apply_retention(exp_name: str, keep_last: Optional[int] = None,
+                    keep_best: Optional[str] = None,
+                    metrics_file: str = "dvclive/metrics.json") -> list[str]:
+    """Delete checkpoint rows of ``exp_name`` beyond the last ``keep_last``
+    (by step), sparing the best by ``keep_best`` ("train/acc:max" or
+    "loss:min"). Only refs go: the data stays in the cache until `dvc gc`.
+    Returns the names of the removed rows."""
+    if not keep_last:
+        return []
+    dvc_root = os.environ["DVC_ROOT"]
+    git_dir, _ = _git_dirs(dvc_root)
+    rows = list_checkpoint_rows(dvc_root, exp_name)
+    keep = {r["ref"] for r in rows[-keep_last:]}
+    if keep_best:
+        metric, _, mode = keep_best.partition(":")
+        if mode not in ("max", "min", ""):
+            raise RecorderError(f"dvc_dali: keep_best={keep_best!r}: the mode after ':' must "
+                                "be max or min, e.g. 'train/acc:max'")
+        scored = [(v, r["ref"]) for r in rows
+                  if (v := _metric_at(git_dir, dvc_root, r["sha"], metrics_file, metric))
+                  is not None]
+        if scored:
+            keep.add((min if mode == "min" else max)(scored)[1])
+    removed = []
+    for r in rows:
+        if r["ref"] not in keep:
+            _git(["--git-dir", git_dir, "update-ref", "-d", r["ref"], r["sha"]], cwd=dvc_root)
+            removed.append(r["name"])
+    return removed
+
+
+def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list[str]:
+    """Start over: delete the stage's dvc-dali checkpoint outputs and its
+    dvc.lock entry, so the next `dvc exp run` does not check them out again
+    (DVC 2's `dvc exp run --reset`). Recorded rows are kept. Returns what
+    was removed."""
+    from dvc.utils.serialize import dumps_yaml
+
+    repo = _open_repo(_find_dvc_root(root or os.getcwd()))
+    try:
+        stages = [s for s in repo.index.stages if getattr(s, "name", None)]
+    finally:
+        repo._reset()
+    if stage:
+        stages = [s for s in stages if s.name == stage or s.addressing == stage]
+        if not stages:
+            raise RecorderError(f"dvc_dali: no stage '{stage}' in {repo.root_dir}; "
+                                "`dvc stage list` shows the stages")
+    removed: list[str] = []
+    for stg in stages:
+        outs = [o for o in stg.outs if o.persist
+                and os.path.isfile(os.path.join(o.fs_path, "LATEST"))]
+        if not outs:
+            continue
+        for o in outs:
+            shutil.rmtree(o.fs_path)
+            removed.append(os.path.relpath(o.fs_path, repo.root_dir))
+        lock_path = stg.dvcfile._lockfile.path
+        _, data = _read_lock(lock_path)
+        if (data.get("stages") or {}).pop(stg.name, None) is not None:
+            _write_atomic(lock_path, dumps_yaml(data))
+            removed.append(f"{os.path.relpath(lock_path, repo.root_dir)}:{stg.name}")
+    if not removed and stage:
+        raise RecorderError(f"dvc_dali: stage '{stage}' has no persisted dvc-dali checkpoint "
+                            "to reset (no output with a LATEST file)")
+    return removed
+
+
+def checkpoint_outputs(root: str) -> list[tuple[str, str]]:
+    """(stage, output path) for every output declared `checkpoint: true` or
+    holding a dvc-dali checkpoint, for `dvc-dali doctor`."""
+    repo = _open_repo(_find_dvc_root(root))
+    found = []
+    try:
+        for stg in repo.index.stages:
+            if not getattr(stg, "name", None):
+                continue
+            raw = (stg.dvcfile.stages.stages_data or {}).get(stg.name) or {}
+            declared = {next(iter(o)) for o in raw.get("outs", [])
+                        if isinstance(o, dict) and (next(iter(o.values())) or {}).get(
+                            "checkpoint")}
+            for o in stg.outs:
+                if o.def_path in declared or os.path.isfile(os.path.join(o.fs_path, "LATEST")):
+                    found.append((stg.addressing, o.fs_path))
+    finally:
+        repo._reset()
+    return found

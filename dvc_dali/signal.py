@@ -87,13 +87,18 @@ def wait_removed(path: Path, timeout: float | None = None) -> None:
         delay = min(delay * 2, 0.05)
 
 
-def make_checkpoint(step: int | None = None, *, out: str | None = None) -> None:
+def make_checkpoint(step: int | None = None, *, out: str | None = None,
+                    keep_last: int | None = None, keep_best: str | None = None) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
 
     A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
     outside ``dvc exp run`` (saying so once). ``step`` names the recorded
     row (default: one more than the previous); ``out`` is the checkpoint
     output, to find the stage when DVC does not say (DVC < 3.49).
+    ``keep_last``/``keep_best`` (default: env DVC_DALI_KEEP_LAST and
+    DVC_DALI_KEEP_BEST; unset keeps every row) prune older rows of this
+    experiment after recording, sparing the best by a DVCLive metric such
+    as "train/acc:max".
     """
     global _said_not_recording
     how = mode()
@@ -116,6 +121,18 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None) -> None:
         path.unlink()
     write_signal(path)
     try:
-        dvc_recorder.record_checkpoint(step, out=out)
+        result = dvc_recorder.record_checkpoint(step, out=out)
+        dvc_recorder.apply_retention(result.exp_name, *retention(keep_last, keep_best))
     finally:
         path.unlink(missing_ok=True)
+
+
+def retention(keep_last: int | None, keep_best: str | None) -> tuple[int | None, str | None]:
+    """The retention settings, from the arguments or else the environment."""
+    if keep_last is None and os.environ.get("DVC_DALI_KEEP_LAST"):
+        try:
+            keep_last = int(os.environ["DVC_DALI_KEEP_LAST"])
+        except ValueError:
+            raise SignalError(f"DVC_DALI_KEEP_LAST={os.environ['DVC_DALI_KEEP_LAST']!r} is not "
+                              "a number; set it to how many checkpoint rows to keep") from None
+    return keep_last, keep_best or os.environ.get("DVC_DALI_KEEP_BEST") or None
