@@ -390,7 +390,7 @@ def test_object_arrays_and_bad_metadata_are_refused(tmp_path):
     ck = dvc_dali.Checkpointer(tmp_path / "c")
     with pytest.raises(TypeError, match="Python objects, which would need pickle"):
         ck.save(1, arrays={"o": np.array([object()])})
-    with pytest.raises(TypeError, match="metadata must be plain JSON"):
+    with pytest.raises(TypeError, match="metadata and params must be plain JSON"):
         ck.save(1, metadata={"x": object()})
     assert not (tmp_path / "c" / store.LATEST).exists()
 

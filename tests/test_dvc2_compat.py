@@ -242,7 +242,8 @@ def _checkpoints(path: Path, revs: list[dict], baseline: str) -> list[tuple[str,
     out = []
     for rev in reversed(revs):
         sha = rev["rev"]
-        if _git(path, "rev-parse", f"{sha}^{{tree}}") == _git(path, "rev-parse", f"{sha}^^{{tree}}"):
+        tree, parent_tree = (_git(path, "rev-parse", f"{r}^{{tree}}") for r in (sha, f"{sha}^"))
+        if tree == parent_tree:
             continue
         step = rev["data"]["metrics"]["metrics.json"]["data"]["step"]
         # the commit holds what train.py wrote before make_checkpoint(step)
