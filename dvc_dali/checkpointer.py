@@ -53,6 +53,8 @@ class Checkpointer:
         self.params = dict(params or {})
         self.total_steps = total_steps
         self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._iterators: list[Any] = []
+        self._dynamic: dict[str, Any] = {}
         if signal.mode() == "self":
             # Before any training step: a stage DVC 3 cannot resume is refused now.
             from . import dvc_recorder
@@ -167,6 +169,55 @@ class Checkpointer:
         dali_state.read_state(state, str(self._state_file(name)))
         return state
 
+    def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any):
+        """A framework iterator (``DALIGenericIterator``,
+        ``DALIClassificationIterator``, JAX's) over pipelines built with
+        :meth:`pipeline`, saved through ``iterator.checkpoints()`` so its
+        epoch counters come back too.
+
+        When resuming, ``prepare_first_batch=False`` is used: with DALI's
+        default, a checkpoint taken after an epoch's last batch restores into
+        an iterator that skips the end of that epoch.
+        """
+        pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
+        known = {id(p) for p, _ in self._pipes.values()}
+        if any(id(p) not in known for p in pipes):
+            raise ValueError("build the iterator's pipelines with Checkpointer.pipeline() "
+                             "first, so they are restored and saved")
+        if self.resumed:
+            kwargs["prepare_first_batch"] = False
+        it = iterator_class(pipes, *args, **kwargs)
+        self._iterators.append(it)
+        return it
+
+    def dynamic(self, name: str = "dynamic"):
+        """A DALI dynamic-mode ``Checkpoint`` saved with this checkpoint.
+
+        Register dynamic-mode readers and RNGs on it
+        (``register(op, "name")``); when resuming, each gets its saved state
+        at registration.
+        """
+        from nvidia.dali.experimental.dynamic import checkpoint as dyn
+
+        if name in self._dynamic:
+            return self._dynamic[name]
+        ckpt = dyn.Checkpoint()
+        saved = self._snapshot.dynamic_states if self._snapshot else {}
+        if self._snapshot is not None:
+            if name not in saved:
+                raise PipelineMismatchError(
+                    f"{self._snapshot.path / store.MANIFEST}: has no dynamic-mode state "
+                    f"{name!r} (it holds {sorted(saved) or 'none'}); use the saved name, or "
+                    "start over with `dvc-dali reset`.")
+            try:
+                ckpt.deserialize(saved[name])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointCorruptError(
+                    f"{self._snapshot.path}: dynamic-mode state {name!r} is not a DALI "
+                    f"dynamic checkpoint ({exc}); start over with `dvc-dali reset`.") from None
+        self._dynamic[name] = ckpt
+        return ckpt
+
     def live(self, dir: str = "dvclive", **kwargs: Any):
         """A ``dvclive.Live`` resumed in step with this checkpoint: history
         after :attr:`step` dropped, ``live.step == self.step``."""
@@ -177,11 +228,19 @@ class Checkpointer:
     # -- saving ------------------------------------------------------------
     def save(self, step: int, arrays: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint of every registered pipeline plus ``arrays``
-        (NumPy or CuPy) and JSON ``metadata``; returns the snapshot directory."""
+        """Write a checkpoint of every registered pipeline, iterator and
+        dynamic-mode state, plus ``arrays`` (NumPy, CuPy or torch arrays, or
+        dicts/lists of them such as a ``state_dict()``) and JSON ``metadata``;
+        returns the snapshot directory."""
+        # A pipeline under a framework iterator is saved through the iterator:
+        # pipe.checkpoint() would lose the iterator's counters.
+        through_iterator = {}
+        for it in self._iterators:
+            for pipe, state in zip(it._pipes, it.checkpoints()):
+                through_iterator[id(pipe)] = state
         pipelines = {}
         for name, (pipe, description) in self._pipes.items():
-            state = dali_state.capture(pipe)
+            state = through_iterator.get(id(pipe)) or dali_state.capture(pipe)
             info = dali_state.read_state(state, name)
             pipelines[name] = {
                 "state": state,
@@ -197,8 +256,12 @@ class Checkpointer:
             "python": platform.python_version(),
         }
         run = {"params": self.params, "total_steps": self.total_steps}
+        dynamic = {}
+        for name, ckpt in self._dynamic.items():
+            ckpt.collect()
+            dynamic[name] = ckpt.serialize()
         return store.write_snapshot(self.path, step, pipelines, dict(arrays or {}),
-                                    dict(metadata or {}), versions, run)
+                                    dict(metadata or {}), versions, run, dynamic)
 
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
                         metadata: dict[str, Any] | None = None) -> Path:

@@ -42,7 +42,9 @@ def mode() -> str:
     if os.environ.get(SIGNAL_NAME):
         return "watched"
     if os.environ.get("DVC_ROOT") and os.environ.get("DVC_EXP_BASELINE_REV"):
-        return "self"
+        # DVC 2 sets these for every stage too, but never DVC_STAGE (DVC >= 3.49
+        # always does): recording a DVC 3 dvc.lock there would break DVC 2's run.
+        return "self" if os.environ.get("DVC_STAGE") else "off"
     return "off"
 
 
@@ -104,8 +106,11 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     how = mode()
     if how == "off":
         if not _said_not_recording:
-            print("dvc-dali: not running under `dvc exp run`; checkpoints are saved on disk "
-                  "but not recorded as experiments", file=sys.stderr)
+            why = ("this `dvc exp run` did not set DVC_STAGE (DVC 2 without `checkpoint: "
+                   "true` on the output, or DVC < 3.49)" if os.environ.get("DVC_EXP_BASELINE_REV")
+                   else "not running under `dvc exp run`")
+            print(f"dvc-dali: {why}; checkpoints are saved on disk but not recorded as "
+                  "experiments", file=sys.stderr)
             _said_not_recording = True
         return
     path = signal_path()

@@ -6,6 +6,7 @@
         manifest.json             format, step, versions, pipelines, arrays, digests
         pipelines/<n>.dali        DALI state bytes, one file per pipeline
         arrays/<n>.npy            user arrays, .npy without pickle
+        dynamic/<n>.json          DALI dynamic-mode checkpoints
 
 A snapshot is written into `.tmp-*`, fsynced, renamed to `step-*` (atomic),
 and only then does LATEST move to it (atomic replace). A crash at any instant
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import arrays as arrays_mod
 from .errors import CheckpointCorruptError, CheckpointFormatError
 
 FORMAT = "dvc-dali-checkpoint"
@@ -36,7 +38,8 @@ LATEST = "LATEST"
 MANIFEST = "manifest.json"
 _SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MEMBER_PATH = re.compile(r"^(pipelines|arrays)/[0-9]{5}\.(dali|npy)$")
+_MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
+                          r"dynamic/[0-9]{5}\.json)$")
 _FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
         "`dvc-dali reset`")
 
@@ -69,34 +72,22 @@ class Snapshot:
     manifest: dict[str, Any]
     pipeline_states: dict[str, bytes] = field(default_factory=dict)
     arrays: dict[str, Any] = field(default_factory=dict)
+    dynamic_states: dict[str, str] = field(default_factory=dict)
 
     @property
     def step(self) -> int:
         return self.manifest["step"]
 
 
-def to_numpy(name: str, value: Any) -> tuple[np.ndarray, str]:
-    """The array as NumPy on the host, and the device it came from."""
-    device = "cpu"
-    if type(value).__module__.startswith("cupy"):
-        value, device = value.get(), "gpu"
-    elif hasattr(value, "__array__") and not isinstance(value, np.ndarray):
-        value = np.asarray(value)
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"array {name!r}: expected a NumPy or CuPy array, got "
-                        f"{type(value).__name__}")
-    if value.dtype.hasobject:
-        raise TypeError(f"array {name!r}: dtype {value.dtype} holds Python objects, which "
-                        "would need pickle; store numbers, or put small values in metadata")
-    return value, device
-
-
 def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    arrays: dict[str, Any], metadata: dict[str, Any],
-                   versions: dict[str, str], run: dict[str, Any] | None = None) -> Path:
+                   versions: dict[str, str], run: dict[str, Any] | None = None,
+                   dynamic: dict[str, str] | None = None) -> Path:
     """Publish one snapshot atomically; returns its directory.
 
-    ``pipelines`` maps a name to {"state": bytes, plus manifest fields}.
+    ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
+    ``arrays`` a name to an array or a nest of them (see arrays.py);
+    ``dynamic`` a name to a DALI dynamic-mode checkpoint (JSON text).
     """
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -111,6 +102,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     tmp = root / f".tmp-{name}"
     (tmp / "pipelines").mkdir(parents=True)
     (tmp / "arrays").mkdir()
+    (tmp / "dynamic").mkdir()
     files: dict[str, dict[str, Any]] = {}
 
     def put(rel: str, write) -> None:
@@ -126,13 +118,25 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         rel = f"pipelines/{i:05d}.dali"
         put(rel, lambda w, data=info["state"]: w.write(data))
         manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
-    manifest_arrays = {}
-    for i, (aname, value) in enumerate(sorted(arrays.items())):
-        host, device = to_numpy(aname, value)
+    leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
+
+    def add_array(host: np.ndarray, info: dict[str, Any]) -> int:
+        leaves.append((host, info))
+        return len(leaves) - 1
+
+    trees = {name: arrays_mod.flatten(name, value, add_array)
+             for name, value in sorted(arrays.items())}
+    array_files = []
+    for i, (host, info) in enumerate(leaves):
         rel = f"arrays/{i:05d}.npy"
         put(rel, lambda w, a=host: np.lib.format.write_array(w, a, allow_pickle=False))
-        manifest_arrays[aname] = {"file": rel, "dtype": host.dtype.str,
-                                  "shape": list(host.shape), "device": device}
+        array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
+                            **info})
+    manifest_dynamic = {}
+    for i, (dname, text) in enumerate(sorted((dynamic or {}).items())):
+        rel = f"dynamic/{i:05d}.json"
+        put(rel, lambda w, data=text.encode(): w.write(data))
+        manifest_dynamic[dname] = {"file": rel}
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -140,7 +144,9 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": versions,
         "pipelines": manifest_pipes,
-        "arrays": manifest_arrays,
+        "arrays": trees,
+        "array_files": array_files,
+        "dynamic": manifest_dynamic,
         **json.loads(meta_text),
         "files": files,
     }
@@ -148,6 +154,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     put(MANIFEST, lambda w: w.write(text))
     _fsync_dir(tmp / "pipelines")
     _fsync_dir(tmp / "arrays")
+    _fsync_dir(tmp / "dynamic")
     _fsync_dir(tmp)
     final = root / name
     os.rename(tmp, final)
@@ -237,7 +244,8 @@ def read_manifest(snap_dir: Path, sha256: str) -> dict[str, Any]:
                                     f"dvc-dali reads ({FORMAT_VERSION}); upgrade dvc-dali "
                                     "(pip install -U dvc-dali)")
     for key, kind in (("step", int), ("pipelines", dict), ("arrays", dict),
-                      ("metadata", dict), ("files", dict)):
+                      ("array_files", list), ("dynamic", dict), ("metadata", dict),
+                      ("files", dict)):
         if not isinstance(manifest.get(key), kind):
             raise CheckpointCorruptError(f"{path}: field {key!r} is missing or not a "
                                          f"{kind.__name__}: {_FIX}")
@@ -255,15 +263,24 @@ def read_snapshot(root: Path, array_module=None) -> Snapshot | None:
     snap = Snapshot(snap_dir, manifest)
     for pname, info in manifest["pipelines"].items():
         snap.pipeline_states[pname] = _read_member(snap_dir, info.get("file"), files)
-    for aname, info in manifest["arrays"].items():
-        data = _read_member(snap_dir, info.get("file"), files)
+    leaves = []
+    for info in manifest["array_files"]:
+        rel = info.get("file") if isinstance(info, dict) else None
+        data = _read_member(snap_dir, rel, files)
         try:
-            value = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+            leaves.append(np.lib.format.read_array(io.BytesIO(data), allow_pickle=False))
         except ValueError as exc:
-            raise CheckpointCorruptError(f"{snap_dir / info['file']}: not a readable .npy "
+            raise CheckpointCorruptError(f"{snap_dir / rel}: not a readable .npy "
                                          f"({exc}): {_FIX}") from None
-        if info.get("device") == "gpu" and array_module is not None:
-            value = array_module.asarray(value)
-        snap.arrays[aname] = value
+    for aname, tree in manifest["arrays"].items():
+        try:
+            snap.arrays[aname] = arrays_mod.unflatten(tree, leaves, manifest["array_files"],
+                                                      array_module, aname)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: array entry {aname!r} is "
+                                         f"malformed ({exc}): {_FIX}") from None
+    for dname, info in manifest["dynamic"].items():
+        rel = info.get("file") if isinstance(info, dict) else None
+        snap.dynamic_states[dname] = _read_member(snap_dir, rel, files).decode()
     return snap
 

@@ -33,20 +33,26 @@ def data_dir(tmp_path_factory) -> Path:
     return pipelines.make_data(tmp_path_factory.mktemp("data"))
 
 
-def run_runner(kind: str, data: Path, ckpt: Path, out: Path, until: int,
-               save_at=(), fresh=False, shuffle=True, device="cpu") -> dict[str, np.ndarray]:
-    """Run resume_runner.py in a new process and load what it produced."""
-    cmd = [sys.executable, str(TESTS / "resume_runner.py"), kind, str(data), str(ckpt),
-           str(out), "--until", str(until), "--shuffle", str(int(shuffle)), "--device", device]
-    if save_at:
-        cmd += ["--save-at", *map(str, save_at)]
-    if fresh:
-        cmd.append("--fresh")
+def run_script(script: str, args: list[str], out: Path) -> dict[str, np.ndarray]:
+    """Run a runner script from tests/ in a new process and load its .npz."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, str(TESTS / script), *args], capture_output=True,
+                          text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(out, allow_pickle=False) as npz:
         return {k: npz[k] for k in npz.files}
+
+
+def run_runner(kind: str, data: Path, ckpt: Path, out: Path, until: int,
+               save_at=(), fresh=False, shuffle=True, device="cpu") -> dict[str, np.ndarray]:
+    """resume_runner.py: pipelines driven with pipe.run()."""
+    args = [kind, str(data), str(ckpt), str(out), "--until", str(until),
+            "--shuffle", str(int(shuffle)), "--device", device]
+    if save_at:
+        args += ["--save-at", *map(str, save_at)]
+    if fresh:
+        args.append("--fresh")
+    return run_script("resume_runner.py", args, out)
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:

@@ -104,3 +104,12 @@ def outputs_of(pipe) -> list[np.ndarray]:
             out = out.as_cpu()
         result.extend(np.array(sample) for sample in out)
     return result
+
+
+@pipeline_def
+def classify_pipe(data):
+    """Two outputs, as DALIClassificationIterator wants."""
+    jpegs, labels = fn.readers.file(file_root=f"{data}/images", random_shuffle=True,
+                                    name="reader")
+    images = fn.decoders.image(jpegs, device="cpu")
+    return fn.random_resized_crop(images, size=(12, 12), name="crop"), labels

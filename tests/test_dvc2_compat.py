@@ -358,11 +358,6 @@ PERSIST_ONLY_OUT = """\
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "package bug: DVC 2.58 sets DVC_EXP_BASELINE_REV and DVC_EXP_NAME for every "
-    "`dvc exp run` stage, so a DVC-3-style stage (persist, no `checkpoint: true`) "
-    "run by DVC 2 puts signal.mode() in 'self': the DVC 3 recorder writes a DVC 3 "
-    "dvc.lock that DVC 2 then rejects ('extra keys not allowed ... hash')"))
 def test_dvc2_without_checkpoint_output_leaves_dvc2_alone(dvc2, tmp_path):
     """Under DVC 2 a stage without `checkpoint: true` gets no recording (DVC 2
     has no in-stage recording), but the run must still succeed untouched."""
