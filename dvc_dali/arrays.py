@@ -118,3 +118,18 @@ def unflatten(tree: Any, leaves: list[np.ndarray], infos: list[dict], cupy=None,
 
 def _bad(where: str, what: Any):
     raise ValueError(f"{where}: unknown entry {what!r}")
+
+
+def snapshot(value: Any) -> Any:
+    """A private copy of ``value`` (arrays copied where they live, on the GPU
+    for GPU arrays), so training may go on while a background save writes it."""
+    module = type(value).__module__
+    if isinstance(value, np.ndarray) or module.startswith("cupy"):
+        return value.copy()
+    if module.startswith("torch") and hasattr(value, "detach"):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value  # scalars, NumPy scalars and JAX arrays are immutable

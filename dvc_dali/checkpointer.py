@@ -6,11 +6,13 @@ import json
 import os
 import platform
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import arrays as arrays_mod
 from . import dali_state, signal, store
 from ._version import __version__
 from .errors import CheckpointCorruptError, PipelineMismatchError
@@ -41,14 +43,22 @@ class Checkpointer:
     finished run (step >= its total_steps) resumes only to train further with
     the same params, otherwise a new run starts from step 0.
 
+    ``asynchronous=True``: :meth:`make_checkpoint` returns once the state is
+    captured (DALI states read, arrays copied in memory); writing and
+    recording go on in a background thread, one at a time, in order; the
+    next call, :meth:`wait` and process exit wait for it.
+
     ``keep_last``/``keep_best`` prune the experiment's checkpoint rows after
     each recording (see :func:`dvc_dali.make_checkpoint`); default: keep all.
     """
 
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
                  params: dict[str, Any] | None = None, total_steps: int | None = None,
-                 keep_last: int | None = None, keep_best: str | None = None) -> None:
+                 keep_last: int | None = None, keep_best: str | None = None,
+                 asynchronous: bool = False) -> None:
         self.path = Path(path)
+        self.asynchronous = asynchronous
+        self._worker: Any = None  # the one background save in flight, if any
         self.keep_last, self.keep_best = keep_last, keep_best
         self.params = dict(params or {})
         self.total_steps = total_steps
@@ -232,6 +242,12 @@ class Checkpointer:
         dynamic-mode state, plus ``arrays`` (NumPy, CuPy or torch arrays, or
         dicts/lists of them such as a ``state_dict()``) and JSON ``metadata``;
         returns the snapshot directory."""
+        self.wait()
+        return self._write(self._capture(step, arrays, metadata))
+
+    def _capture(self, step: int, arrays: dict[str, Any] | None,
+                 metadata: dict[str, Any] | None) -> dict[str, Any]:
+        """Everything a snapshot needs, read now (DALI states) or referenced."""
         # A pipeline under a framework iterator is saved through the iterator:
         # pipe.checkpoint() would lose the iterator's counters.
         through_iterator = {}
@@ -260,14 +276,57 @@ class Checkpointer:
         for name, ckpt in self._dynamic.items():
             ckpt.collect()
             dynamic[name] = ckpt.serialize()
-        return store.write_snapshot(self.path, step, pipelines, dict(arrays or {}),
-                                    dict(metadata or {}), versions, run, dynamic)
+        return dict(step=step, pipelines=pipelines, arrays=dict(arrays or {}),
+                    metadata=dict(metadata or {}), versions=versions, run=run, dynamic=dynamic)
+
+    def _write(self, captured: dict[str, Any]) -> Path:
+        return store.write_snapshot(self.path, **captured)
+
 
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
-                        metadata: dict[str, Any] | None = None) -> Path:
-        """:meth:`save`, then signal DVC to record it (see :func:`make_checkpoint`)."""
-        path = self.save(step, arrays, metadata)
+                        metadata: dict[str, Any] | None = None) -> Path | None:
+        """:meth:`save`, then signal DVC and wait until it is recorded (see
+        :func:`dvc_dali.make_checkpoint`). Asynchronous: returns None once the
+        state is captured; publishing and recording go on in the background."""
+        if not self.asynchronous:
+            path = self.save(step, arrays, metadata)
+            self._signal(step)
+            return path
+        self.wait()  # at most one in flight: checkpoints are recorded in order
+        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        self._worker = _Background(lambda: (self._write(captured), self._signal(step)))
+        return None
+
+    def _signal(self, step: int) -> None:
         signal.make_checkpoint(step, out=str(self.path), keep_last=self.keep_last,
                                keep_best=self.keep_best)
-        return path
 
+    def wait(self) -> None:
+        """Wait for the background checkpoint in flight (if any); raise its error."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.join()
+
+
+
+class _Background:
+    """One background save. Not a daemon: the interpreter's exit waits for it,
+    so a checkpoint in flight is finished whole (or, on SIGKILL, abandoned
+    whole: the store's atomic publish sees to that)."""
+
+    def __init__(self, work) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # re-raised in the training thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="dvc-dali-checkpoint")
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
