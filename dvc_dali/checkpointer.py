@@ -7,13 +7,14 @@ import os
 import platform
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import arrays as arrays_mod
-from . import dali_state, signal, store
+from . import dali_state, distributed, signal, store
 from ._version import __version__
 from .errors import CheckpointCorruptError, PipelineMismatchError
 
@@ -70,7 +71,18 @@ class Checkpointer:
             from . import dvc_recorder
 
             dvc_recorder.check_stage(str(self.path))
-        self._snapshot = store.read_snapshot(self.path, _array_module()) if resume else None
+        self.rank, self.world_size = distributed.world()
+        if asynchronous and self.world_size > 1:
+            raise ValueError("asynchronous=True is not supported with torch.distributed: the "
+                             "ranks' saves must meet at a barrier in the training thread")
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self._snapshot = (store.read_snapshot(self.path, _array_module(), self.rank,
+                                              self.world_size) if resume else None)
+        self.timings["restore_s"] = time.perf_counter() - t0
+        if self.world_size > 1 and self._snapshot is not None:
+            print(f"dvc-dali: rank {self.rank}/{self.world_size} read step {self.step} in "
+                  f"{self.timings['restore_s'] * 1000:.1f} ms", file=sys.stderr)
         if self._snapshot is not None:
             self._decide_resume()
 
@@ -280,7 +292,29 @@ class Checkpointer:
                     metadata=dict(metadata or {}), versions=versions, run=run, dynamic=dynamic)
 
     def _write(self, captured: dict[str, Any]) -> Path:
-        return store.write_snapshot(self.path, **captured)
+        """Publish a snapshot; with several ranks, each writes its own
+        rank-NNNNN/ directory and rank 0 names them all in LATEST once every
+        rank has written (so LATEST never mixes steps)."""
+        t0 = time.perf_counter()
+        if self.world_size == 1:
+            name, sha = store.write_snapshot(self.path, **captured)
+            store.publish(self.path, [(name, sha)])
+            store.remove_leftovers(self.path, keep=name)
+            self.timings["save_s"] = time.perf_counter() - t0
+            return self.path / name
+        rank_dir = f"rank-{self.rank:05d}"
+        name, sha = store.write_snapshot(self.path / rank_dir, **captured,
+                                         rank={"rank": self.rank, "world_size": self.world_size})
+        entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
+        if self.rank == 0:
+            store.publish(self.path, [tuple(e) for e in entries])
+            store.remove_leftovers(self.path, keep="")
+        distributed.barrier()
+        store.remove_leftovers(self.path / rank_dir, keep=name)
+        self.timings["save_s"] = time.perf_counter() - t0
+        print(f"dvc-dali: rank {self.rank}/{self.world_size} saved step {captured['step']} in "
+              f"{self.timings['save_s'] * 1000:.1f} ms", file=sys.stderr)
+        return self.path / rank_dir / name
 
 
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
@@ -298,8 +332,11 @@ class Checkpointer:
         return None
 
     def _signal(self, step: int) -> None:
-        signal.make_checkpoint(step, out=str(self.path), keep_last=self.keep_last,
-                               keep_best=self.keep_best)
+        """Rank 0 signals once every rank has written; all wait for the record."""
+        if self.rank == 0:
+            signal.make_checkpoint(step, out=str(self.path), keep_last=self.keep_last,
+                                   keep_best=self.keep_best)
+        distributed.barrier()
 
     def wait(self) -> None:
         """Wait for the background checkpoint in flight (if any); raise its error."""

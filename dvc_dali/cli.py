@@ -115,7 +115,7 @@ def _checkpoint_step(path: Path) -> int | None:
 
     try:
         found = store.latest(path)
-        return store.read_manifest(path / found[0], found[1])["step"] if found else None
+        return store.read_manifest(path / found[0][0], found[0][1])["step"] if found else None
     except DvcDaliError:
         return None
 

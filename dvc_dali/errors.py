@@ -19,6 +19,10 @@ class PipelineMismatchError(DvcDaliError):
     """The checkpoint was written by a different pipeline than the one built now."""
 
 
+class RankMismatchError(DvcDaliError):
+    """A checkpoint saved by another number of processes, or another rank's state."""
+
+
 class UnsupportedPipelineError(DvcDaliError):
     """A pipeline whose state DALI cannot capture exactly (an external_source)."""
 

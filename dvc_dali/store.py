@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
-from .errors import CheckpointCorruptError, CheckpointFormatError
+from .errors import CheckpointCorruptError, CheckpointFormatError, RankMismatchError
 
 FORMAT = "dvc-dali-checkpoint"
 FORMAT_VERSION = 1
@@ -38,6 +38,7 @@ LATEST = "LATEST"
 MANIFEST = "manifest.json"
 _SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_LATEST_ENTRY = re.compile(r"^(rank-\d{5}/)?step-\d{9,}-[0-9a-f]{8}$")
 _MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
                           r"dynamic/[0-9]{5}\.json)$")
 _FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
@@ -82,8 +83,10 @@ class Snapshot:
 def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    arrays: dict[str, Any], metadata: dict[str, Any],
                    versions: dict[str, str], run: dict[str, Any] | None = None,
-                   dynamic: dict[str, str] | None = None) -> Path:
-    """Publish one snapshot atomically; returns its directory.
+                   dynamic: dict[str, str] | None = None,
+                   rank: dict[str, int] | None = None) -> tuple[str, str]:
+    """Write one complete snapshot under ``root`` (not yet named by LATEST:
+    see :func:`publish`); returns its name and its manifest's sha256.
 
     ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
     ``arrays`` a name to an array or a nest of them (see arrays.py);
@@ -149,6 +152,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         "dynamic": manifest_dynamic,
         **json.loads(meta_text),
         "files": files,
+        "rank": rank,
     }
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     put(MANIFEST, lambda w: w.write(text))
@@ -156,18 +160,21 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     _fsync_dir(tmp / "arrays")
     _fsync_dir(tmp / "dynamic")
     _fsync_dir(tmp)
-    final = root / name
-    os.rename(tmp, final)
+    os.rename(tmp, root / name)
     _fsync_dir(root)
+    return name, hashlib.sha256(text).hexdigest()
+
+
+def publish(root: Path, entries: list[tuple[str, str]]) -> None:
+    """Atomically make LATEST name these snapshots: one line per rank,
+    "<snapshot path> <manifest sha256>"."""
     latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
     with open(latest_tmp, "w") as fh:
-        fh.write(f"{name} {hashlib.sha256(text).hexdigest()}\n")
+        fh.write("".join(f"{name} {sha}\n" for name, sha in entries))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(latest_tmp, root / LATEST)
     _fsync_dir(root)
-    remove_leftovers(root, keep=name)
-    return final
 
 
 def remove_leftovers(root: Path, keep: str) -> None:
@@ -182,23 +189,28 @@ def remove_leftovers(root: Path, keep: str) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def latest(root: Path) -> tuple[str, str] | None:
-    """The snapshot LATEST names and its manifest's sha256, or None when
-    there is no checkpoint yet. The digest makes an edited manifest visible."""
+def latest(root: Path) -> list[tuple[str, str]] | None:
+    """The snapshots LATEST names (one per rank) with their manifests'
+    sha256, or None when there is no checkpoint yet. The digest makes an
+    edited manifest visible."""
     pointer = root / LATEST
     if not pointer.exists():
         if root.is_dir() and any(_SNAPSHOT_NAME.match(e.name) for e in root.iterdir()):
             raise CheckpointCorruptError(f"{pointer}: missing, but {root} holds snapshots; "
                                          f"the directory was edited by hand: {_FIX}")
         return None
-    text = pointer.read_text(errors="replace").split()
-    if len(text) != 2 or not _SNAPSHOT_NAME.match(text[0]) or not _SHA256.match(text[1]):
-        raise CheckpointCorruptError(f"{pointer}: does not hold '<snapshot> <manifest sha256>' "
-                                     f"(found {' '.join(text)[:80]!r}): {_FIX}")
-    if not (root / text[0] / MANIFEST).is_file():
-        raise CheckpointCorruptError(f"{pointer}: names {text[0]}, but "
-                                     f"{root / text[0] / MANIFEST} does not exist: {_FIX}")
-    return text[0], text[1]
+    entries = []
+    for line in pointer.read_text(errors="replace").splitlines() or [""]:
+        text = line.split()
+        if (len(text) != 2 or not _LATEST_ENTRY.match(text[0])
+                or not _SHA256.match(text[1])):
+            raise CheckpointCorruptError(f"{pointer}: does not hold '<snapshot> <manifest "
+                                         f"sha256>' lines (found {line[:80]!r}): {_FIX}")
+        if not (root / text[0] / MANIFEST).is_file():
+            raise CheckpointCorruptError(f"{pointer}: names {text[0]}, but "
+                                         f"{root / text[0] / MANIFEST} does not exist: {_FIX}")
+        entries.append((text[0], text[1]))
+    return entries
 
 
 def _read_member(snap_dir: Path, rel: str, files: dict[str, Any]) -> bytes:
@@ -252,13 +264,32 @@ def read_manifest(snap_dir: Path, sha256: str) -> dict[str, Any]:
     return manifest
 
 
-def read_snapshot(root: Path, array_module=None) -> Snapshot | None:
-    """The latest complete snapshot with every digest checked, or None."""
-    found = latest(root)
-    if found is None:
+def read_snapshot(root: Path, array_module=None, rank: int = 0,
+                  world_size: int = 1) -> Snapshot | None:
+    """The latest complete snapshot of ``rank``, every digest checked, or None."""
+    entries = latest(root)
+    if entries is None:
         return None
+    pointer = root / LATEST
+    if len(entries) != world_size:
+        raise RankMismatchError(
+            f"{pointer}: saved by {len(entries)} process(es), this run has {world_size}. "
+            f"Resume with {len(entries)} (e.g. torchrun --nproc_per_node {len(entries)}), or "
+            "start over with `dvc-dali reset`; resuming with another world size (elastic) is "
+            "not supported.")
+    found = entries[rank]
     snap_dir = root / found[0]
     manifest = read_manifest(snap_dir, found[1])
+    saved = manifest.get("rank") or {"rank": 0, "world_size": 1}
+    if not isinstance(saved, dict):
+        raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: field 'rank' is not an object: "
+                                     f"{_FIX}")
+    if (saved.get("rank"), saved.get("world_size")) != (rank, world_size):
+        raise RankMismatchError(
+            f"{snap_dir / MANIFEST}: holds the state of rank {saved.get('rank')} of "
+            f"{saved.get('world_size')}, but rank {rank} of {world_size} is reading it (files "
+            "moved between ranks?). Each rank must read its own rank-NNNNN directory: restore "
+            f"the checkpoint with `dvc exp apply`, or start over with `dvc-dali reset`.")
     files = manifest["files"]
     snap = Snapshot(snap_dir, manifest)
     for pname, info in manifest["pipelines"].items():

@@ -62,4 +62,4 @@ def test_leftovers_of_a_crashed_save_are_ignored_then_removed(tmp_path):
     ck.save(2)
     names = sorted(p.name for p in ckpt.iterdir())
     assert len(names) == 2 and names[0] == store.LATEST, names
-    assert names[1] != "step-000000002-0badcafe" and store.latest(ckpt)[0] == names[1]
+    assert names[1] != "step-000000002-0badcafe" and store.latest(ckpt)[0][0] == names[1]
