@@ -14,6 +14,7 @@ from .checkpointer import Checkpointer
 from .errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
+    CheckpointWriteError,
     DvcDaliError,
     PipelineMismatchError,
     RankMismatchError,
@@ -30,6 +31,7 @@ __all__ = [
     "DvcDaliError",
     "CheckpointCorruptError",
     "CheckpointFormatError",
+    "CheckpointWriteError",
     "PipelineMismatchError",
     "RankMismatchError",
     "RecordError",

@@ -755,6 +755,12 @@ def check_stage(checkpoint_path: str, stage: Optional[str] = None) -> None:
     and skips a stage whose deps did not change. Resuming needs the
     checkpoint output ``persist: true`` and the stage ``always_changed: true``.
     """
+    dvc_root = os.environ.get("DVC_ROOT", "")
+    if dvc_root and not os.path.isdir(os.path.join(dvc_root, ".dvc")):
+        raise RecorderError(
+            f"DVC_ROOT={dvc_root!r} is not a DVC repository (no .dvc directory), so no "
+            "checkpoint could be recorded. Run training through `dvc exp run` in the "
+            "repository, or unset DVC_ROOT to train without recording.")
     root = _find_dvc_root(os.getcwd())
     repo = _open_repo(root)
     stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), checkpoint_path)

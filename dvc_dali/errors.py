@@ -11,6 +11,10 @@ class CheckpointCorruptError(DvcDaliError):
     """A checkpoint file is missing, truncated, garbage or fails its digest."""
 
 
+class CheckpointWriteError(DvcDaliError):
+    """A checkpoint could not be written (disk full, permissions); the previous one stands."""
+
+
 class CheckpointFormatError(DvcDaliError):
     """A checkpoint from a foreign or newer format, or from DALI 1.x."""
 

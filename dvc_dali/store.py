@@ -30,7 +30,12 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
-from .errors import CheckpointCorruptError, CheckpointFormatError, RankMismatchError
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    CheckpointWriteError,
+    RankMismatchError,
+)
 
 FORMAT = "dvc-dali-checkpoint"
 FORMAT_VERSION = 1
@@ -100,68 +105,77 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     except (TypeError, ValueError) as exc:
         raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
                         f"dicts): {exc}") from None
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
-    (tmp / "pipelines").mkdir(parents=True)
-    (tmp / "arrays").mkdir()
-    (tmp / "dynamic").mkdir()
-    files: dict[str, dict[str, Any]] = {}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (tmp / "pipelines").mkdir(parents=True)
+        (tmp / "arrays").mkdir()
+        (tmp / "dynamic").mkdir()
+        files: dict[str, dict[str, Any]] = {}
 
-    def put(rel: str, write) -> None:
-        with open(tmp / rel, "wb") as fh:
-            writer = _HashingWriter(fh)
-            write(writer)
-            fh.flush()
-            os.fsync(fh.fileno())
-        files[rel] = {"sha256": writer.sha256.hexdigest(), "size": writer.size}
+        def put(rel: str, write) -> None:
+            with open(tmp / rel, "wb") as fh:
+                writer = _HashingWriter(fh)
+                write(writer)
+                fh.flush()
+                os.fsync(fh.fileno())
+            files[rel] = {"sha256": writer.sha256.hexdigest(), "size": writer.size}
 
-    manifest_pipes = {}
-    for i, (pname, info) in enumerate(sorted(pipelines.items())):
-        rel = f"pipelines/{i:05d}.dali"
-        put(rel, lambda w, data=info["state"]: w.write(data))
-        manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
-    leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
+        manifest_pipes = {}
+        for i, (pname, info) in enumerate(sorted(pipelines.items())):
+            rel = f"pipelines/{i:05d}.dali"
+            put(rel, lambda w, data=info["state"]: w.write(data))
+            manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
+        leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
 
-    def add_array(host: np.ndarray, info: dict[str, Any]) -> int:
-        leaves.append((host, info))
-        return len(leaves) - 1
+        def add_array(host: np.ndarray, info: dict[str, Any]) -> int:
+            leaves.append((host, info))
+            return len(leaves) - 1
 
-    trees = {name: arrays_mod.flatten(name, value, add_array)
-             for name, value in sorted(arrays.items())}
-    array_files = []
-    for i, (host, info) in enumerate(leaves):
-        rel = f"arrays/{i:05d}.npy"
-        put(rel, lambda w, a=host: np.lib.format.write_array(w, a, allow_pickle=False))
-        array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
-                            **info})
-    manifest_dynamic = {}
-    for i, (dname, text) in enumerate(sorted((dynamic or {}).items())):
-        rel = f"dynamic/{i:05d}.json"
-        put(rel, lambda w, data=text.encode(): w.write(data))
-        manifest_dynamic[dname] = {"file": rel}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": versions,
-        "pipelines": manifest_pipes,
-        "arrays": trees,
-        "array_files": array_files,
-        "dynamic": manifest_dynamic,
-        **json.loads(meta_text),
-        "files": files,
-        "rank": rank,
-    }
-    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    put(MANIFEST, lambda w: w.write(text))
-    _fsync_dir(tmp / "pipelines")
-    _fsync_dir(tmp / "arrays")
-    _fsync_dir(tmp / "dynamic")
-    _fsync_dir(tmp)
-    os.rename(tmp, root / name)
-    _fsync_dir(root)
+        trees = {name: arrays_mod.flatten(name, value, add_array)
+                 for name, value in sorted(arrays.items())}
+        array_files = []
+        for i, (host, info) in enumerate(leaves):
+            rel = f"arrays/{i:05d}.npy"
+            put(rel, lambda w, a=host: np.lib.format.write_array(w, a, allow_pickle=False))
+            array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
+                                **info})
+        manifest_dynamic = {}
+        for i, (dname, text) in enumerate(sorted((dynamic or {}).items())):
+            rel = f"dynamic/{i:05d}.json"
+            put(rel, lambda w, data=text.encode(): w.write(data))
+            manifest_dynamic[dname] = {"file": rel}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "versions": versions,
+            "pipelines": manifest_pipes,
+            "arrays": trees,
+            "array_files": array_files,
+            "dynamic": manifest_dynamic,
+            **json.loads(meta_text),
+            "files": files,
+            "rank": rank,
+        }
+        text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        put(MANIFEST, lambda w: w.write(text))
+        _fsync_dir(tmp / "pipelines")
+        _fsync_dir(tmp / "arrays")
+        _fsync_dir(tmp / "dynamic")
+        _fsync_dir(tmp)
+        os.rename(tmp, root / name)
+        _fsync_dir(root)
+    except OSError as exc:
+        # A full disk, a file size limit, a read-only directory: the previous
+        # checkpoint and LATEST are untouched; drop the partial one now.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"{getattr(exc, 'filename', None) or tmp}: cannot write the checkpoint "
+            f"({exc.strerror or exc}). The previous checkpoint in {root} is intact. Free "
+            "disk space or fix the directory's permissions, then save again.") from exc
     return name, hashlib.sha256(text).hexdigest()
 
 
@@ -169,12 +183,18 @@ def publish(root: Path, entries: list[tuple[str, str]]) -> None:
     """Atomically make LATEST name these snapshots: one line per rank,
     "<snapshot path> <manifest sha256>"."""
     latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
-    with open(latest_tmp, "w") as fh:
-        fh.write("".join(f"{name} {sha}\n" for name, sha in entries))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(latest_tmp, root / LATEST)
-    _fsync_dir(root)
+    try:
+        with open(latest_tmp, "w") as fh:
+            fh.write("".join(f"{name} {sha}\n" for name, sha in entries))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(latest_tmp, root / LATEST)
+        _fsync_dir(root)
+    except OSError as exc:
+        latest_tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(
+            f"{root / LATEST}: cannot update ({exc.strerror or exc}); it still names the "
+            "previous checkpoint. Free disk space or fix permissions, then save again.") from exc
 
 
 def remove_leftovers(root: Path, keep: str) -> None:
