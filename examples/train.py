@@ -4,7 +4,8 @@
     python examples/train.py             # or: dvc exp run (see templates/dvc.yaml)
 
 Reads params.yaml `train`: steps, checkpoint_every, batch_size, seed, lr,
-hidden, device (auto|cpu|gpu), data. Writes checkpoint/ (resume state),
+hidden, device (auto|cpu|gpu), data, framework (numpy|torch: torch runs
+examples/train_torch.py). Writes checkpoint/ (resume state),
 model/model.npz and dvclive/. Run it again after an interruption and it
 resumes from the last checkpoint, producing byte for byte the model an
 uninterrupted run produces. Changing `lr` on resume is allowed; changing
@@ -47,6 +48,7 @@ DEFAULTS = {
     "hidden": 64,
     "device": "auto",
     "data": "data/digits",
+    "framework": "numpy",
 }
 
 
@@ -62,6 +64,8 @@ def read_params(path: Path) -> dict:
         sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
     if params["device"] not in ("auto", "cpu", "gpu"):
         sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
+    if params["framework"] not in ("numpy", "torch"):
+        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy or torch")
     for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
         if int(params[key]) < 1:
             sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
@@ -195,6 +199,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     p = read_params(Path(args.params))
+    if p["framework"] == "torch":  # the same job with PyTorch: examples/train_torch.py
+        import train_torch
+
+        return train_torch.main(argv)
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
     lr_value = float(p["lr"])
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)

@@ -1,0 +1,211 @@
+"""Train the digit classifier with PyTorch from a DALI pipeline, checkpointing with dvc-dali.
+
+    python examples/train.py             # with params.yaml train.framework: torch
+    dvc exp run -S train.framework=torch
+
+The PyTorch twin of examples/train.py: the same DALI pipeline
+(train.digits_pipeline), params, outputs (checkpoint/, model/model.npz,
+dvclive/) and DVC_DALI_EXAMPLE_KILL_AT_STEP behaviour, but a torch.nn MLP
+trained with torch.optim.AdamW, fed by DALIGenericIterator over epochs (the
+last batch of an epoch is partial: 1797 images at batch 32 make 57 steps).
+The checkpoint holds the DALI iterator, the model's and the optimizer's
+state_dict() and torch's RNG state; a rerun after an interruption resumes
+and writes byte for byte the model an uninterrupted run writes (on the CPU).
+A changed `lr` on resume is applied to the restored optimizer. AdamW wants
+a smaller lr than the NumPy example's SGD default of 0.1 (which barely
+learns here): try `-S train.lr=0.01`.
+"""
+
+import os
+
+# Before torch and NumPy load: single-threaded CPU math, and deterministic
+# cuBLAS when torch.use_deterministic_algorithms(True) runs on a GPU.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import zipfile  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
+
+import dvc_dali  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train import CLASSES, CROP, KILL_ENV, digits_pipeline, read_params  # noqa: E402
+
+
+def pick_device(requested: str) -> str:
+    """'gpu' when torch sees CUDA and DALI can use it (and it is wanted), else 'cpu'."""
+    if requested == "cpu":
+        return "cpu"
+    why = None
+    if not torch.cuda.is_available():
+        why = f"torch {torch.__version__} sees no CUDA device"
+    else:
+        try:
+            from nvidia.dali import backend
+
+            if backend.GetCUDADeviceCount() < 1:
+                why = "DALI sees no CUDA device"
+        except Exception as exc:  # a CPU-only DALI, driver errors
+            why = f"DALI cannot use CUDA ({type(exc).__name__}: {exc})"
+    if why is None:
+        return "gpu"
+    if requested == "gpu":
+        sys.exit(f"train.device is gpu, but no GPU is usable ({why}). Install a CUDA build "
+                 "of torch and DALI on a machine with a CUDA GPU, or set train.device to cpu "
+                 "or auto.")
+    print(f"train: no usable GPU ({why}); device auto falls back to the CPU")
+    return "cpu"
+
+
+def make_model(hidden: int) -> torch.nn.Module:
+    return torch.nn.Sequential(OrderedDict(
+        fc1=torch.nn.Linear(CROP * CROP, hidden),
+        relu=torch.nn.ReLU(),
+        fc2=torch.nn.Linear(hidden, CLASSES),
+    ))
+
+
+def restore(ck, model, opt, lr: float) -> None:
+    saved = ck.arrays
+    if "model" not in saved or "optim" not in saved:
+        sys.exit(f"{ck.path}: the checkpoint at step {ck.step} holds no PyTorch model and "
+                 f"optimizer (it holds {sorted(saved)}; written with train.framework numpy?). "
+                 f"Set train.framework back to resume it, or delete {ck.path} to start over.")
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as exc:
+        sys.exit(f"{ck.path}: the saved model does not fit this one (train.hidden changed?): "
+                 f"{str(exc).splitlines()[0]} ... Set train.hidden back to resume, or delete "
+                 f"{ck.path} to start over.")
+    opt.load_state_dict(saved["optim"])
+    for group in opt.param_groups:  # lr may change on resume: params.yaml wins
+        group["lr"] = lr
+    if "torch_rng" in saved:
+        torch.set_rng_state(saved["torch_rng"])
+
+
+def save_model(path: Path, model: torch.nn.Module) -> None:
+    """The state_dict as .npy members of a zip with fixed timestamps, so equal
+    weights give equal bytes (torch.save's archive is not byte-stable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, tensor in model.state_dict().items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w") as fh:
+                np.lib.format.write_array(fh, tensor.detach().cpu().contiguous().numpy(),
+                                          allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
+    parser.add_argument("--model", default="model/model.npz", help="final model file")
+    parser.add_argument("--live", default="dvclive", help="DVCLive directory")
+    args = parser.parse_args(argv)
+
+    p = read_params(Path(args.params))
+    steps, every = int(p["steps"]), int(p["checkpoint_every"])
+    lr = float(p["lr"])
+    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+    if not Path(p["data"]).is_dir():
+        sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
+
+    device = pick_device(p["device"])
+    gpu = device == "gpu"
+    torch_device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(int(p["seed"]))
+
+    ck = dvc_dali.Checkpointer(args.checkpoint, total_steps=steps,
+                               params={k: v for k, v in p.items() if k != "steps"})
+    # Raises dvc_dali.PipelineMismatchError when batch_size, seed or the data
+    # differ from the checkpoint being resumed: let it propagate.
+    pipe = ck.pipeline("train", digits_pipeline, batch_size=int(p["batch_size"]),
+                       num_threads=min(4, os.cpu_count() or 1),
+                       device_id=0 if gpu else None, seed=int(p["seed"]),
+                       data=str(p["data"]), gpu=gpu)
+    # Epochs end at the reader's last image (a partial batch); the iterator's
+    # counters are saved with the checkpoint and restored exactly.
+    loader = ck.iterator(DALIGenericIterator, [pipe], ["images", "labels"],
+                         reader_name="reader", last_batch_policy=LastBatchPolicy.PARTIAL,
+                         auto_reset=True)
+
+    model = make_model(int(p["hidden"])).to(torch_device)  # seeded init
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    if ck.resumed:
+        restore(ck, model, opt, lr)
+        print(f"train: resuming from step {ck.step} ({ck.path}) on {device} (torch)")
+    else:
+        print(f"train: starting on {device} (torch): {steps} steps, batch {p['batch_size']}, "
+              f"seed {p['seed']}, lr {lr}, checkpoint every {every}")
+    start = ck.step
+    if start > steps:
+        print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
+              "writing its model without training")
+
+    live = ck.live(args.live)
+
+    def next_batch():
+        try:
+            return next(loader)
+        except StopIteration:  # end of an epoch; auto_reset started the next one
+            return next(loader)
+
+    t0 = time.perf_counter()
+    loss_sum = acc_sum = 0.0
+    seen = 0
+    model.train()
+    for step in range(start + 1, steps + 1):
+        batch = next_batch()[0]
+        x = batch["images"].to(torch_device).reshape(batch["images"].shape[0], -1)
+        y = batch["labels"].to(torch_device).reshape(-1).long()
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_sum += float(loss.detach())
+        acc_sum += float((logits.argmax(dim=1) == y).float().mean())
+        seen += 1
+        if step % every == 0 or step == steps:
+            mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
+            loss_sum = acc_sum = 0.0
+            seen = 0
+            live.step = step
+            live.log_metric("train/loss", mean_loss)
+            live.log_metric("train/acc", mean_acc)
+            live.next_step()
+            save_model(Path(args.model), model)
+            ck.make_checkpoint(step, arrays={"model": model.state_dict(),
+                                             "optim": opt.state_dict(),
+                                             "torch_rng": torch.get_rng_state()},
+                               metadata={"lr": lr, "loss": mean_loss, "acc": mean_acc,
+                                         "framework": "torch"})
+            print(f"step {step:>6}/{steps}  loss {mean_loss:.4f}  acc {mean_acc:.3f}  "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            if step == kill_at:
+                print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    save_model(Path(args.model), model)
+    live.end()
+    print(f"train: wrote {args.model} at step {max(start, steps)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
