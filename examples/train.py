@@ -190,6 +190,27 @@ def save_model(path: Path, weights: dict) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float, t0: float,
+                        kill_at: int, write_model, arrays, metadata: dict) -> None:
+    """The end of a checkpoint interval, shared by both frameworks.
+
+    The metrics of this step are logged first, so the checkpoint DVC records
+    holds them (DVCLive's step is the training step); every output of the
+    stage exists when DVC records it, so each row's model is that step's.
+    """
+    live.step = step
+    live.log_metric("train/loss", loss)
+    live.log_metric("train/acc", acc)
+    live.next_step()
+    write_model()
+    ck.make_checkpoint(step, arrays=arrays, metadata={**metadata, "loss": loss, "acc": acc})
+    print(f"step {step:>6}/{steps}  loss {loss:.4f}  acc {acc:.3f}  "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    if step == kill_at:
+        print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -253,22 +274,9 @@ def main(argv=None) -> int:
             mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
             loss_sum = acc_sum = 0.0
             seen = 0
-            # The metrics of this step are logged first, so the checkpoint
-            # DVC records holds them; DVCLive's step is the training step.
-            live.step = step
-            live.log_metric("train/loss", mean_loss)
-            live.log_metric("train/acc", mean_acc)
-            live.next_step()
-            # Every output of the stage exists when DVC records the checkpoint:
-            # the model of each recorded row is the model at that step.
-            save_model(Path(args.model), weights)
-            ck.make_checkpoint(step, arrays=weights,
-                               metadata={"lr": lr_value, "loss": mean_loss, "acc": mean_acc})
-            print(f"step {step:>6}/{steps}  loss {mean_loss:.4f}  acc {mean_acc:.3f}  "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
-            if step == kill_at:
-                print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoint_interval(ck, live, step, steps, mean_loss, mean_acc, t0, kill_at,
+                                lambda: save_model(Path(args.model), weights),
+                                arrays=weights, metadata={"lr": lr_value})
 
     save_model(Path(args.model), weights)
     live.end()

@@ -25,7 +25,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import argparse  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import zipfile  # noqa: E402
@@ -39,7 +38,8 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # n
 import dvc_dali  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import CLASSES, CROP, KILL_ENV, digits_pipeline, read_params  # noqa: E402
+from train import (CLASSES, CROP, KILL_ENV, checkpoint_interval,  # noqa: E402
+                   digits_pipeline, read_params)
 
 
 def pick_device(requested: str) -> str:
@@ -185,21 +185,11 @@ def main(argv=None) -> int:
             mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
             loss_sum = acc_sum = 0.0
             seen = 0
-            live.step = step
-            live.log_metric("train/loss", mean_loss)
-            live.log_metric("train/acc", mean_acc)
-            live.next_step()
-            save_model(Path(args.model), model)
-            ck.make_checkpoint(step, arrays={"model": model.state_dict(),
-                                             "optim": opt.state_dict(),
-                                             "torch_rng": torch.get_rng_state()},
-                               metadata={"lr": lr, "loss": mean_loss, "acc": mean_acc,
-                                         "framework": "torch"})
-            print(f"step {step:>6}/{steps}  loss {mean_loss:.4f}  acc {mean_acc:.3f}  "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
-            if step == kill_at:
-                print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoint_interval(ck, live, step, steps, mean_loss, mean_acc, t0, kill_at,
+                                lambda: save_model(Path(args.model), model),
+                                arrays={"model": model.state_dict(), "optim": opt.state_dict(),
+                                        "torch_rng": torch.get_rng_state()},
+                                metadata={"lr": lr, "framework": "torch"})
 
     save_model(Path(args.model), model)
     live.end()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -49,6 +50,11 @@ def clone_project(dest: Path) -> Path:
     git_init(dest)
     commit_all(dest)
     return dest
+
+
+def model_sha(path: Path) -> str:
+    """The example's final model, as a digest to compare runs bit for bit."""
+    return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()
 
 
 def exp_rows(path: Path) -> dict[str, dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pipelines
 import pytest
-from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
 from dvc_dali import store

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
-from dvc_project import clone_project, exp_rows, run
+from dvc_project import clone_project, exp_rows, model_sha, run
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
-
-
-def model_sha(path: Path) -> str:
-    return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,10 @@ to end under real `dvc exp run` in temporary git repos."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
-from dvc_project import clone_project, exp_rows, run
+from dvc_project import clone_project, exp_rows, model_sha, run
 
 pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali.plugin.pytorch")
@@ -17,10 +16,6 @@ TORCH = ["-S", "train.framework=torch"]
 # One epoch is 57 steps (1797 images, batch 32, the last batch partial):
 # checkpoints at 57 and 114 land right after an epoch's last batch.
 EPOCHS = [*TORCH, "-S", "train.steps=120", "-S", "train.checkpoint_every=57"]
-
-
-def model_sha(path: Path) -> str:
-    return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
