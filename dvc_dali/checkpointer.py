@@ -6,7 +6,7 @@ import json
 import os
 import platform
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from pathlib import Path
 from typing import Any
@@ -347,23 +347,17 @@ class Checkpointer:
 
 
 class _Background:
-    """One background save. Not a daemon: the interpreter's exit waits for it,
-    so a checkpoint in flight is finished whole (or, on SIGKILL, abandoned
-    whole: the store's atomic publish sees to that)."""
+    """One background save, run by the single worker thread of all
+    Checkpointers (one at a time, in order). concurrent.futures joins its
+    workers at interpreter exit, so a checkpoint in flight is finished whole
+    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that)."""
+
+    _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, work) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                work()
-            except BaseException as exc:  # re-raised in the training thread
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="dvc-dali-checkpoint")
-        self._thread.start()
+        if _Background._pool is None:
+            _Background._pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
+        self._future = _Background._pool.submit(work)
 
     def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._future.result()  # re-raises the background error in the training thread

@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, unquote
 
@@ -591,6 +592,7 @@ def _record(
         lock_path = stg.dvcfile._lockfile.path
         _, lock_data = _read_lock(lock_path)
         old_entry = (lock_data.get("stages") or {}).get(stg.name)
+        _seed_hashes(repo, stg)
         try:
             # Outputs written only at the end of training (the final model)
             # may not exist yet; the persisted checkpoint output must.
@@ -684,6 +686,30 @@ def _record(
         duration_s=time.perf_counter() - t0,
         phases=phases,
     )
+
+
+def _seed_hashes(repo, stg) -> None:
+    """Hand DVC the md5 of each checkpoint file, computed while it was
+    written, so caching it does not read it all again. DVC's state keys each
+    entry on the file's inode, mtime and size, and a snapshot is never
+    modified once published."""
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    from . import store
+    from .errors import DvcDaliError
+
+    items = []
+    for o in stg.outs:
+        if not (o.use_cache and o.hash_name == "md5"
+                and os.path.isfile(os.path.join(o.fs_path, store.LATEST))):
+            continue
+        try:
+            digests = store.file_digests(Path(o.fs_path))
+        except DvcDaliError:
+            continue  # damaged: let DVC hash what is there
+        items += [(os.fspath(path), HashInfo("md5", md5), None) for path, md5 in digests.items()]
+    if items:
+        repo.state.save_many(items, repo.fs)
 
 
 def _check_shared_cache(repo, dvc_root: str) -> None:

@@ -1,7 +1,7 @@
 """The on-disk checkpoint format and its crash-safe publication.
 
     <checkpoint dir>/             the stage's `checkpoint: true` / `persist: true` output
-      LATEST                      "<snapshot name> <sha256 of its manifest.json>"
+      LATEST                      "<snapshot name> <md5 of its manifest.json>"
       step-000000120-1a2b3c4d/    one complete snapshot
         manifest.json             format, step, versions, pipelines, arrays, digests
         pipelines/<n>.dali        DALI state bytes, one file per pipeline
@@ -42,7 +42,7 @@ FORMAT_VERSION = 1
 LATEST = "LATEST"
 MANIFEST = "manifest.json"
 _SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
 _LATEST_ENTRY = re.compile(r"^(rank-\d{5}/)?step-\d{9,}-[0-9a-f]{8}$")
 _MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
                           r"dynamic/[0-9]{5}\.json)$")
@@ -59,13 +59,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 class _HashingWriter:
-    """A file wrapper that hashes what passes through, so nothing is read twice."""
+    """A file wrapper that hashes what passes through, so nothing is read twice.
+
+    MD5, DVC's own hash: the recorder hands these digests to DVC, which then
+    does not read the checkpoint again to cache it."""
 
     def __init__(self, fh):
-        self._fh, self.sha256, self.size = fh, hashlib.sha256(), 0
+        self._fh, self.md5, self.size = fh, hashlib.md5(), 0
 
     def write(self, data) -> int:
-        self.sha256.update(data)
+        self.md5.update(data)
         self.size += len(data)
         return self._fh.write(data)
 
@@ -91,7 +94,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    dynamic: dict[str, str] | None = None,
                    rank: dict[str, int] | None = None) -> tuple[str, str]:
     """Write one complete snapshot under ``root`` (not yet named by LATEST:
-    see :func:`publish`); returns its name and its manifest's sha256.
+    see :func:`publish`); returns its name and its manifest's md5.
 
     ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
     ``arrays`` a name to an array or a nest of them (see arrays.py);
@@ -109,18 +112,17 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     tmp = root / f".tmp-{name}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        (tmp / "pipelines").mkdir(parents=True)
-        (tmp / "arrays").mkdir()
-        (tmp / "dynamic").mkdir()
+        tmp.mkdir(parents=True)
         files: dict[str, dict[str, Any]] = {}
 
         def put(rel: str, write) -> None:
+            (tmp / rel).parent.mkdir(exist_ok=True)
             with open(tmp / rel, "wb") as fh:
                 writer = _HashingWriter(fh)
                 write(writer)
                 fh.flush()
                 os.fsync(fh.fileno())
-            files[rel] = {"sha256": writer.sha256.hexdigest(), "size": writer.size}
+            files[rel] = {"md5": writer.md5.hexdigest(), "size": writer.size}
 
         manifest_pipes = {}
         for i, (pname, info) in enumerate(sorted(pipelines.items())):
@@ -162,9 +164,8 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         }
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
         put(MANIFEST, lambda w: w.write(text))
-        _fsync_dir(tmp / "pipelines")
-        _fsync_dir(tmp / "arrays")
-        _fsync_dir(tmp / "dynamic")
+        for sub in {rel.split("/")[0] for rel in files if "/" in rel}:
+            _fsync_dir(tmp / sub)
         _fsync_dir(tmp)
         os.rename(tmp, root / name)
         _fsync_dir(root)
@@ -176,12 +177,12 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
             f"{getattr(exc, 'filename', None) or tmp}: cannot write the checkpoint "
             f"({exc.strerror or exc}). The previous checkpoint in {root} is intact. Free "
             "disk space or fix the directory's permissions, then save again.") from exc
-    return name, hashlib.sha256(text).hexdigest()
+    return name, hashlib.md5(text).hexdigest()
 
 
 def publish(root: Path, entries: list[tuple[str, str]]) -> None:
     """Atomically make LATEST name these snapshots: one line per rank,
-    "<snapshot path> <manifest sha256>"."""
+    "<snapshot path> <manifest md5>"."""
     latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
     try:
         with open(latest_tmp, "w") as fh:
@@ -211,7 +212,7 @@ def remove_leftovers(root: Path, keep: str) -> None:
 
 def latest(root: Path) -> list[tuple[str, str]] | None:
     """The snapshots LATEST names (one per rank) with their manifests'
-    sha256, or None when there is no checkpoint yet. The digest makes an
+    md5, or None when there is no checkpoint yet. The digest makes an
     edited manifest visible."""
     pointer = root / LATEST
     if not pointer.exists():
@@ -223,9 +224,9 @@ def latest(root: Path) -> list[tuple[str, str]] | None:
     for line in pointer.read_text(errors="replace").splitlines() or [""]:
         text = line.split()
         if (len(text) != 2 or not _LATEST_ENTRY.match(text[0])
-                or not _SHA256.match(text[1])):
+                or not _MD5.match(text[1])):
             raise CheckpointCorruptError(f"{pointer}: does not hold '<snapshot> <manifest "
-                                         f"sha256>' lines (found {line[:80]!r}): {_FIX}")
+                                         f"md5>' lines (found {line[:80]!r}): {_FIX}")
         if not (root / text[0] / MANIFEST).is_file():
             raise CheckpointCorruptError(f"{pointer}: names {text[0]}, but "
                                          f"{root / text[0] / MANIFEST} does not exist: {_FIX}")
@@ -247,20 +248,20 @@ def _read_member(snap_dir: Path, rel: str, files: dict[str, Any]) -> bytes:
     if len(data) != want.get("size"):
         raise CheckpointCorruptError(f"{path}: {len(data)} bytes, the manifest says "
                                      f"{want.get('size')} (truncated or overwritten): {_FIX}")
-    if hashlib.sha256(data).hexdigest() != want.get("sha256"):
-        raise CheckpointCorruptError(f"{path}: contents do not match the sha256 in "
+    if hashlib.md5(data).hexdigest() != want.get("md5"):
+        raise CheckpointCorruptError(f"{path}: contents do not match the md5 in "
                                      f"{snap_dir / MANIFEST} (corrupted or edited): {_FIX}")
     return data
 
 
-def read_manifest(snap_dir: Path, sha256: str) -> dict[str, Any]:
+def read_manifest(snap_dir: Path, md5: str) -> dict[str, Any]:
     path = snap_dir / MANIFEST
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{path}: missing: {_FIX}") from None
-    if hashlib.sha256(raw).hexdigest() != sha256:
-        raise CheckpointCorruptError(f"{path}: does not match the sha256 recorded in "
+    if hashlib.md5(raw).hexdigest() != md5:
+        raise CheckpointCorruptError(f"{path}: does not match the md5 recorded in "
                                      f"{snap_dir.parent / LATEST} (edited or corrupted): {_FIX}")
     try:
         manifest = json.loads(raw)
@@ -335,3 +336,16 @@ def read_snapshot(root: Path, array_module=None, rank: int = 0,
         snap.dynamic_states[dname] = _read_member(snap_dir, rel, files).decode()
     return snap
 
+
+
+def file_digests(root: Path) -> dict[Path, str]:
+    """md5 of every file of the published snapshot(s), from the manifests
+    written with them (snapshots are never modified once published)."""
+    out: dict[Path, str] = {}
+    for rel, manifest_md5 in latest(root) or []:
+        snap_dir = root / rel
+        out[snap_dir / MANIFEST] = manifest_md5
+        for member, info in read_manifest(snap_dir, manifest_md5)["files"].items():
+            if _MEMBER_PATH.match(member):
+                out[snap_dir / member] = info["md5"]
+    return out

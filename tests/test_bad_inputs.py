@@ -43,13 +43,13 @@ def rewrite(ckpt: Path, rel: str, data: bytes, keep_digests: bool = True) -> Pat
     if keep_digests:
         if rel != store.MANIFEST:
             manifest = json.loads((snap / store.MANIFEST).read_text())
-            manifest["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(),
+            manifest["files"][rel] = {"md5": hashlib.md5(data).hexdigest(),
                                       "size": len(data)}
             raw = json.dumps(manifest).encode()
             (snap / store.MANIFEST).write_bytes(raw)
         else:
             raw = data
-        (ckpt / store.LATEST).write_text(f"{snap.name} {hashlib.sha256(raw).hexdigest()}\n")
+        (ckpt / store.LATEST).write_text(f"{snap.name} {hashlib.md5(raw).hexdigest()}\n")
     return snap / rel
 
 
@@ -101,7 +101,7 @@ def test_same_size_corruption_fails_digest(saved, data_dir, rel):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(dvc_dali.CheckpointCorruptError, match="do not match the sha256"):
+    with pytest.raises(dvc_dali.CheckpointCorruptError, match="do not match the md5"):
         resume(saved, data_dir)
 
 
@@ -137,7 +137,7 @@ def test_edited_manifest_is_noticed(saved):
     path = snapshot_dir(saved) / store.MANIFEST
     path.write_text(path.read_text().replace('"step": 3', '"step": 30'))
     with pytest.raises(dvc_dali.CheckpointCorruptError, match="manifest.json: does not match "
-                       "the sha256 recorded in .*LATEST"):
+                       "the md5 recorded in .*LATEST"):
         dvc_dali.Checkpointer(saved)
 
 
