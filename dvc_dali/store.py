@@ -73,6 +73,24 @@ class _HashingWriter:
         return self._fh.write(data)
 
 
+def _write_npy(writer: _HashingWriter, array: np.ndarray) -> None:
+    """The .npy format, with the data passed on as views of the array's own
+    memory (np.lib.format.write_array copies it chunk by chunk into a
+    non-file writer, several times slower for large arrays)."""
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        array = np.ascontiguousarray(array)
+    header = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(writer, header)
+    except ValueError:  # a header too large for format 1.0
+        np.lib.format.write_array_header_2_0(writer, header)
+    data = array.T if header["fortran_order"] else array
+    flat = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
+    chunk = 16 << 20
+    for start in range(0, len(flat), chunk):
+        writer.write(flat[start:start + chunk])
+
+
 @dataclass
 class Snapshot:
     """A complete snapshot read back from disk, digests verified."""
@@ -140,7 +158,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         array_files = []
         for i, (host, info) in enumerate(leaves):
             rel = f"arrays/{i:05d}.npy"
-            put(rel, lambda w, a=host: np.lib.format.write_array(w, a, allow_pickle=False))
+            put(rel, lambda w, a=host: _write_npy(w, a))
             array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
                                 **info})
         manifest_dynamic = {}

@@ -16,25 +16,18 @@ where the environment is kept.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import io
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dvc2_venv import REPO, Dvc2InstallError, Dvc2Unavailable, ensure_dvc2
 
-REPO = Path(__file__).resolve().parents[1]
-DVC2_REQUIREMENTS = Path(__file__).resolve().parents[2] / "shared/anchors/dvc2-requirements.txt"
-VENV = Path(os.environ.get("DVC_DALI_DVC2_VENV")
-            or Path.home() / ".cache" / "dvc-dali" / "dvc2-venv")
-MARKER = ".dvc-dali-installed"
 LOG = "dvc2_log.jsonl"  # what train.py says about itself, one JSON object a line
 LINEAGE_KEY = "dvc-dali-checkpoint:"  # in the message of every commit our recorder makes
 
@@ -98,40 +91,15 @@ log(event="end", recorder_imported="dvc_dali.dvc_recorder" in sys.modules,
 # DVC 2.58 in a virtual environment of its own
 # --------------------------------------------------------------------------
 
-def _install_stamp() -> str:
-    digest = hashlib.sha256(DVC2_REQUIREMENTS.read_bytes()).hexdigest()
-    return f"{digest} python {sys.version_info[0]}.{sys.version_info[1]}\n"
-
-
 @pytest.fixture(scope="session")
 def dvc2() -> Path:
-    """The `dvc` executable of DVC 2.58, installing it on first use."""
-    if not DVC2_REQUIREMENTS.is_file():
-        pytest.skip(f"{DVC2_REQUIREMENTS} is absent: it pins a DVC 2.58 that still installs "
-                    "(the shared/ directory next to the repository)")
-    dvc = VENV / "bin" / "dvc"
-    marker = VENV / MARKER
-    stamp = _install_stamp()
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    # One installer at a time (parallel pytest workers, concurrent sessions).
-    with open(VENV.parent / f".{VENV.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and marker.read_text() == stamp and dvc.is_file():
-            return dvc
-        # No marker, or one for other pins: a half-made or stale venv, rebuilt.
-        shutil.rmtree(VENV, ignore_errors=True)
-        steps = ([sys.executable, "-m", "venv", str(VENV)],
-                 [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q",
-                  "--disable-pip-version-check", "-r", str(DVC2_REQUIREMENTS)])
-        for cmd in steps:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if proc.returncode != 0:
-                pytest.fail(f"building the DVC 2 venv failed: {' '.join(cmd)} exited "
-                            f"{proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-        version = subprocess.run([str(dvc), "--version"], capture_output=True, text=True)
-        assert version.stdout.strip().startswith("2.58"), (version.stdout, version.stderr)
-        marker.write_text(stamp)
-    return dvc
+    """The `dvc` executable of DVC 2.58, installing it on first use (tests/dvc2_venv.py)."""
+    try:
+        return ensure_dvc2()
+    except Dvc2Unavailable as exc:
+        pytest.skip(str(exc))
+    except Dvc2InstallError as exc:
+        pytest.fail(str(exc))
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""Run every dvc-dali benchmark and print a table of medians and ratios, each
+ratio measured side by side in this run.
+
+    python bench/run.py             # full (about 10-15 minutes on 2 cores)
+    python bench/run.py --quick     # short (under about 3 minutes)
+    python bench/run.py --only 4,5  # some of them (1-3 run together)
+    python bench/run.py --out       # also write bench/results/<time>.{json,md}
+
+1. make_checkpoint() blocking inside `dvc exp run`: ours (DVC 3) vs DVC 2.58's
+   dvc.api.make_checkpoint(), 1 KB / 10 MB / 200 MB outputs
+2. asynchronous make_checkpoint blocking vs the in-memory snapshot alone
+3. 200 MB save + record end to end vs copy + md5 of the same bytes, per
+   DVC cache type, with a breakdown
+4. DALI throughput: checkpointing on vs off; Checkpointer.save every K steps
+5. restore vs fresh start, early and late in an epoch of 100,000 files
+6. `dvc exp show` with 10 vs 300 checkpoint rows, and with retention
+7. checkpoint time with 1, 2 and 4 torch.distributed ranks
+
+Every repository and data set lives in a temporary directory, removed at
+the end (--keep keeps it). Nothing is timed in the tests: timings live here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata as md
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+# This checkout's dvc_dali, whatever `pip install -e` points at (children get PYTHONPATH).
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+from common import _DVC_RUN_VARS, Row, say  # noqa: E402
+
+GROUPS = {  # module: the benchmark numbers it covers
+    "b_checkpoint": {1, 2, 3},
+    "b_dali": {4},
+    "b_restore": {5},
+    "b_expshow": {6},
+    "b_ranks": {7},
+}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7}
+
+
+def machine() -> dict[str, str]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        ram = f"{kb / 1024 ** 2:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    fs = subprocess.run(["df", "-T", tempfile.gettempdir()], capture_output=True,
+                        text=True).stdout.splitlines()[-1:]
+    return {"nproc": str(os.cpu_count()), "ram": ram, "cpu": cpu,
+            "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "tmp_fs": fs[0].split()[1] if fs else "?", "platform": platform.platform()}
+
+
+def versions(with_dvc2: bool) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for label, dist in (("dvc", "dvc"), ("dvclive", "dvclive"), ("dali", "nvidia-dali-cuda120"),
+                        ("numpy", "numpy")):
+        try:
+            out[label] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[label] = "absent"
+    import dvc_dali
+
+    out["dvc-dali"] = f"{dvc_dali.__version__} ({Path(dvc_dali.__file__).parent})"
+    out["git"] = subprocess.run(["git", "--version"], capture_output=True,
+                                text=True).stdout.strip().removeprefix("git version ")
+    if with_dvc2:
+        from b_checkpoint import dvc2_paths
+
+        found = dvc2_paths()
+        if isinstance(found, str):
+            out["dvc 2"] = f"unavailable ({found})"
+        else:
+            out["dvc 2"] = subprocess.run([str(found[0]), "--version"], capture_output=True,
+                                          text=True).stdout.strip()
+    return out
+
+
+def table(rows: list[Row]) -> str:
+    head = ("benchmark", "ours", "reference", "ratio", "goal", "met?")
+    cells = [head] + [(r.bench, r.ours, r.reference, r.ratio, r.goal, r.met) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    line = lambda c: "| " + " | ".join(x.ljust(w) for x, w in zip(c, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(head), sep] + [line(c) for c in cells[1:]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (under ~3 min)")
+    ap.add_argument("--only", default="", help="comma-separated benchmark numbers (1-7; "
+                    "default: all)")
+    ap.add_argument("--out", nargs="?", const="", default=None, metavar="STEM",
+                    help="also write results to bench/results/STEM.json and .md "
+                         "(default STEM: the date and time)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = ap.parse_args(argv)
+    for var in _DVC_RUN_VARS:  # a bench started inside a DVC stage must not inherit it
+        os.environ.pop(var, None)
+    wanted = {int(x) for x in args.only.split(",") if x.strip()} or DEFAULT
+    modules = [m for m, nums in GROUPS.items() if nums & wanted]
+
+    start = time.perf_counter()
+    info = {"machine": machine(), "versions": versions("b_checkpoint" in modules),
+            "mode": "quick" if args.quick else "full",
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    header = [f"dvc-dali benchmarks ({info['mode']}), {info['started']}",
+              "machine: " + ", ".join(f"{k} {v}" for k, v in info["machine"].items()),
+              "versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items())]
+    say("\n".join(header))
+
+    rows: list[Row] = []
+    notes: list[str] = []
+    raw: dict = {}
+    base = Path(tempfile.mkdtemp(prefix="dvc-dali-bench-"))
+    try:
+        for name in modules:
+            t = time.perf_counter()
+            say(f"== {name}")
+            try:
+                module = __import__(name)
+                sub = base / name
+                sub.mkdir()
+                r, n, data = module.run_all(sub, args.quick)
+                rows += r
+                notes += n
+                raw[name] = data
+            except Exception as exc:  # one broken benchmark does not hide the others
+                traceback.print_exc()
+                rows.append(Row(f"{sorted(GROUPS[name])} {name}", "ERROR", "-", "-", "-", "NO"))
+                notes.append(f"{name}: {type(exc).__name__}: {str(exc)[:2000]}")
+            notes.append(f"({name} took {time.perf_counter() - t:.0f} s)")
+            if not args.keep:
+                subprocess.run(["rm", "-rf", str(base / name)])
+    finally:
+        if args.keep:
+            say(f"kept {base}")
+        else:
+            subprocess.run(["rm", "-rf", str(base)])
+    total = time.perf_counter() - start
+    header.append("load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+                  + " (other work on this machine shows up as noise)")
+
+    text = "\n".join(header + ["", table(rows), "", "Details (medians):"] +
+                     [f"- {n}" for n in notes] + [f"\ntotal {total:.0f} s"])
+    print(text, flush=True)
+    if args.out is not None:
+        out_dir = BENCH / "results"
+        out_dir.mkdir(exist_ok=True)
+        stem = args.out or time.strftime("%Y%m%d-%H%M%S")
+        (out_dir / f"{stem}.md").write_text(
+            "# dvc-dali benchmarks\n\n```\n" + "\n".join(header) + "\n```\n\n" + table(rows)
+            + "\n\n" + "\n".join(f"- {n}" for n in notes) + f"\n\ntotal {total:.0f} s\n")
+        (out_dir / f"{stem}.json").write_text(json.dumps(
+            {**info, "total_s": total, "rows": [dataclasses.asdict(r) for r in rows],
+             "notes": notes, "raw": raw}, indent=1, default=str))
+        say(f"wrote {out_dir / stem}.md and .json")
+    return 1 if any(r.ours == "ERROR" for r in rows) else 0  # a missed goal is a result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
