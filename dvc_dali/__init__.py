@@ -14,6 +14,7 @@ from .checkpointer import Checkpointer
 from .errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
+    CheckpointLockedError,
     CheckpointWriteError,
     DvcDaliError,
     PipelineMismatchError,
@@ -31,6 +32,7 @@ __all__ = [
     "DvcDaliError",
     "CheckpointCorruptError",
     "CheckpointFormatError",
+    "CheckpointLockedError",
     "CheckpointWriteError",
     "PipelineMismatchError",
     "RankMismatchError",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
-from . import dali_state, distributed, signal, store
+from . import dali_state, dirlock, distributed, signal, store
 from ._version import __version__
 from .errors import CheckpointCorruptError, PipelineMismatchError
 
@@ -75,6 +75,7 @@ class Checkpointer:
         if asynchronous and self.world_size > 1:
             raise ValueError("asynchronous=True is not supported with torch.distributed: the "
                              "ranks' saves must meet at a barrier in the training thread")
+        self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
         self.timings: dict[str, float] = {}
         t0 = time.perf_counter()
         self._snapshot = (store.read_snapshot(self.path, _array_module(), self.rank,
@@ -110,6 +111,16 @@ class Checkpointer:
         elif changes:
             print(f"dvc-dali: resuming {self.path} at step {step} with changed params: "
                   + "; ".join(changes), file=sys.stderr)
+
+    def close(self) -> None:
+        """Wait for a checkpoint in flight and let another process write here."""
+        self.wait()
+        self._lock.release()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
 
     # -- what was restored -------------------------------------------------
     @property

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -574,15 +575,7 @@ def _record(
             f"({exc}). Pass a name without spaces, '/', '~', '^', ':' or '..'."
         ) from exc
 
-    try:
-        repo.lock.lock()
-    except LockError as exc:
-        raise RecorderError(
-            f"dvc_dali: DVC repo lock '{repo.lock.lockfile}' is held by another "
-            "DVC process; the checkpoint was not recorded (its files are "
-            "intact). Wait for that process, or remove the lock file if no DVC "
-            "process is running."
-        ) from exc
+    _lock_repo(repo, LockError)
     try:
         t = time.perf_counter()
         stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), out)
@@ -710,6 +703,32 @@ def _seed_hashes(repo, stg) -> None:
         items += [(os.fspath(path), HashInfo("md5", md5), None) for path, md5 in digests.items()]
     if items:
         repo.state.save_many(items, repo.fs)
+
+
+def _lock_repo(repo, lock_error) -> None:
+    """Take DVC's repo lock, waiting while another DVC command (dvc push,
+    gc, exp apply...) holds it: training waits instead of dying. Bounded by
+    DVC_DALI_LOCK_TIMEOUT seconds (default 3600)."""
+    limit = float(os.environ.get("DVC_DALI_LOCK_TIMEOUT", "3600"))
+    deadline = time.monotonic() + limit
+    said = False
+    while True:
+        try:
+            repo.lock.lock()  # DVC itself retries for a few seconds
+            return
+        except lock_error as exc:
+            if time.monotonic() > deadline:
+                raise RecorderError(
+                    f"dvc_dali: DVC repo lock '{repo.lock.lockfile}' stayed held by another "
+                    f"DVC command for {limit:.0f} s; the checkpoint was not recorded (its "
+                    "files are intact). Wait for that command, or remove the lock file if "
+                    "no DVC process is running; DVC_DALI_LOCK_TIMEOUT sets the wait."
+                ) from exc
+            if not said:
+                print(f"dvc-dali: waiting for the DVC repo lock ({repo.lock.lockfile}), held "
+                      "by another DVC command, to record the checkpoint", file=sys.stderr)
+                said = True
+            time.sleep(0.5)
 
 
 def _check_shared_cache(repo, dvc_root: str) -> None:

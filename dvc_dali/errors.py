@@ -15,6 +15,10 @@ class CheckpointWriteError(DvcDaliError):
     """A checkpoint could not be written (disk full, permissions); the previous one stands."""
 
 
+class CheckpointLockedError(DvcDaliError):
+    """Another live process is writing the same checkpoint directory."""
+
+
 class CheckpointFormatError(DvcDaliError):
     """A checkpoint from a foreign or newer format, or from DALI 1.x."""
 

@@ -1,0 +1,206 @@
+"""Experiments checkpointing at the same time into one repository.
+
+(a) two queued experiments run by `dvc queue start -j 2`;
+(b) a workspace run beside a `--temp` run;
+(c) a workspace run while another DVC command (`dvc push`, `gc`, `status`...)
+    holds the DVC repo lock for a while.
+
+Each experiment must get one row per checkpoint, every row holding its own
+experiment's params, lineage and data (cached, complete, at its step), and the
+model of a row must be the model that experiment's params give at that step:
+runs with equal params give equal models step by step, whichever executor
+(queue worker, --temp, workspace) ran them, so nothing was mixed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from dvc_project import clone_project, run
+from fuzz_harness import dvc_env
+from fuzz_harness import (
+    ExpRun,
+    cached_checkpoint_step,
+    check_row_data,
+    exp_refs,
+    git,
+    model_digest,
+    show,
+    stale_files,
+)
+from fuzz_kill import model_md5_in_row
+
+from dvc_dali.dvc_recorder import list_checkpoint_rows
+
+STEPS, EVERY = 40, 2
+LRS = {"a": 0.1, "b": 0.05}
+
+
+def params(lr: float) -> list[str]:
+    return ["-S", f"train.steps={STEPS}", "-S", f"train.checkpoint_every={EVERY}",
+            "-S", f"train.lr={lr}"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("concurrency")
+    (path / "logs").mkdir()
+    return clone_project(path / "project")
+
+
+def check_experiment(project: Path, exp: str, lr: float) -> dict[int, str]:
+    """All rows of ``exp``: one per checkpoint, its own params and lineage,
+    data in the cache, checkpoint complete at the row's step. Returns
+    {step: model md5}."""
+    rows = list_checkpoint_rows(str(project), exp)
+    steps = [r["step"] for r in rows]
+    assert steps == list(range(EVERY, STEPS + 1, EVERY)), f"{exp}: rows at steps {steps}"
+    models = {}
+    for row in rows:
+        assert row["name"] == f"{exp}-step{row['step']}", row
+        assert row["exp"] == exp
+        msg = git(project, "log", "-1", "--format=%B", row["sha"])
+        assert f"exp={exp} step={row['step']} " in msg, msg
+        p = yaml.safe_load(show(project, row["sha"], "params.yaml"))["train"]
+        assert p["lr"] == lr and p["steps"] == STEPS, f"{row['name']}: params {p}"
+        lock = yaml.safe_load(show(project, row["sha"], "dvc.lock"))
+        lock_p = lock["stages"]["train"]["params"]["params.yaml"]["train"]
+        assert lock_p["lr"] == lr, f"{row['name']}: dvc.lock params {lock_p}"
+        outs = check_row_data(project, row["sha"])
+        assert cached_checkpoint_step(project, outs["checkpoint"]) == row["step"]
+        models[row["step"]] = model_md5_in_row(project, lock)
+    return models
+
+
+def row_times(project: Path, exp: str) -> tuple[int, int]:
+    times = [r["time"] for r in list_checkpoint_rows(str(project), exp)]
+    return min(times), max(times)
+
+
+def queue_status(project: Path) -> dict[str, str]:
+    out = run(["dvc", "queue", "status"], project).stdout
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"^\s*\S+\s+(\S+)\s+.*?\b(Queued|Running|Success|Failed|Unknown)\b", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+MODELS: dict[str, dict[int, str]] = {}
+
+
+def test_two_queued_experiments_run_in_parallel(project, record_property):
+    before = git(project, "status", "--porcelain")
+    head = git(project, "rev-parse", "HEAD")
+    for key, lr in LRS.items():
+        run(["dvc", "exp", "run", "--queue", "-n", f"q{key}", *params(lr)], project)
+    t0 = time.monotonic()
+    # The workers inherit the stdout of `dvc queue start`: a file, never a pipe.
+    starter = ExpRun(project, ["-j", "2"], project.parent / "logs" / "queue.log",
+                     cmd=("dvc", "queue", "start"))
+    try:
+        assert starter.wait(120) == 0, starter.output()
+        deadline = time.monotonic() + 480
+        while True:
+            status = queue_status(project)
+            if all(status.get(f"q{k}") in ("Success", "Failed") for k in LRS):
+                break
+            assert time.monotonic() < deadline, f"queue still at {status}"
+            time.sleep(2)
+    finally:
+        starter.close()
+        run(["dvc", "queue", "stop"], project, check=False)
+    record_property("queue_seconds", round(time.monotonic() - t0, 1))
+    assert status == {"qa": "Success", "qb": "Success"}, (
+        status, run(["dvc", "queue", "logs", "qa"], project, check=False).stdout[-3000:],
+        run(["dvc", "queue", "logs", "qb"], project, check=False).stdout[-3000:])
+    for key, lr in LRS.items():
+        MODELS[f"q{key}"] = check_experiment(project, f"q{key}", lr)
+    # The two ran at the same time (-j 2): their rows interleave in time.
+    (a0, a1), (b0, b1) = row_times(project, "qa"), row_times(project, "qb")
+    assert a0 <= b1 and b0 <= a1, "the queued experiments did not overlap"
+    assert MODELS["qa"] != MODELS["qb"]
+    # DVC's own rows of the two experiments point at cached data too.
+    for sha, _ in exp_refs(project):
+        check_row_data(project, sha)
+    # The workspace is not touched by queued runs.
+    assert git(project, "status", "--porcelain") == before
+    assert git(project, "rev-parse", "HEAD") == head
+    assert not (project / "dvc.lock").exists() and not (project / "checkpoint").exists()
+    assert stale_files(project) == []
+
+
+def test_workspace_run_beside_temp_run(project, record_property):
+    logs = project.parent / "logs"
+    t0 = time.monotonic()
+    ws = ExpRun(project, ["-n", "ws", *params(LRS["a"])], logs / "ws.log")
+    time.sleep(0.5)
+    tmp = ExpRun(project, ["--temp", "-n", "tmp", *params(LRS["b"])], logs / "tmp.log")
+    try:
+        rc_ws, rc_tmp = ws.wait(480), tmp.wait(480)
+        out_ws, out_tmp = ws.output(), tmp.output()
+    finally:
+        ws.close()
+        tmp.close()
+    record_property("workspace_and_temp_seconds", round(time.monotonic() - t0, 1))
+    assert rc_ws == 0, out_ws[-3000:]
+    assert rc_tmp == 0, out_tmp[-3000:]
+    models = {"ws": check_experiment(project, "ws", LRS["a"]),
+              "tmp": check_experiment(project, "tmp", LRS["b"])}
+    (a0, a1), (b0, b1) = row_times(project, "ws"), row_times(project, "tmp")
+    assert a0 <= b1 and b0 <= a1, "the two runs did not overlap"
+    # Same params, same model at every step, whoever ran it.
+    assert models["ws"] == MODELS.get("qa", models["ws"])
+    assert models["tmp"] == MODELS.get("qb", models["tmp"])
+    assert models["ws"] != models["tmp"]
+    for sha, _ in exp_refs(project):
+        check_row_data(project, sha)
+    # The workspace holds the workspace run's result, not the --temp run's.
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    assert lock["stages"]["train"]["params"]["params.yaml"]["train"]["lr"] == LRS["a"]
+    ck_md5 = next(o["md5"] for o in lock["stages"]["train"]["outs"] if o["path"] == "checkpoint")
+    assert cached_checkpoint_step(project, ck_md5) == STEPS
+    assert model_digest(project) is not None
+    assert stale_files(project) == []
+
+
+def test_dvc_command_holding_the_repo_lock_does_not_end_training(project):
+    """`dvc push` of a big cache in the workspace while training: it holds
+    DVC's repo lock for minutes. Here a process holds that same lock (DVC's
+    own Repo.lock, as every @locked command does) for 8 s across several
+    checkpoints; the training must wait for it, not die."""
+    logs = project.parent / "logs"
+    # The holder imports DVC first, then takes the lock the moment it is told.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dvc.repo import Repo\n"
+         "repo = Repo(sys.argv[1])\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+         "with repo.lock:\n    print('held', flush=True)\n    time.sleep(8)", str(project)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dvc_env())
+    exp = None
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        exp = ExpRun(project, ["-n", "locked", *params(LRS["a"])], logs / "locked.log")
+        signal_file = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
+        deadline = time.monotonic() + 120
+        while not signal_file.exists() and exp.poll() is None:  # training has begun
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "held"
+        rc = exp.wait(300)
+        out = exp.output()
+    finally:
+        if exp is not None:
+            exp.close()
+        holder.kill()
+        holder.wait()
+    assert rc == 0, out[-2000:]
+    check_experiment(project, "locked", LRS["a"])
