@@ -206,6 +206,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
+    git_dir = root / ".git"
+    locks = sorted(git_dir.glob("refs/exps/**/*.lock")) + sorted(git_dir.glob("index.lock"))
+    for lock in locks:
+        report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it at "
+                      "the end of the next run. Remove it if no git or DVC process is running")
     for stage, path in dvc_recorder.checkpoint_outputs(str(root)):
         try:
             dvc_recorder.check_stage(path, stage=stage)

@@ -23,6 +23,9 @@ user would (counted in Stats, not failures of dvc-dali):
 - `.dvc/tmp/rwlock` rewritten in place by DVC and cut short by the kill:
   every later DVC command fails ("Unable to read RWLock-file ... JSON
   structure is corrupted"); we delete it and rerun (``user_fixes``).
+- `.git/index.lock` left when the kill falls while DVC writes the git index:
+  every later DVC command fails ("the index is locked; this might be due to
+  a concurrent or crashed process"); we delete it and rerun (``user_fixes``).
 - HEAD left detached at the baseline (the next runs keep it so), or, when the
   kill falls between DVC's experiment commit and its restore of HEAD, left on
   that experiment commit, which later runs then take as their baseline
@@ -46,7 +49,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,6 +65,8 @@ STEPS, EVERY = 60, 2
 PARAMS = ["-S", f"train.steps={STEPS}", "-S", f"train.checkpoint_every={EVERY}"]
 RESUMING = re.compile(r"train: resuming from step (\d+)")
 STARTING = "train: starting on"
+INDEX_LOCKED = "the index is locked"
+REF_LOCK_LEFT = re.compile(r"File exists: b?'([^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
 
 
@@ -316,6 +320,16 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             continue
         if kind is not None:
             stats.missed += 1
+        index_lock = project / ".git" / "index.lock"
+        if rc != 0 and INDEX_LOCKED in out and index_lock.exists():
+            # A kill of `dvc exp run` while DVC wrote the git index (its stash
+            # and detach at the start, its commit at the end) leaves git's
+            # index.lock; DVC then fails at once. No git runs now (every
+            # process of the killed run has ended): a user deletes it.
+            index_lock.unlink()
+            stats.user_fixes["git index.lock left by a kill: deleted"] += 1
+            say(f"{name}: DVC: {INDEX_LOCKED}: deleting .git/index.lock, as a user would")
+            continue
         corrupt = RWLOCK_CORRUPT.search(out)
         if rc != 0 and corrupt:
             # DVC writes .dvc/tmp/rwlock in place (open "w" + json.dump): a
@@ -325,6 +339,15 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             (project / corrupt.group(1)).unlink()
             stats.user_fixes["dvc rwlock left empty by a kill: deleted"] += 1
             say(f"{name}: {corrupt.group(0)}: deleting it, as a user would")
+            continue
+        ref_lock = REF_LOCK_LEFT.search(out)
+        if rc != 0 and ref_lock and "/.git/refs/" in ref_lock.group(1):
+            # A kill of `dvc exp run` while DVC updated its own EXEC_* refs
+            # leaves git's <ref>.lock; DVC then fails at the end of the next
+            # run. No git runs now: a user deletes it (`dvc-dali doctor` names it).
+            Path(ref_lock.group(1)).unlink(missing_ok=True)
+            stats.user_fixes["git ref lock left by a kill: deleted"] += 1
+            say(f"{name}: DVC: stale {ref_lock.group(1)}: deleting it, as a user would")
             continue
         if rc != 0:
             stats.problems.append(f"{name}: exited {rc} without being killed:\n{out[-4000:]}")

@@ -81,12 +81,15 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     good = run([*DVC_DALI, "doctor"], project)
     assert "ok   stage train: checkpoint output checkpoint is persisted" in good.stdout
     (project / ".dvc/tmp/DVC_CHECKPOINT").write_text("")
+    (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
+    (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace("always_changed: true", "always_changed: false"))
     bad = run([*DVC_DALI, "doctor"], project, check=False)
     assert bad.returncode == 1
     assert "BAD  " in bad.stdout and "stale checkpoint signal" in bad.stdout
     assert "always_changed: true" in bad.stdout
+    assert "EXEC_BRANCH.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
 
 
 def test_retention_keeps_last_n_and_the_best(project):
