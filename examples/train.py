@@ -92,12 +92,14 @@ def pick_device(requested: str):
 
 
 @pipeline_def
-def digits_pipeline(data, gpu=False):
+def digits_pipeline(data, gpu=False, shard_id=0, num_shards=1):
     """Decode, rotate by a random angle, crop a random area, scale to [0, 1].
 
     Every stateful operator has a name: its saved state is keyed by it.
+    Under torchrun each rank reads its own shard.
     """
-    pngs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader")
+    pngs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader",
+                                   shard_id=shard_id, num_shards=num_shards)
     images = fn.decoders.image(pngs, device="mixed" if gpu else "cpu", output_type=types.GRAY)
     angle = fn.random.uniform(range=(-15.0, 15.0), name="angle")
     images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)

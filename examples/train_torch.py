@@ -130,14 +130,24 @@ def main(argv=None) -> int:
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(int(p["seed"]))
 
+    # Under torchrun (python -m torch.distributed.run --nproc_per_node N ...):
+    # data parallel, one DALI shard per rank, gradients averaged across ranks.
+    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if gpu else "gloo")
+        rank = dist.get_rank()
+        if gpu:
+            torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     ck = dvc_dali.Checkpointer(args.checkpoint, total_steps=steps,
                                params={k: v for k, v in p.items() if k != "steps"})
     # Raises dvc_dali.PipelineMismatchError when batch_size, seed or the data
     # differ from the checkpoint being resumed: let it propagate.
     pipe = ck.pipeline("train", digits_pipeline, batch_size=int(p["batch_size"]),
                        num_threads=min(4, os.cpu_count() or 1),
-                       device_id=0 if gpu else None, seed=int(p["seed"]),
-                       data=str(p["data"]), gpu=gpu)
+                       device_id=torch_device.index if gpu else None, seed=int(p["seed"]),
+                       data=str(p["data"]), gpu=gpu, shard_id=rank, num_shards=world)
     # Epochs end at the reader's last image (a partial batch); the iterator's
     # counters are saved with the checkpoint and restored exactly.
     loader = ck.iterator(DALIGenericIterator, [pipe], ["images", "labels"],
@@ -157,7 +167,7 @@ def main(argv=None) -> int:
         print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
               "writing its model without training")
 
-    live = ck.live(args.live)
+    live = ck.live(args.live) if rank == 0 else _NoLive()  # rank 0 logs and writes the model
 
     def next_batch():
         try:
@@ -177,6 +187,10 @@ def main(argv=None) -> int:
         loss = torch.nn.functional.cross_entropy(logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if world > 1:
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
+                param.grad /= world
         opt.step()
         loss_sum += float(loss.detach())
         acc_sum += float((logits.argmax(dim=1) == y).float().mean())
@@ -186,15 +200,29 @@ def main(argv=None) -> int:
             loss_sum = acc_sum = 0.0
             seen = 0
             checkpoint_interval(ck, live, step, steps, mean_loss, mean_acc, t0, kill_at,
-                                lambda: save_model(Path(args.model), model),
+                                lambda: rank == 0 and save_model(Path(args.model), model),
                                 arrays={"model": model.state_dict(), "optim": opt.state_dict(),
                                         "torch_rng": torch.get_rng_state()},
                                 metadata={"lr": lr, "framework": "torch"})
 
-    save_model(Path(args.model), model)
+    if rank == 0:
+        save_model(Path(args.model), model)
+        print(f"train: wrote {args.model} at step {max(start, steps)}")
     live.end()
-    print(f"train: wrote {args.model} at step {max(start, steps)}")
+    if world > 1:
+        dist.destroy_process_group()
     return 0
+
+
+class _NoLive:
+    """DVCLive stand-in for ranks other than 0: one writer of the metrics."""
+
+    step = 0
+
+    def log_metric(self, *args, **kwargs) -> None:
+        pass
+
+    next_step = end = log_metric
 
 
 if __name__ == "__main__":
