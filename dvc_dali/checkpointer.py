@@ -6,8 +6,8 @@ import json
 import os
 import platform
 import sys
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from . import arrays as arrays_mod
 from . import dali_state, dirlock, distributed, signal, store
 from ._version import __version__
 from .errors import CheckpointCorruptError, PipelineMismatchError
+
 
 def _array_module():
     """CuPy when a GPU is usable, so GPU arrays come back on the GPU."""
@@ -41,8 +42,9 @@ class Checkpointer:
     ``params`` (JSON: the run's hyperparameters, without the step count) and
     ``total_steps`` decide what a rerun does: an unfinished run resumes, even
     with changed params (a changed *pipeline* is refused when it is built); a
-    finished run (step >= its total_steps) resumes only to train further with
-    the same params, otherwise a new run starts from step 0.
+    finished run (step >= its total_steps) resumes only with the same params
+    and at least as many steps (training further, or nothing left to do),
+    otherwise a new run starts from step 0.
 
     ``asynchronous=True``: :meth:`make_checkpoint` returns once the state is
     captured (DALI states read, arrays copied in memory); writing and
@@ -101,9 +103,9 @@ class Checkpointer:
         step, total = self._snapshot.step, run.get("total_steps")
         changes = self._param_changes() if "params" in run else []
         finished = isinstance(total, int) and step >= total
-        if finished and (changes or self.total_steps is None or self.total_steps <= step):
+        if finished and (changes or self.total_steps is None or self.total_steps < step):
             why = (f"params changed ({'; '.join(changes)})" if changes else
-                   f"total_steps is {self.total_steps}, not more than {step}")
+                   f"total_steps is {self.total_steps}, fewer than {step}")
             print(f"dvc-dali: {self.path} holds a finished run (step {step} of {total}); {why}: "
                   "starting a new run from step 0 (the finished one stays recorded)",
                   file=sys.stderr)

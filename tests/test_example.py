@@ -69,6 +69,10 @@ def test_learning_rate_may_change_on_resume(project):
 
 def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrupted):
     run(["dvc", "exp", "run", "-n", "done"], project)
+    done_model = model_sha(project)
+    same = run(["dvc", "exp", "run", "-n", "same"], project)
+    assert "resuming from step 60" in same.stdout and "step     " not in same.stdout
+    assert model_sha(project) == done_model == uninterrupted  # nothing left to train
     more = run(["dvc", "exp", "run", "-n", "more", "-S", "train.steps=80"], project)
     assert "resuming from step 60" in more.stdout
     assert exp_rows(project)["more-step80"]["step"] == 80
