@@ -213,13 +213,18 @@ def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, shared by both frameworks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
     parser.add_argument("--model", default="model/model.npz", help="final model file")
     parser.add_argument("--live", default="dvclive", help="DVCLive directory")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     p = read_params(Path(args.params))
     if p["framework"] == "torch":  # the same job with PyTorch: examples/train_torch.py

@@ -24,7 +24,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import zipfile  # noqa: E402
@@ -39,7 +38,7 @@ import dvc_dali  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train import (CLASSES, CROP, KILL_ENV, checkpoint_interval,  # noqa: E402
-                   digits_pipeline, read_params)
+                   digits_pipeline, parse_args, read_params)
 
 
 def pick_device(requested: str) -> str:
@@ -109,12 +108,7 @@ def save_model(path: Path, model: torch.nn.Module) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
-    parser.add_argument("--model", default="model/model.npz", help="final model file")
-    parser.add_argument("--live", default="dvclive", help="DVCLive directory")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
 
     p = read_params(Path(args.params))
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
