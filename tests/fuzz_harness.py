@@ -43,9 +43,16 @@ def git(project: Path, *args: str, check: bool = True) -> str:
 
 
 def _alive(p: psutil.Process) -> bool:
+    """Running, or still exiting: a SIGKILLed multi-threaded process (the
+    trainer: DALI's threads) shows as a zombie as soon as its main thread is
+    gone, but holds its files (the checkpoint lock) until its last thread is."""
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        if not p.is_running():
+            return False
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return True
+        return len(os.listdir(f"/proc/{p.pid}/task")) > 1
+    except (psutil.Error, OSError):
         return False
 
 
@@ -154,6 +161,14 @@ class ExpRun:
             self.kill_group()
             self.proc.wait()
         self._log.close()
+
+
+def reset(project: Path) -> None:
+    """`dvc-dali reset`: the next `dvc exp run` trains from step 0 (a finished
+    run is otherwise resumed with nothing left to train)."""
+    proc = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "reset"], cwd=project,
+                          capture_output=True, text=True, env=dvc_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------------------

@@ -26,6 +26,9 @@ user would (counted in Stats, not failures of dvc-dali):
 - `.git/index.lock` left when the kill falls while DVC writes the git index:
   every later DVC command fails ("the index is locked; this might be due to
   a concurrent or crashed process"); we delete it and rerun (``user_fixes``).
+- changes staged in the git index by a killed run's stash apply: every later
+  run fails ("Stash apply resulted in merge conflicts: N uncommitted changes
+  exist in the index"); we `git reset` (the working tree stays) and rerun.
 - HEAD left detached at the baseline (the next runs keep it so), or, when the
   kill falls between DVC's experiment commit and its restore of HEAD, left on
   that experiment commit, which later runs then take as their baseline
@@ -55,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fuzz_harness import (  # noqa: E402
     ExpRun,
+    reset,
     cache_path,
     cached_checkpoint_step,
     dir_listing,
@@ -66,6 +70,7 @@ PARAMS = ["-S", f"train.steps={STEPS}", "-S", f"train.checkpoint_every={EVERY}"]
 RESUMING = re.compile(r"train: resuming from step (\d+)")
 STARTING = "train: starting on"
 INDEX_LOCKED = "the index is locked"
+STASH_CONFLICT = "Stash apply resulted in merge conflicts"
 REF_LOCK_LEFT = re.compile(r"File exists: b?'([^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
 
@@ -98,6 +103,7 @@ class Stats:
     # leaves HEAD there, and later runs take it as their baseline).
     head_moves: list = dataclasses.field(default_factory=list)
     head_detached: bool = False
+    resets: int = 0  # `dvc-dali reset` after a finished run: a new campaign
 
     @property
     def total_kills(self) -> int:
@@ -111,7 +117,7 @@ class Stats:
             "orphans_finished_training": self.orphans_finished_training,
             "runs": self.runs, "reruns": self.runs - 1, "completed": self.completed,
             "missed": self.missed, "resumes": len(self.resumed),
-            "fresh_starts": self.fresh_starts,
+            "fresh_starts": self.fresh_starts, "resets": self.resets,
             "user_fixes": dict(self.user_fixes),
             "head_moves": len(self.head_moves), "head_detached_at_end": self.head_detached,
         }
@@ -241,6 +247,13 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
         i += 1
         final = stats.total_kills >= kills_wanted
         expect = workspace_resume_step(project)
+        if expect == STEPS:
+            # A finished run (the reference, a completed round, an orphan that
+            # trained to the end): a rerun would resume it with nothing to do.
+            # Start the next campaign from step 0, as `dvc exp run --reset` did.
+            reset(project)
+            stats.resets += 1
+            expect = None
         name = f"r{i:04d}"
         run = ExpRun(project, ["-n", name, *PARAMS], log_dir / f"{name}.log")
         stats.runs += 1
@@ -329,6 +342,15 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             index_lock.unlink()
             stats.user_fixes["git index.lock left by a kill: deleted"] += 1
             say(f"{name}: DVC: {INDEX_LOCKED}: deleting .git/index.lock, as a user would")
+            continue
+        if rc != 0 and STASH_CONFLICT in out:
+            # A kill of `dvc exp run` during its stash/apply of the experiment
+            # (with the index.lock above deleted) leaves changes staged in the
+            # git index; each later run's stash apply then conflicts. A user
+            # unstages them (`git reset`; the working tree is kept) and reruns.
+            git(project, "reset", "-q")
+            stats.user_fixes["changes staged by a killed run: git reset"] += 1
+            say(f"{name}: DVC: {STASH_CONFLICT}: `git reset`, as a user would")
             continue
         corrupt = RWLOCK_CORRUPT.search(out)
         if rc != 0 and corrupt:

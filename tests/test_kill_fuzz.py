@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from dvc_project import clone_project, run
-from fuzz_harness import ExpRun, load_checkpoint, model_digest, stale_files
+from fuzz_harness import ExpRun, load_checkpoint, model_digest, reset, stale_files
 from fuzz_kill import EVERY, PARAMS, STEPS, check_rows, fuzz, md5_of, reference_run
 
 KILLS = int(os.environ.get("DVC_DALI_FUZZ_KILLS", "30"))
@@ -130,6 +130,7 @@ def test_signal_around_checkpoint(signal_project, signame, target, where, record
     sig = getattr(signal, signame)
     name = f"{signame}-{target}-{where}".lower()
     nth = 3 + len(name) % 5  # a checkpoint a few in, different per case
+    reset(project)  # the previous case finished its run: train from step 0
     exp = ExpRun(project, ["-n", name, *PARAMS], logs / f"{name}.log")
     try:
         caught = _wait_for(project, exp, where, nth)
@@ -207,6 +208,7 @@ def test_rerun_while_orphaned_trainer_still_runs(tmp_path, record_property):
 
     problems: list[str] = []
     for trial in range(2):
+        reset(project)  # the reference or the last trial finished: train from step 0
         a = ExpRun(project, ["-n", f"a{trial}", *PARAMS], logs / f"a{trial}.log")
         b = None
         try:
