@@ -5,6 +5,7 @@ ratio measured side by side in this run.
     python bench/run.py --quick     # short (under about 3 minutes)
     python bench/run.py --only 4,5  # some of them (1-3 run together)
     python bench/run.py --out       # also write bench/results/<time>.{json,md}
+    python bench/run.py --gpu --only 4,5   # DALI on GPU 0 (mixed decoding)
 
 1. make_checkpoint() blocking inside `dvc exp run`: ours (DVC 3) vs DVC 2.58's
    dvc.api.make_checkpoint(), 1 KB / 10 MB / 200 MB outputs
@@ -70,17 +71,30 @@ def machine() -> dict[str, str]:
                         text=True).stdout.splitlines()[-1:]
     return {"nproc": str(os.cpu_count()), "ram": ram, "cpu": cpu,
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "tmp_fs": fs[0].split()[1] if fs else "?", "platform": platform.platform()}
+            "tmp_fs": fs[0].split()[1] if fs else "?", "platform": platform.platform(),
+            "gpu": gpu_name()}
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip() or "none"
+    except (OSError, subprocess.SubprocessError):
+        return "none"
 
 
 def versions(with_dvc2: bool) -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for label, dist in (("dvc", "dvc"), ("dvclive", "dvclive"), ("dali", "nvidia-dali-cuda120"),
-                        ("numpy", "numpy")):
-        try:
-            out[label] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[label] = "absent"
+    for label, dists in (("dvc", ["dvc"]), ("dvclive", ["dvclive"]),
+                         ("dali", ["nvidia-dali-cuda120", "nvidia-dali-cuda130"]),
+                         ("numpy", ["numpy"])):
+        out[label] = "absent"
+        for dist in dists:
+            try:
+                out[label] = f"{md.version(dist)} ({dist})" if label == "dali" else md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                pass
     import dvc_dali
 
     out["dvc-dali"] = f"{dvc_dali.__version__} ({Path(dvc_dali.__file__).parent})"
@@ -116,15 +130,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write results to bench/results/STEM.json and .md "
                          "(default STEM: the date and time)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--gpu", action="store_true", help="benchmarks 4 and 5 decode on GPU 0")
     args = ap.parse_args(argv)
     for var in _DVC_RUN_VARS:  # a bench started inside a DVC stage must not inherit it
         os.environ.pop(var, None)
+    if args.gpu:  # read by dali_pipes, here and in the child processes
+        os.environ["DVC_DALI_BENCH_GPU"] = "1"
     wanted = {int(x) for x in args.only.split(",") if x.strip()} or DEFAULT
     modules = [m for m, nums in GROUPS.items() if nums & wanted]
 
     start = time.perf_counter()
     info = {"machine": machine(), "versions": versions("b_checkpoint" in modules),
-            "mode": "quick" if args.quick else "full",
+            "mode": ("quick" if args.quick else "full") + (", DALI on GPU 0" if args.gpu else ""),
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     header = [f"dvc-dali benchmarks ({info['mode']}), {info['started']}",
               "machine: " + ", ".join(f"{k} {v}" for k, v in info["machine"].items()),

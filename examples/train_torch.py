@@ -46,8 +46,11 @@ def pick_device(requested: str) -> str:
     if requested == "cpu":
         return "cpu"
     why = None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # ranks on this machine (torchrun)
     if not torch.cuda.is_available():
         why = f"torch {torch.__version__} sees no CUDA device"
+    elif local > torch.cuda.device_count():  # NCCL needs one GPU per rank
+        why = f"{local} ranks on this machine but {torch.cuda.device_count()} GPU(s)"
     else:
         try:
             from nvidia.dali import backend

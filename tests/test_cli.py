@@ -72,7 +72,7 @@ def test_reset_starts_over(project):
     out = run([*DVC_DALI, "reset"], project)
     assert "removed checkpoint" in out.stdout and "dvc.lock:train" in out.stdout
     again = run(["dvc", "exp", "run", "-n", "fresh"], project)
-    assert "starting on cpu" in again.stdout and "resuming" not in again.stdout
+    assert "train: starting on " in again.stdout and "resuming" not in again.stdout
     assert "a-step30" in exp_rows(project)  # recorded rows are kept
 
 
