@@ -110,8 +110,10 @@ if dsignal.mode() == "self":
     # Inside record.save/commit: looking the stage up again (repo.index: YAML
     # of dvc.yaml and dvc.lock), re-reading dvc.lock (ruamel round trip),
     # the paths to commit, the commit itself.
-    def _fine(name):
-        orig = getattr(dvc_recorder, name, None)
+    from dvc_dali import gitcommit
+
+    def _fine(name, module=dvc_recorder):
+        orig = getattr(module, name, None)
         if orig is None:
             return
 
@@ -123,10 +125,12 @@ if dsignal.mode() == "self":
                 fine = cur.setdefault("fine", {})
                 fine[name] = fine.get(name, 0.0) + perf() - t
 
-        setattr(dvc_recorder, name, timed)
+        setattr(module, name, timed)
 
-    for _name in ("_find_stage", "_read_lock", "_stage_paths", "_build_commit", "_write_atomic"):
+    for _name in ("_stage_for", "_find_stage", "_lock_data", "_stage_paths", "_write_atomic"):
         _fine(_name)
+    _fine("build_commit", gitcommit)  # in-process (pygit2): git add -u/-A, write-tree, commit
+    _fine("create_ref", gitcommit)
 
 def floor(src: Path, w: np.ndarray) -> dict:
     """Copy + md5 of the file just written (the floor), and the pieces a
@@ -163,15 +167,12 @@ def floor(src: Path, w: np.ndarray) -> dict:
         os.fsync(fd)
         os.close(fd)
 
-    def write_hashing():  # what store.write_snapshot does, without the fsync
-        with open(d / "hashing.npy", "wb") as fh:
-            writer = store._HashingWriter(fh)
-            np.lib.format.write_array(writer, w, allow_pickle=False)
-            writer.md5.hexdigest()
+    def write_hashing():  # what store.write_snapshot does per array file, fsync included
+        store._write_hashed(d / "hashing.npy", store._npy_parts(w))
 
     piece("write_plain", write_plain)
     piece("fsync", do_fsync, sync=False)  # right after its write, as in a save
-    piece("write_via_hashing_writer", write_hashing)
+    piece("write_hashed_fsynced", write_hashing)
     piece("md5_memory", lambda: hashlib.md5(memoryview(w)).hexdigest())
     piece("hardlink", lambda: os.link(d / "plain.npy", d / "linked.npy"))
     for name in ("copy.npy", "cp.npy", "plain.npy", "hashing.npy", "linked.npy"):

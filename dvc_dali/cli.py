@@ -211,6 +211,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for lock in locks:
         report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it at "
                       "the end of the next run. Remove it if no git or DVC process is running")
+    # DVC rewrites these in place; a run killed meanwhile leaves them empty
+    # or cut short, and every later DVC command then fails to read them.
+    for rwlock in sorted((root / ".dvc" / "tmp").glob("**/rwlock")):
+        try:
+            json.loads(rwlock.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            report(False, f"{rwlock}: unreadable ({type(exc).__name__}), left by a killed DVC "
+                          "command; DVC refuses to run until it goes. Remove it if no DVC "
+                          "process is running")
     for stage, path in dvc_recorder.checkpoint_outputs(str(root)):
         try:
             dvc_recorder.check_stage(path, stage=stage)

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, unquote
@@ -42,16 +41,10 @@ __all__ = [
 LINEAGE_KEY = "dvc-dali-checkpoint:"
 
 _EXPS_NAMESPACE = "refs/exps"
-_ZERO_SHA = "0" * 40
-_IGNORED_MSG = "The following paths are ignored"
-_INDEX_LOCK_WAIT_S = 5.0
 
 
-from .errors import RecordError
-
-
-class RecorderError(RecordError):
-    """A checkpoint could not be recorded; the message says where and what to do."""
+from . import gitcommit
+from .errors import RecorderError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +80,10 @@ _GIT_DIRS: dict[str, tuple[str, str]] = {}  # path -> (git dir, toplevel)
 # lineage tip per (main git dir, experiment, stage): (commit sha, step)
 _TIPS: dict[tuple[str, str, str], tuple[Optional[str], int]] = {}
 _MAIN_CACHE: dict[str, str] = {}
-_HAS_IDENT: dict[str, bool] = {}
 _SWEPT: set[str] = set()
+# per (root, stage, out, cwd): (watched files, their stamp, stage, static paths)
+_STAGES: dict[tuple, tuple[list[str], tuple, Any, list[str]]] = {}
+_LOCKS: dict[str, tuple[tuple, Any]] = {}  # dvc.lock path -> (stamp, data written)
 _CALL_LOCK = threading.Lock()
 
 
@@ -282,36 +277,10 @@ def _write_atomic(path: str, text: str) -> None:
 # --------------------------------------------------------------------------
 
 
-def _wait_index_lock(git_dir: str) -> None:
-    lock = os.path.join(git_dir, "index.lock")
-    deadline = time.monotonic() + _INDEX_LOCK_WAIT_S
-    while os.path.exists(lock):
-        if time.monotonic() > deadline:
-            raise RecorderError(
-                f"dvc_dali: git index lock '{lock}' has been held for "
-                f"{_INDEX_LOCK_WAIT_S:.0f} s. Another git process is running or "
-                "crashed; if none is running, delete that file. The checkpoint "
-                "files are intact; the next checkpoint will retry."
-            )
-        time.sleep(0.05)
-
-
-def _commit_env(env: dict[str, str], cwd: str) -> dict[str, str]:
-    """env with a fallback identity when git has none configured."""
-    if cwd not in _HAS_IDENT:
-        proc = _git(["var", "GIT_COMMITTER_IDENT"], cwd=cwd, env=env, check=False)
-        _HAS_IDENT[cwd] = proc.returncode == 0
-    if _HAS_IDENT[cwd]:
-        return env
-    env = dict(env)
-    for who in ("AUTHOR", "COMMITTER"):
-        env.setdefault(f"GIT_{who}_NAME", "dvc-dali")
-        env.setdefault(f"GIT_{who}_EMAIL", "dvc-dali@localhost")
-    return env
-
-
-def _stage_paths(repo, stage, toplevel: str) -> list[str]:
-    """Paths a normal `dvc exp run` commit would stage, relative to toplevel."""
+def _static_stage_paths(repo, stage) -> list[str]:
+    """Absolute paths a normal `dvc exp run` commit would stage, as far as
+    they follow from dvc.yaml (the stage's files, top-level metrics, params
+    and plots)."""
     from dvc.repo.experiments.executor.base import BaseExecutor
     from dvc.stage.utils import _get_stage_files
 
@@ -321,15 +290,20 @@ def _stage_paths(repo, stage, toplevel: str) -> list[str]:
         os.path.join(repo.root_dir, p)
         for p in BaseExecutor._get_top_level_paths(repo)
     ]
-    # .gitignore files that ignore cached outputs (written by Output.save())
-    paths += [os.path.join(cwd, p) for p in repo.scm_context.files_to_track]
-    repo.scm_context.files_to_track = set()
     paths += [
         os.path.join(os.path.dirname(o.fs_path), ".gitignore")
         for o in stage.outs
         if o.use_scm_ignore and o.is_in_repo
     ]
+    return paths
 
+
+def _stage_paths(repo, static: list[str], toplevel: str) -> list[str]:
+    """The existing ones of static plus the .gitignore files Output.save()
+    just wrote, relative to toplevel."""
+    cwd = os.getcwd()
+    paths = static + [os.path.join(cwd, p) for p in repo.scm_context.files_to_track]
+    repo.scm_context.files_to_track = set()
     out: list[str] = []
     top = os.path.realpath(toplevel)
     for p in paths:
@@ -341,6 +315,46 @@ def _stage_paths(repo, stage, toplevel: str) -> list[str]:
             continue
         out.append(rel)
     return out
+
+
+def _stamp(paths: list[str]) -> tuple:
+    """What changes when any of paths is rewritten."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _stage_for(repo, target: Optional[str], out: Optional[str]):
+    """(stage, static paths) of the checkpointing stage, looked up once per
+    process and again only when its dvc.yaml or params.yaml change: the
+    lookup parses every dvc.yaml and costs more than the rest of recording a
+    small checkpoint. `dvc exp run` itself does not reread them either."""
+    key = (repo.root_dir, target, out, os.getcwd())
+    hit = _STAGES.get(key)
+    if hit is not None and _stamp(hit[0]) == hit[1]:
+        return hit[2], hit[3]
+    repo._reset()  # drop DVC's parsed index
+    watched = [os.path.join(repo.root_dir, "dvc.yaml"), os.path.join(repo.root_dir, "params.yaml")]
+    before = _stamp(watched)
+    stg = _find_stage(repo, target, out)
+    watched += [stg.path, os.path.join(os.path.dirname(stg.path), "params.yaml")]
+    before += _stamp(watched[2:])
+    static = _static_stage_paths(repo, stg)
+    _STAGES[key] = (watched, before, stg, static)
+    return stg, static
+
+
+def _lock_data(path: str) -> Any:
+    """dvc.lock parsed; what this process wrote last while the file is unchanged."""
+    hit = _LOCKS.get(path)
+    if hit is not None and _stamp([path]) == hit[0]:
+        return hit[1]
+    return _read_lock(path)[1]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -367,63 +381,14 @@ def _sweep_leftovers(pattern: str) -> None:
                 pass
 
 
-def _build_commit(
-    git_dir: str,
-    toplevel: str,
-    paths: list[str],
-    baseline: str,
-    message: str,
-) -> str:
-    """Commit (tracked changes + paths) on top of baseline via a private index."""
-    index = os.path.join(git_dir, "index")
-    _sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
-    private = os.path.join(
-        git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    )
-    _wait_index_lock(git_dir)
-    try:
-        if os.path.exists(index):
-            shutil.copy2(index, private)  # keep mtime: racy-clean detection
-        env = dict(os.environ, GIT_INDEX_FILE=private)
-        _git(["add", "-u", "--", ":/"], cwd=toplevel, env=env)
-        if paths:
-            proc = _git(
-                ["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
-                cwd=toplevel,
-                env=env,
-                check=False,
-            )
-            if proc.returncode != 0 and not proc.stderr.lstrip().startswith(
-                _IGNORED_MSG
-            ):
-                raise RecorderError(
-                    f"dvc_dali: `git add` of {paths} into a private index failed "
-                    f"in '{toplevel}': {proc.stderr.strip()}"
-                )
-        tree = _git(["write-tree"], cwd=toplevel, env=env).stdout.strip()
-        env = _commit_env(env, toplevel)
-        return _git(
-            ["commit-tree", tree, "-p", baseline, "-F", "-"],
-            cwd=toplevel,
-            env=env,
-            input=message,
-        ).stdout.strip()
-    finally:
-        for p in (private, private + ".lock"):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-
-
 def _publish(
     sha: str, ref: str, cwd_top: str, main_git_dir: str, workspace: bool
 ) -> bool:
     """Create ref -> sha in the main repo; False when the ref already exists."""
     if workspace:
-        args = ["update-ref", "-m", "dvc-dali: checkpoint", ref, sha, _ZERO_SHA]
-    else:
-        args = ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"]
+        return gitcommit.create_ref(cwd_top, ref, sha)
+    # --temp / queued run: the commit lives in the executor's clone
+    args = ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"]
     for attempt in range(3):  # DVC (dulwich) may prune ref dirs concurrently
         proc = _git(args, cwd=cwd_top, check=False)
         if proc.returncode == 0:
@@ -578,12 +543,12 @@ def _record(
     _lock_repo(repo, LockError)
     try:
         t = time.perf_counter()
-        stg = _find_stage(repo, stage or os.environ.get("DVC_STAGE"), out)
+        stg, static_paths = _stage_for(repo, stage or os.environ.get("DVC_STAGE"), out)
         stage_addr = quote(
             os.path.relpath(stg.path, repo.root_dir) + ":" + stg.name, safe="/:@"
         )
         lock_path = stg.dvcfile._lockfile.path
-        _, lock_data = _read_lock(lock_path)
+        lock_data = _lock_data(lock_path)
         old_entry = (lock_data.get("stages") or {}).get(stg.name)
         _seed_hashes(repo, stg)
         try:
@@ -607,7 +572,7 @@ def _record(
         t = time.perf_counter()
         for o in stg.outs:
             if o.use_cache and o.hash_info:
-                o.commit(relink=False)  # never link the live files into cache
+                _commit_out(o, stg)
         phases["cache"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -618,6 +583,7 @@ def _record(
             lock_data["stages"] = {}
         lock_data["stages"][stg.name] = entry
         _write_atomic(lock_path, dumps_yaml(lock_data))
+        _LOCKS[lock_path] = (_stamp([lock_path]), lock_data)
         phases["lockfile"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -640,10 +606,8 @@ def _record(
             f"outs={_outs_digest(entry)}"
         )
         first = message.strip() or f"dvc-dali checkpoint {exp_name} step {step}"
-        paths = _stage_paths(repo, stg, toplevel)
-        sha = _build_commit(
-            git_dir, toplevel, paths, baseline, f"{first}\n\n{lineage}\n"
-        )
+        paths = _stage_paths(repo, static_paths, toplevel)
+        sha = gitcommit.build_commit(toplevel, paths, baseline, f"{first}\n\n{lineage}\n")
         phases["commit"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -662,9 +626,13 @@ def _record(
             )
         phases["publish"] = time.perf_counter() - t
         _TIPS[tip_key] = (sha, step)
+    except BaseException:
+        _STAGES.clear()  # look everything up afresh next time
+        _LOCKS.clear()
+        raise
     finally:
         repo.lock.unlock()
-        repo._reset()
+        repo.state.close()  # reopened on use; other DVC processes share it
 
     return RecordResult(
         ref=ref,
@@ -679,6 +647,37 @@ def _record(
         duration_s=time.perf_counter() - t0,
         phases=phases,
     )
+
+
+def _commit_out(o, stg) -> None:
+    """Put an output in the cache without touching the workspace. Snapshot
+    files of a checkpoint directory are never modified once published, so
+    where cache.type starts with hardlink they are linked into the cache,
+    not copied (the bytes are not written twice); anything else is copied
+    (or reflinked), as DVC would."""
+    from dvc_data.hashfile.transfer import transfer
+
+    from . import store
+
+    first = next(iter(o.cache.cache_types), None)
+    try:
+        if first != "hardlink" or not os.path.isfile(os.path.join(o.fs_path, store.LATEST)):
+            o.commit(relink=False)  # never link files that may change into the cache
+        else:
+            staging, _, obj = o._build(o.cache, o.fs_path, o.fs, o.hash_name,
+                                       ignore=o.dvcignore)
+            transfer(staging, o.cache, {obj.hash_info}, shallow=False, hardlink=True)
+    except Exception as exc:  # removed or changed while it was being cached
+        raise RecorderError(
+            f"dvc_dali: caching output '{o}' of stage '{stg.addressing}' failed: "
+            f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; make "
+            "sure nothing else writes or deletes that output during training.") from exc
+    # A row must never name outputs the cache cannot check out again.
+    if not o.cache.exists(o.hash_info.value):
+        raise RecorderError(
+            f"dvc_dali: output '{o}' of stage '{stg.addressing}' (md5 {o.hash_info.value}) "
+            f"is not in the DVC cache {o.cache.path} after caching it; nothing was "
+            "recorded. Check the cache directory's free space and permissions.")
 
 
 def _seed_hashes(repo, stg) -> None:

@@ -43,5 +43,9 @@ class RecordError(DvcDaliError):
     """A checkpoint could not be recorded as a DVC experiment."""
 
 
+class RecorderError(RecordError):
+    """Recording inside `dvc exp run` failed (DVC 3); the message says where and what to do."""
+
+
 class UnnamedOperatorWarning(UserWarning):
     """A stateful operator without ``name=``: its state is keyed by creation order."""

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -58,37 +59,57 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _HashingWriter:
-    """A file wrapper that hashes what passes through, so nothing is read twice.
-
-    MD5, DVC's own hash: the recorder hands these digests to DVC, which then
-    does not read the checkpoint again to cache it."""
-
-    def __init__(self, fh):
-        self._fh, self.md5, self.size = fh, hashlib.md5(), 0
-
-    def write(self, data) -> int:
-        self.md5.update(data)
-        self.size += len(data)
-        return self._fh.write(data)
+_CHUNK = 16 << 20
+# From this size on, a file's md5 is computed on a helper thread while this
+# one writes and fsyncs it (hashlib and the syscalls release the GIL).
+PARALLEL_HASH_BYTES = 4 << 20
 
 
-def _write_npy(writer: _HashingWriter, array: np.ndarray) -> None:
-    """The .npy format, with the data passed on as views of the array's own
+def _write_hashed(path: Path, parts: list) -> dict[str, Any]:
+    """Write parts (bytes-like) to path and fsync it; its md5 and size.
+
+    MD5, DVC's own hash, of the bytes in memory, so nothing is read back:
+    the recorder hands these digests to DVC, which then does not read the
+    checkpoint again to cache it."""
+    md5 = hashlib.md5()
+    size = sum(len(x) for x in parts)
+
+    def digest() -> None:
+        for x in parts:
+            md5.update(x)
+
+    helper = threading.Thread(target=digest) if size >= PARALLEL_HASH_BYTES else None
+    if helper is None:
+        digest()
+    else:
+        helper.start()
+    try:
+        with open(path, "wb") as fh:
+            for x in parts:
+                for start in range(0, len(x), _CHUNK):
+                    fh.write(x[start:start + _CHUNK])
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        if helper is not None:
+            helper.join()
+    return {"md5": md5.hexdigest(), "size": size}
+
+
+def _npy_parts(array: np.ndarray) -> list:
+    """The .npy format as [header, data], the data a view of the array's own
     memory (np.lib.format.write_array copies it chunk by chunk into a
     non-file writer, several times slower for large arrays)."""
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
         array = np.ascontiguousarray(array)
     header = np.lib.format.header_data_from_array_1_0(array)
+    buf = io.BytesIO()
     try:
-        np.lib.format.write_array_header_1_0(writer, header)
+        np.lib.format.write_array_header_1_0(buf, header)
     except ValueError:  # a header too large for format 1.0
-        np.lib.format.write_array_header_2_0(writer, header)
+        np.lib.format.write_array_header_2_0(buf, header)
     data = array.T if header["fortran_order"] else array
-    flat = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
-    chunk = 16 << 20
-    for start in range(0, len(flat), chunk):
-        writer.write(flat[start:start + chunk])
+    return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")]
 
 
 @dataclass
@@ -133,19 +154,14 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         tmp.mkdir(parents=True)
         files: dict[str, dict[str, Any]] = {}
 
-        def put(rel: str, write) -> None:
+        def put(rel: str, parts: list) -> None:
             (tmp / rel).parent.mkdir(exist_ok=True)
-            with open(tmp / rel, "wb") as fh:
-                writer = _HashingWriter(fh)
-                write(writer)
-                fh.flush()
-                os.fsync(fh.fileno())
-            files[rel] = {"md5": writer.md5.hexdigest(), "size": writer.size}
+            files[rel] = _write_hashed(tmp / rel, parts)
 
         manifest_pipes = {}
         for i, (pname, info) in enumerate(sorted(pipelines.items())):
             rel = f"pipelines/{i:05d}.dali"
-            put(rel, lambda w, data=info["state"]: w.write(data))
+            put(rel, [info["state"]])
             manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
         leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
 
@@ -158,13 +174,13 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         array_files = []
         for i, (host, info) in enumerate(leaves):
             rel = f"arrays/{i:05d}.npy"
-            put(rel, lambda w, a=host: _write_npy(w, a))
+            put(rel, _npy_parts(host))
             array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
                                 **info})
         manifest_dynamic = {}
         for i, (dname, text) in enumerate(sorted((dynamic or {}).items())):
             rel = f"dynamic/{i:05d}.json"
-            put(rel, lambda w, data=text.encode(): w.write(data))
+            put(rel, [text.encode()])
             manifest_dynamic[dname] = {"file": rel}
         manifest = {
             "format": FORMAT,
@@ -181,7 +197,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
             "rank": rank,
         }
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        put(MANIFEST, lambda w: w.write(text))
+        put(MANIFEST, [text])
         for sub in {rel.split("/")[0] for rel in files if "/" in rel}:
             _fsync_dir(tmp / sub)
         _fsync_dir(tmp)

@@ -192,6 +192,27 @@ def save_model(path: Path, weights: dict) -> None:
     os.replace(tmp, path)
 
 
+class IntervalMeter:
+    """Mean loss and accuracy over the steps since the last checkpoint."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.acc = 0.0
+        self.seen = 0
+
+    def add(self, loss: float, acc: float) -> None:
+        self.loss += loss
+        self.acc += acc
+        self.seen += 1
+
+    def take(self) -> tuple[float, float]:
+        means = (self.loss / self.seen, self.acc / self.seen)
+        self.reset()
+        return means
+
+
 def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float, t0: float,
                         kill_at: int, write_model, arrays, metadata: dict) -> None:
     """The end of a checkpoint interval, shared by both frameworks.
@@ -269,19 +290,13 @@ def main(argv=None) -> int:
     live = ck.live(args.live)
 
     t0 = time.perf_counter()
-    loss_sum = acc_sum = 0.0
-    seen = 0
+    meter = IntervalMeter()
     for step in range(start + 1, steps + 1):
         x, y = batch_arrays(pipe.run(), gpu, xp)
         loss, acc = sgd_step(weights, x, y, lr, xp)
-        loss_sum += float(loss)
-        acc_sum += float(acc)
-        seen += 1
+        meter.add(float(loss), float(acc))
         if step % every == 0 or step == steps:
-            mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
-            loss_sum = acc_sum = 0.0
-            seen = 0
-            checkpoint_interval(ck, live, step, steps, mean_loss, mean_acc, t0, kill_at,
+            checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: save_model(Path(args.model), weights),
                                 arrays=weights, metadata={"lr": lr_value})
 

@@ -37,8 +37,8 @@ from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # n
 import dvc_dali  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import (CLASSES, CROP, KILL_ENV, checkpoint_interval,  # noqa: E402
-                   digits_pipeline, parse_args, read_params)
+from train import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
+                   checkpoint_interval, digits_pipeline, parse_args, read_params)
 
 
 def pick_device(requested: str) -> str:
@@ -173,8 +173,7 @@ def main(argv=None) -> int:
             return next(loader)
 
     t0 = time.perf_counter()
-    loss_sum = acc_sum = 0.0
-    seen = 0
+    meter = IntervalMeter()
     model.train()
     for step in range(start + 1, steps + 1):
         batch = next_batch()[0]
@@ -189,14 +188,9 @@ def main(argv=None) -> int:
                 dist.all_reduce(param.grad)
                 param.grad /= world
         opt.step()
-        loss_sum += float(loss.detach())
-        acc_sum += float((logits.argmax(dim=1) == y).float().mean())
-        seen += 1
+        meter.add(float(loss.detach()), float((logits.argmax(dim=1) == y).float().mean()))
         if step % every == 0 or step == steps:
-            mean_loss, mean_acc = loss_sum / seen, acc_sum / seen
-            loss_sum = acc_sum = 0.0
-            seen = 0
-            checkpoint_interval(ck, live, step, steps, mean_loss, mean_acc, t0, kill_at,
+            checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: rank == 0 and save_model(Path(args.model), model),
                                 arrays={"model": model.state_dict(), "optim": opt.state_dict(),
                                         "torch_rng": torch.get_rng_state()},

@@ -80,7 +80,9 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     run(["dvc", "exp", "run", "-n", "a"], project)
     good = run([*DVC_DALI, "doctor"], project)
     assert "ok   stage train: checkpoint output checkpoint is persisted" in good.stdout
+    assert (project / ".dvc/tmp/rwlock").is_file() and "rwlock" not in good.stdout
     (project / ".dvc/tmp/DVC_CHECKPOINT").write_text("")
+    (project / ".dvc/tmp/rwlock").write_text("")  # as a kill mid-write leaves it
     (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
     (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
     dvc_yaml = project / "dvc.yaml"
@@ -90,6 +92,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert "BAD  " in bad.stdout and "stale checkpoint signal" in bad.stdout
     assert "always_changed: true" in bad.stdout
     assert "EXEC_BRANCH.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
+    assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
 
 
 def test_retention_keeps_last_n_and_the_best(project):

@@ -7,7 +7,6 @@ as the stage command, and reads back refs, dvc.lock, the DVC cache and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,39 +18,15 @@ from pathlib import Path
 import pytest
 
 PKG_ROOT = Path(__file__).resolve().parents[1]
-RECORDER_FILE = PKG_ROOT / "dvc_dali" / "dvc_recorder.py"
 
 
-def _load_recorder():
-    try:
-        from dvc_dali import dvc_recorder
-
-        return dvc_recorder
-    except Exception:  # package __init__ missing or broken: load the file
-        spec = importlib.util.spec_from_file_location(
-            "dvc_dali_dvc_recorder", RECORDER_FILE
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-
-
-rec = _load_recorder()
+from dvc_dali import dvc_recorder as rec  # noqa: E402
+from dvc_dali import gitcommit  # noqa: E402
 
 TRAIN_PY = textwrap.dedent(
     """\
     import json, os, signal, sys, time
-    try:
-        from dvc_dali.dvc_recorder import record_checkpoint
-    except Exception:  # package __init__ missing or broken: load the file
-        import importlib.util
-        spec = importlib.util.spec_from_file_location(
-            "dvc_dali_dvc_recorder", os.environ["DVC_DALI_RECORDER_FILE"])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-        record_checkpoint = mod.record_checkpoint
+    from dvc_dali.dvc_recorder import record_checkpoint
     from dvclive import Live
     from ruamel.yaml import YAML
 
@@ -131,7 +106,6 @@ def env(tmp_path):
         [str(PKG_ROOT), *filter(None, [e.get("PYTHONPATH")])]
     )
     e["DVC_NO_ANALYTICS"] = "1"
-    e["DVC_DALI_RECORDER_FILE"] = str(RECORDER_FILE)
     e["REC_LOG"] = str(tmp_path / "rec.log")
     return e
 
@@ -419,7 +393,7 @@ def test_errors_name_the_problem(repo, stage_env, monkeypatch):
 
     lock = repo / ".git" / "index.lock"
     lock.write_text("")
-    monkeypatch.setattr(rec, "_INDEX_LOCK_WAIT_S", 0.2)
+    monkeypatch.setattr(gitcommit, "_INDEX_LOCK_WAIT_S", 0.2)
     with pytest.raises(rec.RecorderError, match="index.lock"):
         rec.record_checkpoint(1)
     lock.unlink()
@@ -446,3 +420,18 @@ def test_commit_without_git_identity(repo, stage_env, monkeypatch, tmp_path):
     monkeypatch.setenv("EMAIL", "")
     res = rec.record_checkpoint(1)
     assert git(repo, "log", "-1", "--format=%an <%ae>", res.sha).startswith("dvc-dali")
+
+
+def test_uncacheable_output_records_no_row(repo, stage_env):
+    """A cache that cannot take the output: a RecorderError naming the output
+    and the stage, and no experiment row pointing at outputs it lacks."""
+    import shutil
+
+    shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)
+    (repo / ".dvc" / "cache").write_text("not a directory")
+    with pytest.raises(rec.RecorderError, match=r"caching output 'ckpt' of stage 'train'"):
+        rec.record_checkpoint(1)
+    assert git(repo, "for-each-ref", "refs/exps") == ""
+    (repo / ".dvc" / "cache").unlink()
+    res = rec.record_checkpoint(1)  # fixed: the next checkpoint records
+    assert res.name == "direct-step1"

@@ -1,0 +1,115 @@
+"""Checkpoint commits built in-process with pygit2 (libgit2, a dependency of
+DVC through scmrepo): no git subprocess per checkpoint.
+
+The commit holds what ``git add -u`` plus ``git add -A -- <paths>`` would
+stage, on top of a given parent. The user's index is read into memory and
+never written, and neither HEAD nor any branch moves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from typing import Optional
+
+import pygit2
+
+from .errors import RecorderError
+
+_INDEX_LOCK_WAIT_S = 5.0
+_REPOS: dict[str, pygit2.Repository] = {}
+_IDENTS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _repo(toplevel: str) -> pygit2.Repository:
+    repo = _REPOS.get(toplevel)
+    if repo is None:
+        try:
+            repo = _REPOS[toplevel] = pygit2.Repository(toplevel)
+        except pygit2.GitError as exc:
+            raise RecorderError(
+                f"dvc_dali: cannot open the git repo at '{toplevel}' ({exc}); run "
+                "training inside the git work tree of a DVC project."
+            ) from exc
+    return repo
+
+
+def _signature(toplevel: str, who: str) -> pygit2.Signature:
+    """The identity git itself would use (env, config includes, EMAIL...),
+    asked of git once per process; a fallback when git has none, so a bare
+    CI machine still records."""
+    key = (toplevel, who)
+    if key not in _IDENTS:
+        proc = subprocess.run(["git", "var", f"GIT_{who}_IDENT"], cwd=toplevel,  # noqa: S603
+                              capture_output=True, text=True, check=False)
+        m = re.match(r"(.*) <(.*)> \d+ [+-]\d{4}$", proc.stdout.strip())
+        _IDENTS[key] = m.groups() if proc.returncode == 0 and m else (
+            "dvc-dali", "dvc-dali@localhost")
+    name, email = _IDENTS[key]
+    return pygit2.Signature(name, email)
+
+
+def _wait_index_lock(git_dir: str) -> None:
+    """Let a running git command finish writing the index before reading it."""
+    lock = os.path.join(git_dir, "index.lock")
+    deadline = time.monotonic() + _INDEX_LOCK_WAIT_S
+    while os.path.exists(lock):
+        if time.monotonic() > deadline:
+            raise RecorderError(
+                f"dvc_dali: git index lock '{lock}' has been held for "
+                f"{_INDEX_LOCK_WAIT_S:.0f} s. Another git process is running or "
+                "crashed; if none is running, delete that file. The checkpoint "
+                "files are intact; the next checkpoint will retry."
+            )
+        time.sleep(0.05)
+
+
+def build_commit(toplevel: str, paths: list[str], parent: str, message: str) -> str:
+    """Sha of a new commit (tracked changes + paths, relative to toplevel)
+    whose parent is `parent`; nothing on disk but the new objects changes."""
+    repo = _repo(toplevel)
+    _wait_index_lock(repo.path)
+    try:
+        index = repo.index
+        index.read(True)  # the index on disk now; changed in memory only
+        for delta in index.diff_to_workdir().deltas:  # git add -u
+            path = delta.new_file.path
+            if delta.status_char() == "D":
+                index.remove(path)
+            else:
+                index.add(path)
+        if paths:
+            index.add_all(paths)  # new files too; ignored ones are skipped
+        tree = index.write_tree()
+        oid = repo.create_commit(None, _signature(toplevel, "AUTHOR"),
+                                 _signature(toplevel, "COMMITTER"), message, tree,
+                                 [pygit2.Oid(hex=parent)])
+    except pygit2.GitError as exc:
+        raise RecorderError(
+            f"dvc_dali: building the checkpoint commit in '{toplevel}' failed: {exc}. "
+            "The checkpoint files are intact; `git status` there shows the problem."
+        ) from exc
+    return str(oid)
+
+
+def create_ref(toplevel: str, ref: str, sha: str) -> bool:
+    """Create ref -> sha; False when the ref already exists (never overwritten)."""
+    repo = _repo(toplevel)
+    err: Optional[Exception] = None
+    for attempt in range(3):  # DVC (dulwich) may prune empty ref dirs meanwhile
+        try:
+            repo.references.create(ref, sha)
+            return True
+        except pygit2.AlreadyExistsError:
+            return False
+        except (pygit2.GitError, OSError) as exc:
+            if ref in repo.references:
+                return False
+            err = exc
+            time.sleep(0.1 * (attempt + 1))
+    raise RecorderError(
+        f"dvc_dali: could not create experiment ref '{ref}' in '{repo.path}': {err}. "
+        f"Check that the repo is writable and no '{ref}.lock' file is left in it."
+    )
