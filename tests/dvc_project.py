@@ -75,3 +75,14 @@ def exp_rows(path: Path) -> dict[str, dict]:
     for node in data:
         walk(node)
     return rows
+
+
+def uninterrupted_run(dest: Path, extra: tuple[str, ...] = ()
+                      ) -> tuple[str, subprocess.CompletedProcess]:
+    """One uninterrupted `dvc exp run -n ref` of the example (60 steps, a row
+    every 10) in a fresh project: its final model's sha and its output."""
+    project = clone_project(dest)
+    out = run(["dvc", "exp", "run", "-n", "ref", *extra], project)
+    rows = exp_rows(project)
+    assert {rows[f"ref-step{s}"]["step"] for s in range(10, 61, 10)} == set(range(10, 61, 10))
+    return model_sha(project), out

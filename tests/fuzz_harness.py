@@ -332,3 +332,30 @@ def stale_files(project: Path) -> list[str]:
 def model_digest(project: Path) -> str | None:
     path = project / "model" / "model.npz"
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def wait_for_phase(project: Path, alive, where: str, nth: int, timeout: float,
+                   prefix: str = ".tmp-step", interval: float = 0.0005) -> bool:
+    """Until the nth checkpoint recording (`.dvc/tmp/DVC_CHECKPOINT` appears,
+    where="record") or snapshot write (an entry starting with prefix in
+    checkpoint/) seen from here is under way. False when alive() turned
+    False or timeout seconds passed first."""
+    sig = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
+    ckpt = project / "checkpoint"
+    seen, was = 0, False
+    deadline = time.monotonic() + timeout
+    while alive() and time.monotonic() < deadline:
+        if where == "record":
+            now = sig.exists()
+        else:
+            try:
+                now = any(n.startswith(prefix) for n in os.listdir(ckpt))
+            except FileNotFoundError:
+                now = False
+        if now and not was:
+            seen += 1
+            if seen >= nth:
+                return True
+        was = now
+        time.sleep(interval)
+    return False

@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fuzz_harness import (  # noqa: E402
     ExpRun,
+    wait_for_phase,
     reset,
     cache_path,
     cached_checkpoint_step,
@@ -192,27 +193,11 @@ def _trigger_wait(project: Path, run: ExpRun, rng: random.Random, ref: Reference
         time.sleep(rng.uniform(0.0, ref.duration - ref.train_start))
         return how
     # The n-th checkpoint signal (recording) or snapshot write seen from here.
-    target = rng.randint(1, 8)
-    sig = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
-    ckpt = project / "checkpoint"
-    seen, was = 0, False
-    deadline = time.monotonic() + ref.duration * 2
-    while run.poll() is None and time.monotonic() < deadline:
-        if how == "signal":
-            now = sig.exists()
-        else:
-            try:
-                now = any(n.startswith(".tmp-") for n in os.listdir(ckpt))
-            except FileNotFoundError:
-                now = False
-        if now and not was:
-            seen += 1
-            if seen >= target:
-                if how == "signal":  # somewhere inside the recording
-                    time.sleep(rng.uniform(0.0, 0.03))
-                return how
-        was = now
-        time.sleep(0.001)
+    if wait_for_phase(project, lambda: run.poll() is None,
+                      "record" if how == "signal" else "write", rng.randint(1, 8),
+                      ref.duration * 2, prefix=".tmp-", interval=0.001):
+        if how == "signal":  # somewhere inside the recording
+            time.sleep(rng.uniform(0.0, 0.03))
     return how
 
 

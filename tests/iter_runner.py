@@ -10,7 +10,6 @@ CONFIG: {"framework": "torch"|"jax"|"dynamic", "iterator": "generic"|"classifica
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -55,14 +54,7 @@ def framework_iterator(cfg, ck, data):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("config")
-    ap.add_argument("data")
-    ap.add_argument("ckpt")
-    ap.add_argument("out")
-    ap.add_argument("--until", type=int, required=True)
-    ap.add_argument("--save-at", type=int, nargs="*", default=[])
-    ap.add_argument("--fresh", action="store_true")
+    ap = pipelines.runner_parser("config")
     args = ap.parse_args()
     cfg = json.loads(args.config)
     ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)

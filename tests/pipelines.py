@@ -6,6 +6,7 @@ one sample or one random draw shows in the outputs.
 
 from __future__ import annotations
 
+import argparse
 import io
 import tarfile
 from pathlib import Path
@@ -113,3 +114,15 @@ def classify_pipe(data):
                                     name="reader")
     images = fn.decoders.image(jpegs, device="cpu")
     return fn.random_resized_crop(images, size=(12, 12), name="crop"), labels
+
+
+def runner_parser(first: str) -> argparse.ArgumentParser:
+    """Arguments shared by the runner scripts:
+    FIRST DATA CKPT OUT --until N [--save-at K ...] [--fresh]."""
+    ap = argparse.ArgumentParser()
+    for name in (first, "data", "ckpt", "out"):
+        ap.add_argument(name)
+    ap.add_argument("--until", type=int, required=True)
+    ap.add_argument("--save-at", type=int, nargs="*", default=[])
+    ap.add_argument("--fresh", action="store_true")
+    return ap

@@ -10,7 +10,6 @@ arrays restored, go to OUT (.npz) for the test to compare bit for bit.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -24,14 +23,7 @@ import dvc_dali  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("kind")
-    ap.add_argument("data")
-    ap.add_argument("ckpt")
-    ap.add_argument("out")
-    ap.add_argument("--until", type=int, required=True)
-    ap.add_argument("--save-at", type=int, nargs="*", default=[])
-    ap.add_argument("--fresh", action="store_true")
+    ap = pipelines.runner_parser("kind")
     ap.add_argument("--shuffle", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dvc_project import clone_project, exp_rows, model_sha, run
+from dvc_project import clone_project, exp_rows, model_sha, run, uninterrupted_run
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
@@ -13,11 +13,7 @@ KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
     """The final model of one uninterrupted `dvc exp run`."""
-    project = clone_project(tmp_path_factory.mktemp("ref"))
-    run(["dvc", "exp", "run", "-n", "ref"], project)
-    rows = exp_rows(project)
-    assert {rows[f"ref-step{s}"]["step"] for s in range(10, 61, 10)} == set(range(10, 61, 10))
-    return model_sha(project)
+    return uninterrupted_run(tmp_path_factory.mktemp("ref"))[0]
 
 
 @pytest.fixture

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 from dvc_project import clone_project, run
-from fuzz_harness import ExpRun, load_checkpoint, model_digest, reset, stale_files
+from fuzz_harness import (ExpRun, load_checkpoint, model_digest, reset, stale_files,
+                          wait_for_phase)
 from fuzz_kill import EVERY, PARAMS, STEPS, check_rows, fuzz, md5_of, reference_run
 
 KILLS = int(os.environ.get("DVC_DALI_FUZZ_KILLS", "30"))
@@ -93,27 +94,8 @@ def signal_project(tmp_path_factory):
 
 
 def _wait_for(project: Path, exp: ExpRun, where: str, nth: int) -> bool:
-    """Until the nth checkpoint's snapshot write (a `.tmp-*` in checkpoint/) or
-    recording (`.dvc/tmp/DVC_CHECKPOINT`) of this run is under way."""
-    sig = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
-    ckpt = project / "checkpoint"
-    seen, was = 0, False
-    deadline = time.monotonic() + 120
-    while exp.poll() is None and time.monotonic() < deadline:
-        if where == "record":
-            now = sig.exists()
-        else:
-            try:
-                now = any(n.startswith(".tmp-step") for n in os.listdir(ckpt))
-            except FileNotFoundError:
-                now = False
-        if now and not was:
-            seen += 1
-            if seen >= nth:
-                return True
-        was = now
-        time.sleep(0.0005)
-    return False
+    """Until the nth checkpoint's snapshot write or recording of this run is under way."""
+    return wait_for_phase(project, lambda: exp.poll() is None, where, nth, 120)
 
 
 CASES = [(sig, target, where)
