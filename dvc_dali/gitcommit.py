@@ -1,5 +1,6 @@
 """Checkpoint commits built in-process with pygit2 (libgit2, a dependency of
-DVC through scmrepo): no git subprocess per checkpoint.
+DVC through scmrepo): no git subprocess per checkpoint, except where git
+would store other bytes than libgit2 (clean filters such as git-lfs).
 
 The commit holds what ``git add -u`` plus ``git add -A -- <paths>`` would
 stage, on top of a given parent. The user's index is read into memory and
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
+import uuid
 from typing import Optional
 
 import pygit2
@@ -19,6 +22,7 @@ import pygit2
 from .errors import RecorderError
 
 _INDEX_LOCK_WAIT_S = 5.0
+_IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
 _REPOS: dict[str, pygit2.Repository] = {}
 _IDENTS: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -68,30 +72,93 @@ def _wait_index_lock(git_dir: str) -> None:
 
 def build_commit(toplevel: str, paths: list[str], parent: str, message: str) -> str:
     """Sha of a new commit (tracked changes + paths, relative to toplevel)
-    whose parent is `parent`; nothing on disk but the new objects changes."""
+    whose parent is `parent`; nothing on disk but the new objects changes.
+
+    In-process with libgit2, except where git would store other bytes: a
+    path with a clean filter (git-lfs...), which libgit2 cannot run, or an
+    index libgit2 cannot read (split index). Then with git, as before."""
     repo = _repo(toplevel)
     _wait_index_lock(repo.path)
     try:
         index = repo.index
         index.read(True)  # the index on disk now; changed in memory only
-        for delta in index.diff_to_workdir().deltas:  # git add -u
-            path = delta.new_file.path
+        changed = list(index.diff_to_workdir().deltas)  # what git add -u would stage
+        if _filtered(repo, toplevel, [d.new_file.path for d in changed] + paths):
+            return _build_with_git(repo.path, toplevel, paths, parent, message)
+        for delta in changed:
             if delta.status_char() == "D":
-                index.remove(path)
+                index.remove(delta.new_file.path)
             else:
-                index.add(path)
+                index.add(delta.new_file.path)
         if paths:
             index.add_all(paths)  # new files too; ignored ones are skipped
         tree = index.write_tree()
         oid = repo.create_commit(None, _signature(toplevel, "AUTHOR"),
                                  _signature(toplevel, "COMMITTER"), message, tree,
                                  [pygit2.Oid(hex=parent)])
-    except pygit2.GitError as exc:
-        raise RecorderError(
-            f"dvc_dali: building the checkpoint commit in '{toplevel}' failed: {exc}. "
-            "The checkpoint files are intact; `git status` there shows the problem."
-        ) from exc
+    except pygit2.GitError:
+        return _build_with_git(repo.path, toplevel, paths, parent, message)
     return str(oid)
+
+
+def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
+    """Whether a clean or process filter driver applies to any of rels
+    (files, or directories: the files under them)."""
+    drivers = set()
+    for entry in repo.config:
+        name = entry.name
+        if name.startswith("filter.") and name.endswith((".clean", ".process")):
+            drivers.add(name[len("filter."):].rsplit(".", 1)[0])
+    if not drivers:
+        return False
+    for rel in rels:
+        full = os.path.join(toplevel, rel)
+        files = [rel]
+        if os.path.isdir(full):
+            files = [os.path.relpath(os.path.join(d, f), toplevel)
+                     for d, _, names in os.walk(full) for f in names]
+        if any(repo.get_attr(f, "filter") in drivers for f in files):
+            return True
+    return False
+
+
+def _git(args: list[str], cwd: str, env: dict[str, str], stdin: str = "") -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, input=stdin,  # noqa: S603
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0 and not proc.stderr.lstrip().startswith(_IGNORED_MSG):
+        raise RecorderError(
+            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' (exit {proc.returncode}): "
+            f"{proc.stderr.strip()}. The checkpoint files are intact; `git status` there "
+            "shows the problem.")
+    return proc.stdout.strip()
+
+
+def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
+                    message: str) -> str:
+    """build_commit through git itself, on a private copy of the index."""
+    from .dvc_recorder import _sweep_leftovers
+
+    _sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
+    private = os.path.join(git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    env = dict(os.environ, GIT_INDEX_FILE=private)
+    for who in ("AUTHOR", "COMMITTER"):
+        sig = _signature(toplevel, who)
+        env[f"GIT_{who}_NAME"], env[f"GIT_{who}_EMAIL"] = sig.name, sig.email
+    try:
+        index = os.path.join(git_dir, "index")
+        if os.path.exists(index):
+            shutil.copy2(index, private)  # keep mtime: racy-clean detection
+        _git(["add", "-u", "--", ":/"], toplevel, env)
+        if paths:
+            _git(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths], toplevel, env)
+        tree = _git(["write-tree"], toplevel, env)
+        return _git(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env, message)
+    finally:
+        for leftover in (private, private + ".lock"):
+            try:
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
 
 
 def create_ref(toplevel: str, ref: str, sha: str) -> bool:

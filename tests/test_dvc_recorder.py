@@ -435,3 +435,18 @@ def test_uncacheable_output_records_no_row(repo, stage_env):
     (repo / ".dvc" / "cache").unlink()
     res = rec.record_checkpoint(1)  # fixed: the next checkpoint records
     assert res.name == "direct-step1"
+
+
+def test_clean_filter_is_applied_as_git_would(repo, stage_env, monkeypatch):
+    """A changed file with a clean filter (as git-lfs sets up) is committed
+    as git stores it, through the filter, which libgit2 cannot run."""
+    git(repo, "config", "filter.upper.clean", "tr a-z A-Z")
+    git(repo, "config", "filter.upper.smudge", "cat")
+    (repo / ".gitattributes").write_text("progress.txt filter=upper\n")
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-qm", "attributes")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", git(repo, "rev-parse", "HEAD"))
+    (repo / "progress.txt").write_text("step 5")
+    res = rec.record_checkpoint(1)
+    assert git(repo, "show", f"{res.sha}:progress.txt") == "STEP 5"
+    assert git(repo, "show", f"{res.sha}:dvc.lock") == (repo / "dvc.lock").read_text().strip()
