@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,20 @@ def test_stage_without_persist_is_refused_before_training(project):
     err = out.stderr + out.stdout
     assert "dvc.yaml: stage 'train' cannot resume" in err and "persist: true" in err
     assert "step     10" not in out.stdout
+
+
+def test_hardlink_cache_links_snapshot_files_and_resumes(project, uninterrupted):
+    """cache.type hardlink: the checkpoint files are linked into the cache,
+    not copied (same inode), and a killed run still resumes bit for bit."""
+    run(["dvc", "config", "cache.type", "hardlink"], project)
+    killed = run(["dvc", "exp", "run", "-n", "h"], project, check=False, env={KILL: "20"})
+    assert killed.returncode != 0 and exp_rows(project)["h-step20"]["step"] == 20
+    files = [f for f in (project / "checkpoint").rglob("*") if f.is_file()]
+    assert len(files) >= 4  # LATEST, manifest, pipeline state, arrays
+    for f in files:
+        md5 = hashlib.md5(f.read_bytes()).hexdigest()
+        cached = project / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+        assert cached.stat().st_ino == f.stat().st_ino, f
+    final = run(["dvc", "exp", "run", "-n", "h2"], project)
+    assert "resuming from step 20" in final.stdout
+    assert model_sha(project) == uninterrupted
