@@ -14,13 +14,11 @@ lazily inside functions (importing it is slow).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +43,8 @@ _EXPS_NAMESPACE = "refs/exps"
 
 from . import gitcommit
 from .errors import RecorderError
+from .gitcommit import git as _git
+from .gitcommit import sweep_leftovers as _sweep_leftovers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,35 +80,10 @@ _GIT_DIRS: dict[str, tuple[str, str]] = {}  # path -> (git dir, toplevel)
 # lineage tip per (main git dir, experiment, stage): (commit sha, step)
 _TIPS: dict[tuple[str, str, str], tuple[Optional[str], int]] = {}
 _MAIN_CACHE: dict[str, str] = {}
-_SWEPT: set[str] = set()
 # per (root, stage, out, cwd): (watched files, their stamp, stage, static paths)
 _STAGES: dict[tuple, tuple[list[str], tuple, Any, list[str]]] = {}
 _LOCKS: dict[str, tuple[tuple, Any]] = {}  # dvc.lock path -> (stamp, data written)
 _CALL_LOCK = threading.Lock()
-
-
-def _git(
-    args: list[str],
-    cwd: str,
-    env: Optional[dict[str, str]] = None,
-    check: bool = True,
-    input: Optional[str] = None,  # noqa: A002
-) -> subprocess.CompletedProcess:
-    proc = subprocess.run(  # noqa: S603
-        ["git", *args],
-        cwd=cwd,
-        env=env,
-        input=input,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise RecorderError(
-            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' "
-            f"(exit {proc.returncode}): {proc.stderr.strip()}"
-        )
-    return proc
 
 
 def _git_dirs(path: str) -> tuple[str, str]:
@@ -355,30 +330,6 @@ def _lock_data(path: str) -> Any:
     if hit is not None and _stamp([path]) == hit[0]:
         return hit[1]
     return _read_lock(path)[1]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _sweep_leftovers(pattern: str) -> None:
-    """Remove files of ours left by killed processes (pid in the name)."""
-    if pattern in _SWEPT:
-        return
-    _SWEPT.add(pattern)
-    for path in glob.glob(pattern):
-        m = re.search(r"dvc-dali(?:-index)?-(\d+)", os.path.basename(path))
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
 def _publish(
@@ -649,6 +600,13 @@ def _record(
     )
 
 
+def _is_checkpoint_dir(o) -> bool:
+    """Whether output o is a dvc-dali checkpoint directory (store.py's format)."""
+    from . import store
+
+    return os.path.isfile(os.path.join(o.fs_path, store.LATEST))
+
+
 def _commit_out(o, stg) -> None:
     """Put an output in the cache without touching the workspace. Snapshot
     files of a checkpoint directory are never modified once published, so
@@ -657,11 +615,9 @@ def _commit_out(o, stg) -> None:
     (or reflinked), as DVC would."""
     from dvc_data.hashfile.transfer import transfer
 
-    from . import store
-
     first = next(iter(o.cache.cache_types), None)
     try:
-        if first != "hardlink" or not os.path.isfile(os.path.join(o.fs_path, store.LATEST)):
+        if first != "hardlink" or not _is_checkpoint_dir(o):
             o.commit(relink=False)  # never link files that may change into the cache
         else:
             staging, _, obj = o._build(o.cache, o.fs_path, o.fs, o.hash_name,
@@ -692,8 +648,7 @@ def _seed_hashes(repo, stg) -> None:
 
     items = []
     for o in stg.outs:
-        if not (o.use_cache and o.hash_name == "md5"
-                and os.path.isfile(os.path.join(o.fs_path, store.LATEST))):
+        if not (o.use_cache and o.hash_name == "md5" and _is_checkpoint_dir(o)):
             continue
         try:
             digests = store.file_digests(Path(o.fs_path))

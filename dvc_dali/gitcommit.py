@@ -9,6 +9,7 @@ never written, and neither HEAD nor any branch moves.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ _INDEX_LOCK_WAIT_S = 5.0
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
 _REPOS: dict[str, pygit2.Repository] = {}
 _IDENTS: dict[tuple[str, str], tuple[str, str]] = {}
+_SWEPT: set[str] = set()
 
 
 def _repo(toplevel: str) -> pygit2.Repository:
@@ -46,8 +48,7 @@ def _signature(toplevel: str, who: str) -> pygit2.Signature:
     CI machine still records."""
     key = (toplevel, who)
     if key not in _IDENTS:
-        proc = subprocess.run(["git", "var", f"GIT_{who}_IDENT"], cwd=toplevel,  # noqa: S603
-                              capture_output=True, text=True, check=False)
+        proc = git(["var", f"GIT_{who}_IDENT"], toplevel, check=False)
         m = re.match(r"(.*) <(.*)> \d+ [+-]\d{4}$", proc.stdout.strip())
         _IDENTS[key] = m.groups() if proc.returncode == 0 and m else (
             "dvc-dali", "dvc-dali@localhost")
@@ -122,23 +123,59 @@ def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
     return False
 
 
-def _git(args: list[str], cwd: str, env: dict[str, str], stdin: str = "") -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, input=stdin,  # noqa: S603
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0 and not proc.stderr.lstrip().startswith(_IGNORED_MSG):
+def git(
+    args: list[str],
+    cwd: str,
+    env: Optional[dict[str, str]] = None,
+    check: bool = True,
+    input: Optional[str] = None,  # noqa: A002
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(  # noqa: S603
+        ["git", *args],
+        cwd=cwd,
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and proc.returncode != 0:
         raise RecorderError(
-            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' (exit {proc.returncode}): "
-            f"{proc.stderr.strip()}. The checkpoint files are intact; `git status` there "
-            "shows the problem.")
-    return proc.stdout.strip()
+            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' "
+            f"(exit {proc.returncode}): {proc.stderr.strip()}"
+        )
+    return proc
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def sweep_leftovers(pattern: str) -> None:
+    """Remove files of ours left by killed processes (pid in the name:
+    private git indexes, dvc.lock temporaries), once per pattern and process."""
+    if pattern in _SWEPT:
+        return
+    _SWEPT.add(pattern)
+    for path in glob.glob(pattern):
+        m = re.search(r"dvc-dali(?:-index)?-(\d+)", os.path.basename(path))
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
                     message: str) -> str:
     """build_commit through git itself, on a private copy of the index."""
-    from .dvc_recorder import _sweep_leftovers
-
-    _sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
+    sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
     private = os.path.join(git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env = dict(os.environ, GIT_INDEX_FILE=private)
     for who in ("AUTHOR", "COMMITTER"):
@@ -148,11 +185,16 @@ def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
         index = os.path.join(git_dir, "index")
         if os.path.exists(index):
             shutil.copy2(index, private)  # keep mtime: racy-clean detection
-        _git(["add", "-u", "--", ":/"], toplevel, env)
+        git(["add", "-u", "--", ":/"], toplevel, env)
         if paths:
-            _git(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths], toplevel, env)
-        tree = _git(["write-tree"], toplevel, env)
-        return _git(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env, message)
+            proc = git(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
+                       toplevel, env, check=False)
+            if proc.returncode != 0 and not proc.stderr.lstrip().startswith(_IGNORED_MSG):
+                raise RecorderError(f"dvc_dali: `git add` of {paths} into a private index "
+                                    f"failed in '{toplevel}': {proc.stderr.strip()}")
+        tree = git(["write-tree"], toplevel, env).stdout.strip()
+        return git(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env,
+                   input=message).stdout.strip()
     finally:
         for leftover in (private, private + ".lock"):
             try:

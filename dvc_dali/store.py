@@ -211,7 +211,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
             f"{getattr(exc, 'filename', None) or tmp}: cannot write the checkpoint "
             f"({exc.strerror or exc}). The previous checkpoint in {root} is intact. Free "
             "disk space or fix the directory's permissions, then save again.") from exc
-    return name, hashlib.md5(text).hexdigest()
+    return name, files[MANIFEST]["md5"]
 
 
 def publish(root: Path, entries: list[tuple[str, str]]) -> None:
