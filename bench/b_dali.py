@@ -112,7 +112,8 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
              + "; ".join(f"{m} {', '.join(f'{x:.1f}' for x in v)}" for m, v in rates.items()),
              f"[4] one Checkpointer.save (1 MB of weights + pipeline state): median "
              f"{fmt_s(median(sync_saves))} (mean {fmt_s(sum(sync_saves) / len(sync_saves))}), "
-             f"of which {median(n for n, _ in fs):.0f} fsyncs take {fmt_s(median(t for _, t in fs))}"
+             f"of which {median(n for n, _ in fs):.0f} fsyncs take "
+             f"{fmt_s(median(t for _, t in fs))}"
              f" (median per save); one step takes {fmt_s(step_s)}, so a synchronous save "
              f"costs under 2% (ratio >= 0.98) from K = {k_min:.0f} steps on",
              f"[4] async make_checkpoint call (outside dvc exp run: capture + snapshot + thread "

@@ -70,7 +70,8 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
         if "keep" in name:
             ret = [e.get("retention", 0) for e in logs[name]]
             notes.append(f"[6] retention (apply_retention) per checkpoint: checkpoints 2-11 "
-                         f"{fmt_s(median(ret[1:11]))}, {many - 9}-{many} {fmt_s(median(ret[-10:]))}")
+                         f"{fmt_s(median(ret[1:11]))}, {many - 9}-{many} "
+                         f"{fmt_s(median(ret[-10:]))}")
     notes.append("[6] dvc exp show (s): " + "; ".join(
         f"{k}-checkpoint run: cold {cold[k]:.2f}, warm {', '.join(f'{x:.2f}' for x in v)}"
         for k, v in warm.items()) + "; rows = refs under refs/exps/<baseline>/ "

@@ -77,7 +77,8 @@ def machine() -> dict[str, str]:
 
 def gpu_name() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                               "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30).stdout.strip() or "none"
     except (OSError, subprocess.SubprocessError):
         return "none"

@@ -10,7 +10,7 @@ hashing the written array there: the floor of benchmark 3), BENCH_PRESEED=1
 (hand DVC the md5 of the snapshot's files before recording: a proposal).
 
 The package is timed from outside: Checkpointer._write (the save),
-dvc_recorder.record_checkpoint and apply_retention are wrapped (attributes
+recording.record and retention.prune are wrapped (attributes
 looked up at call time); nothing in dvc_dali is changed.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 import dvc_dali
 from dvc_dali import arrays as arrays_mod
-from dvc_dali import signal as dsignal
+from dvc_dali.context import RunContext
 from dvc_dali import store
 
 perf = time.perf_counter
@@ -63,11 +63,16 @@ def wrap(module, name, key):
 
 # the whole save: write + md5 + fsync + publish LATEST + remove the previous one
 wrap(dvc_dali.Checkpointer, "_write", "write")
-if dsignal.mode() == "self":  # DVC 3: we record; under DVC 2 its watcher does
-    from dvc_dali import dvc_recorder
+MODE = RunContext.from_environ().mode
+if MODE == "record":  # DVC 3: we record; under DVC 2 its watcher does
+    from dvc_dali import recording
+    from dvc_dali.recording import commit as rec_commit
+    from dvc_dali.recording import lockfile as rec_lockfile
+    from dvc_dali.recording import retention as rec_retention
+    from dvc_dali.recording import stage as rec_stage
 
-    wrap(dvc_recorder, "record_checkpoint", "record")
-    wrap(dvc_recorder, "apply_retention", "retention")
+    wrap(recording, "record", "record")
+    wrap(rec_retention, "prune", "retention")
 
 # Where the small costs go: every fsync and every git subprocess of a checkpoint.
 _real_fsync = os.fsync
@@ -83,8 +88,8 @@ def _timed_fsync(fd):
 
 
 os.fsync = _timed_fsync
-if dsignal.mode() == "self":
-    _real_git = dvc_recorder._git
+if MODE == "record":
+    _real_git = rec_commit.git
 
     def _timed_git(args, *rest, **kwargs):
         t = perf()
@@ -105,14 +110,12 @@ if dsignal.mode() == "self":
             sub = " ".join(words[:2]) if words[:1] == ["add"] else (words or ["?"])[0]
             git[sub] = git.get(sub, 0.0) + perf() - t
 
-    dvc_recorder._git = _timed_git
+    rec_commit.git = _timed_git
 
     # Inside record.save/commit: looking the stage up again (repo.index: YAML
     # of dvc.yaml and dvc.lock), re-reading dvc.lock (ruamel round trip),
     # the paths to commit, the commit itself.
-    from dvc_dali import gitcommit
-
-    def _fine(name, module=dvc_recorder):
+    def _fine(name, module):
         orig = getattr(module, name, None)
         if orig is None:
             return
@@ -127,10 +130,12 @@ if dsignal.mode() == "self":
 
         setattr(module, name, timed)
 
-    for _name in ("_stage_for", "_find_stage", "_lock_data", "_stage_paths", "_write_atomic"):
-        _fine(_name)
-    _fine("build_commit", gitcommit)  # in-process (pygit2): git add -u/-A, write-tree, commit
-    _fine("create_ref", gitcommit)
+    _fine("cached_stage", rec_stage)
+    _fine("find_stage", rec_stage)
+    _fine("current", rec_lockfile)
+    _fine("write_atomic", rec_lockfile)
+    _fine("build_commit", rec_commit)  # in-process (pygit2): git add -u/-A, write-tree, commit
+    _fine("create_ref", rec_commit)
 
 def floor(src: Path, w: np.ndarray) -> dict:
     """Copy + md5 of the file just written (the floor), and the pieces a
@@ -199,7 +204,7 @@ def main():
         pipe = ck.pipeline("train", images, root="data/images", batch_size=2, num_threads=1,
                            device_id=None, seed=1)
     rng = np.random.default_rng(0)
-    log(event="start", mode=dsignal.mode(), resumed=ck.resumed)
+    log(event="start", mode=MODE, resumed=ck.resumed)
     step = 0
     for size, n in PLAN:
         w = rng.integers(0, 256, size, dtype=np.uint8)

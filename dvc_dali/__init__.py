@@ -16,15 +16,17 @@ from .errors import (
     CheckpointFormatError,
     CheckpointLockedError,
     CheckpointWriteError,
+    ConfigError,
     DvcDaliError,
     PipelineMismatchError,
     RankMismatchError,
     RecordError,
     SignalError,
+    UnchangedCheckpointError,
     UnnamedOperatorWarning,
     UnsupportedPipelineError,
 )
-from .signal import make_checkpoint
+from .checkpoint_signal import make_checkpoint
 
 __all__ = [
     "Checkpointer",
@@ -34,10 +36,12 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointLockedError",
     "CheckpointWriteError",
+    "ConfigError",
     "PipelineMismatchError",
     "RankMismatchError",
     "RecordError",
     "SignalError",
+    "UnchangedCheckpointError",
     "UnnamedOperatorWarning",
     "UnsupportedPipelineError",
     "__version__",

@@ -1,11 +1,15 @@
-"""The Checkpointer: build pipelines fresh or restored, save, resume."""
+"""The Checkpointer: build pipelines fresh or restored, save, resume.
+
+A facade: DALI is reached only through dali_state (pipelines),
+dali_iterators (framework iterators) and dali_dynamic (dynamic mode); the
+on-disk format is store's; what a rerun does with the checkpoint it finds
+is resume's; recording into DVC is checkpoint_signal's.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,9 +18,26 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
-from . import dali_state, dirlock, distributed, signal, store
+from . import exit_messages
+from . import (
+    checkpoint_signal,
+    dali_dynamic,
+    dali_iterators,
+    dali_state,
+    dirlock,
+    distributed,
+    store,
+)
 from ._version import __version__
-from .errors import CheckpointCorruptError, PipelineMismatchError
+from .context import RunContext
+from .errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    PipelineMismatchError,
+    UnchangedCheckpointError,
+)
+from .log import logger
+from .resume import RESUME, decide
 
 
 def _array_module():
@@ -26,7 +47,7 @@ def _array_module():
 
         cupy.cuda.runtime.getDeviceCount()
         return cupy
-    except Exception:
+    except Exception:  # noqa: BLE001 (no CuPy, no driver, no device: all mean NumPy)
         return None
 
 
@@ -60,59 +81,99 @@ class Checkpointer:
                  keep_last: int | None = None, keep_best: str | None = None,
                  asynchronous: bool = False) -> None:
         self.path = Path(path)
+        # The environment and the retention arguments are checked now, before
+        # any training step, not at the first checkpoint.
+        self._ctx = RunContext.from_environ()
+        exit_messages.install(self._ctx)  # refusals and Ctrl-C: one line, no traceback
+        self._keep = self._ctx.retention(keep_last, keep_best)
         self.asynchronous = asynchronous
-        self._worker: Any = None  # the one background save in flight, if any
-        self.keep_last, self.keep_best = keep_last, keep_best
+        self._worker: _Background | None = None  # the one background save in flight
         self.params = dict(params or {})
+        if total_steps is not None and (isinstance(total_steps, bool)
+                                        or not isinstance(total_steps, int) or total_steps < 0):
+            raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
+                              "run's total number of steps")
         self.total_steps = total_steps
-        self._pipes: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._pipelines: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (pipe, description)
         self._iterators: list[Any] = []
         self._dynamic: dict[str, Any] = {}
-        if signal.mode() == "self":
-            # Before any training step: a stage DVC 3 cannot resume is refused now.
-            from . import dvc_recorder
-
-            dvc_recorder.check_stage(str(self.path))
         self.rank, self.world_size = distributed.world()
+        if self._ctx.mode == "record":
+            self._start_recorded_run(params, total_steps)
         if asynchronous and self.world_size > 1:
             raise ValueError("asynchronous=True is not supported with torch.distributed: the "
                              "ranks' saves must meet at a barrier in the training thread")
         self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
         self.timings: dict[str, float] = {}
+        self._latest: str | None = None  # LATEST as this process last wrote it
+        self._pending_message = ""
         t0 = time.perf_counter()
-        self._snapshot = (store.read_snapshot(self.path, _array_module(), self.rank,
-                                              self.world_size) if resume else None)
+        snapshot = (store.read_snapshot(self.path, _array_module(), self.rank, self.world_size)
+                    if resume else None)
         self.timings["restore_s"] = time.perf_counter() - t0
-        if self.world_size > 1 and self._snapshot is not None:
-            print(f"dvc-dali: rank {self.rank}/{self.world_size} read step {self.step} in "
-                  f"{self.timings['restore_s'] * 1000:.1f} ms", file=sys.stderr)
-        if self._snapshot is not None:
-            self._decide_resume()
+        self._saved = self._resume_from(snapshot)
 
-    def _param_changes(self) -> list[str]:
-        old = self._snapshot.manifest.get("run", {}).get("params", {})
-        return [f"{k}: {json.dumps(old.get(k, '<absent>'))} -> "
-                f"{json.dumps(self.params.get(k, '<absent>'))}"
-                for k in sorted(set(old) | set(self.params)) if old.get(k) != self.params.get(k)]
+    def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
+                            ) -> None:
+        """Under DVC 3's `dvc exp run`, before any training step: refuse a stage
+        DVC 3 cannot resume; the run's params default to the stage's `params:`
+        as DVC resolves them, taken now; and total_steps is required, else a
+        finished run could not tell more steps from other params."""
+        from . import recording
 
-    def _decide_resume(self) -> None:
-        """Resume an unfinished run (params may change; the pipeline may not);
-        a finished run is continued only for more steps with the same params,
-        else a new run starts: nothing is lost, the finished run is recorded."""
-        run = self._snapshot.manifest.get("run", {})
-        step, total = self._snapshot.step, run.get("total_steps")
-        changes = self._param_changes() if "params" in run else []
-        finished = isinstance(total, int) and step >= total
-        if finished and (changes or self.total_steps is None or self.total_steps < step):
-            why = (f"params changed ({'; '.join(changes)})" if changes else
-                   f"total_steps is {self.total_steps}, fewer than {step}")
-            print(f"dvc-dali: {self.path} holds a finished run (step {step} of {total}); {why}: "
-                  "starting a new run from step 0 (the finished one stays recorded)",
-                  file=sys.stderr)
-            self._snapshot = None
-        elif changes:
-            print(f"dvc-dali: resuming {self.path} at step {step} with changed params: "
-                  + "; ".join(changes), file=sys.stderr)
+        # One process only may bring a --temp run the workspace's checkpoint.
+        stage_params = recording.start_run(self._ctx, str(self.path),
+                                           before_reading=self.world_size == 1)
+        if params is None:
+            self.params = stage_params
+        if total_steps is None:
+            raise ConfigError(
+                f"Checkpointer({str(self.path)!r}): pass total_steps= (the run's total number "
+                "of steps) under `dvc exp run`: without it a rerun after the end cannot tell "
+                "a changed parameter (a new run from step 0) from more steps (train further), "
+                "and would record rows for training it did not do.")
+
+    def _resume_from(self, snapshot: store.Snapshot | None) -> _Saved | None:
+        """What to restore from the checkpoint read (see :mod:`dvc_dali.resume`):
+        None when fresh, or for a finished run that starts anew."""
+        if snapshot is None:
+            return None
+        if self.world_size > 1:
+            logger.info("rank %d/%d read step %d in %.1f ms", self.rank, self.world_size,
+                        snapshot.step, self.timings["restore_s"] * 1000)
+        decision = decide(snapshot.step, snapshot.manifest.get("run"), self.params,
+                          self.total_steps, checkpoint=str(self.path),
+                          manifest=str(snapshot.path / store.MANIFEST))
+        if decision.action != RESUME and decision.message:
+            logger.info(decision.message)
+        if decision.action == RESUME and not decision.changes:
+            self._refuse_unchanged_rerun(snapshot.step)
+        # "resuming ..." is said once the checkpoint proved usable (a pipeline
+        # restored, or a save), never before a refusal that contradicts it.
+        self._pending_message = decision.message if decision.action == RESUME else ""
+        return _Saved(snapshot, decision.changes) if decision.action == RESUME else None
+
+    def _refuse_unchanged_rerun(self, step: int) -> None:
+        """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
+        run already went on from, rerun with nothing changed, would train again
+        what the later rows hold, under new names."""
+        if self._ctx.mode != "record" or self._ctx.retrain:
+            return
+        from . import recording
+
+        row, later = recording.superseding_rows(step)
+        if later:
+            raise UnchangedCheckpointError(
+                f"{self.path} is row {row} (step {step}), and its run went on from it: "
+                f"{', '.join(later)} already hold that training. Nothing to do for an "
+                f"unchanged checkpoint. Continue from the last with `dvc exp apply {later[-1]}`"
+                ", change a param (`dvc exp run -S ...`) to branch off, or train it again on "
+                "purpose with DVC_DALI_RETRAIN=1.")
+
+    def _announce(self) -> None:
+        if self._pending_message:
+            logger.info(self._pending_message)
+            self._pending_message = ""
 
     def close(self) -> None:
         """Wait for a checkpoint in flight and let another process write here."""
@@ -128,83 +189,47 @@ class Checkpointer:
     @property
     def resumed(self) -> bool:
         """True when a checkpoint was found and is being resumed."""
-        return self._snapshot is not None
+        return self._saved is not None
 
     @property
     def step(self) -> int:
         """The step saved in the checkpoint, 0 for a fresh start."""
-        return self._snapshot.step if self._snapshot else 0
+        return self._saved.snapshot.step if self._saved else 0
 
     @property
     def arrays(self) -> dict[str, Any]:
         """The arrays saved with the checkpoint (empty for a fresh start)."""
-        return dict(self._snapshot.arrays) if self._snapshot else {}
+        return dict(self._saved.snapshot.arrays) if self._saved else {}
 
     @property
     def metadata(self) -> dict[str, Any]:
         """The JSON metadata saved with the checkpoint (empty for a fresh start)."""
-        return dict(self._snapshot.manifest["metadata"]) if self._snapshot else {}
+        return dict(self._saved.snapshot.manifest["metadata"]) if self._saved else {}
 
-    # -- pipelines ---------------------------------------------------------
-    def pipeline(self, name: str, source: Any, **kwargs: Any):
+    # -- what is saved -----------------------------------------------------
+    def pipeline(self, name: str, source: Any, **kwargs: Any) -> Any:
         """Build pipeline ``name``, restored from the checkpoint when resuming.
 
         ``source`` is a ``@pipeline_def`` function, called with ``kwargs``
         (batch_size, num_threads, device_id, seed and its own arguments), or
         an unbuilt ``Pipeline``. Returns the built pipeline.
         """
-        if name in self._pipes:
+        if name in self._pipelines:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
-        pipe = dali_state.prepare(source, kwargs, None)
+        pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe)
-        state = self._saved_state(name, description)
-        if state is not None:
-            dali_state.restore_at_build(pipe, state)
-        try:
-            pipe.build()
-        except RuntimeError as exc:
-            if state is None:
-                raise
-            raise CheckpointCorruptError(
-                f"{self._state_file(name)}: DALI could not restore pipeline {name!r} from it "
-                f"({str(exc).splitlines()[0]}). Restore an earlier checkpoint with "
-                "`dvc exp apply <row>`, or start over with `dvc-dali reset`.") from exc
-        dali_state.warn_unnamed(name, dali_state.read_state(dali_state.capture(pipe), name))
-        self._pipes[name] = (pipe, description)
+        if self._saved is None:
+            dali_state.build(pipe, name)
+        else:
+            state = self._saved.pipeline_state(name, description)
+            dali_state.build(pipe, name, state, str(self._saved.state_file(name)))
+        dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
+        self._pipelines[name] = (pipe, description)
+        self._announce()
         return pipe
 
-    def _state_file(self, name: str) -> Path:
-        return self._snapshot.path / self._snapshot.manifest["pipelines"][name]["file"]
-
-    def _saved_state(self, name: str, description: dict[str, Any]) -> bytes | None:
-        if self._snapshot is None:
-            return None
-        saved = self._snapshot.manifest["pipelines"]
-        manifest = self._snapshot.path / store.MANIFEST
-        if name not in saved:
-            raise PipelineMismatchError(
-                f"{manifest}: has no pipeline {name!r} (it holds {sorted(saved) or 'none'}), so "
-                f"{name!r} cannot resume where the others do. Register the pipelines under "
-                "the names they were saved with, or start over with `dvc-dali reset`.")
-        old = saved[name].get("description")
-        if not isinstance(old, dict):
-            raise CheckpointCorruptError(f"{manifest}: pipeline {name!r} has no description; "
-                                         "start over with `dvc-dali reset`.")
-        diff = dali_state.differences(old, description)
-        if diff:
-            raise PipelineMismatchError(
-                f"{manifest}: pipeline {name!r} differs from the one that wrote the checkpoint, "
-                "and DALI would restore into it silently, producing other batches:\n  "
-                + "\n  ".join(diff)
-                + "".join(f"\n  param {c}" for c in self._param_changes())
-                + "\nRun with the saved settings to resume, or start over with "
-                "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
-        state = self._snapshot.pipeline_states[name]
-        dali_state.read_state(state, str(self._state_file(name)))
-        return state
-
-    def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any):
+    def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
         """A framework iterator (``DALIGenericIterator``,
         ``DALIClassificationIterator``, JAX's) over pipelines built with
         :meth:`pipeline`, saved through ``iterator.checkpoints()`` so its
@@ -215,45 +240,28 @@ class Checkpointer:
         an iterator that skips the end of that epoch.
         """
         pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
-        known = {id(p) for p, _ in self._pipes.values()}
+        known = {id(p) for p, _ in self._pipelines.values()}
         if any(id(p) not in known for p in pipes):
             raise ValueError("build the iterator's pipelines with Checkpointer.pipeline() "
                              "first, so they are restored and saved")
-        if self.resumed:
-            kwargs["prepare_first_batch"] = False
-        it = iterator_class(pipes, *args, **kwargs)
+        it = dali_iterators.create(iterator_class, pipes, args, kwargs, self.resumed)
         self._iterators.append(it)
         return it
 
-    def dynamic(self, name: str = "dynamic"):
+    def dynamic(self, name: str = "dynamic") -> Any:
         """A DALI dynamic-mode ``Checkpoint`` saved with this checkpoint.
 
         Register dynamic-mode readers and RNGs on it
         (``register(op, "name")``); when resuming, each gets its saved state
         at registration.
         """
-        from nvidia.dali.experimental.dynamic import checkpoint as dyn
+        if name not in self._dynamic:
+            saved = self._saved.dynamic_state(name) if self._saved else None
+            where = str(self._saved.snapshot.path) if self._saved else ""
+            self._dynamic[name] = dali_dynamic.checkpoint(name, saved, where)
+        return self._dynamic[name]
 
-        if name in self._dynamic:
-            return self._dynamic[name]
-        ckpt = dyn.Checkpoint()
-        saved = self._snapshot.dynamic_states if self._snapshot else {}
-        if self._snapshot is not None:
-            if name not in saved:
-                raise PipelineMismatchError(
-                    f"{self._snapshot.path / store.MANIFEST}: has no dynamic-mode state "
-                    f"{name!r} (it holds {sorted(saved) or 'none'}); use the saved name, or "
-                    "start over with `dvc-dali reset`.")
-            try:
-                ckpt.deserialize(saved[name])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointCorruptError(
-                    f"{self._snapshot.path}: dynamic-mode state {name!r} is not a DALI "
-                    f"dynamic checkpoint ({exc}); start over with `dvc-dali reset`.") from None
-        self._dynamic[name] = ckpt
-        return ckpt
-
-    def live(self, dir: str = "dvclive", **kwargs: Any):
+    def live(self, dir: str = "dvclive", **kwargs: Any) -> Any:
         """A ``dvclive.Live`` resumed in step with this checkpoint: history
         after :attr:`step` dropped, ``live.step == self.step``."""
         from .live import resume_live
@@ -270,66 +278,6 @@ class Checkpointer:
         self.wait()
         return self._write(self._capture(step, arrays, metadata))
 
-    def _capture(self, step: int, arrays: dict[str, Any] | None,
-                 metadata: dict[str, Any] | None) -> dict[str, Any]:
-        """Everything a snapshot needs, read now (DALI states) or referenced."""
-        # A pipeline under a framework iterator is saved through the iterator:
-        # pipe.checkpoint() would lose the iterator's counters.
-        through_iterator = {}
-        for it in self._iterators:
-            for pipe, state in zip(it._pipes, it.checkpoints()):
-                through_iterator[id(pipe)] = state
-        pipelines = {}
-        for name, (pipe, description) in self._pipes.items():
-            state = through_iterator.get(id(pipe)) or dali_state.capture(pipe)
-            info = dali_state.read_state(state, name)
-            pipelines[name] = {
-                "state": state,
-                "fingerprint": dali_state.fingerprint(description),
-                "description": description,
-                "iter": info["iter"],
-                "epoch_idx": info["epoch_idx"],
-            }
-        versions = {
-            "dvc_dali": __version__,
-            "dali": dali_state.dali_version(),
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        }
-        run = {"params": self.params, "total_steps": self.total_steps}
-        dynamic = {}
-        for name, ckpt in self._dynamic.items():
-            ckpt.collect()
-            dynamic[name] = ckpt.serialize()
-        return dict(step=step, pipelines=pipelines, arrays=dict(arrays or {}),
-                    metadata=dict(metadata or {}), versions=versions, run=run, dynamic=dynamic)
-
-    def _write(self, captured: dict[str, Any]) -> Path:
-        """Publish a snapshot; with several ranks, each writes its own
-        rank-NNNNN/ directory and rank 0 names them all in LATEST once every
-        rank has written (so LATEST never mixes steps)."""
-        t0 = time.perf_counter()
-        if self.world_size == 1:
-            name, sha = store.write_snapshot(self.path, **captured)
-            store.publish(self.path, [(name, sha)])
-            store.remove_leftovers(self.path, keep=name)
-            self.timings["save_s"] = time.perf_counter() - t0
-            return self.path / name
-        rank_dir = f"rank-{self.rank:05d}"
-        name, sha = store.write_snapshot(self.path / rank_dir, **captured,
-                                         rank={"rank": self.rank, "world_size": self.world_size})
-        entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
-        if self.rank == 0:
-            store.publish(self.path, [tuple(e) for e in entries])
-            store.remove_leftovers(self.path, keep="")
-        distributed.barrier()
-        store.remove_leftovers(self.path / rank_dir, keep=name)
-        self.timings["save_s"] = time.perf_counter() - t0
-        print(f"dvc-dali: rank {self.rank}/{self.world_size} saved step {captured['step']} in "
-              f"{self.timings['save_s'] * 1000:.1f} ms", file=sys.stderr)
-        return self.path / rank_dir / name
-
-
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
                         metadata: dict[str, Any] | None = None) -> Path | None:
         """:meth:`save`, then signal DVC and wait until it is recorded (see
@@ -344,19 +292,150 @@ class Checkpointer:
         self._worker = _Background(lambda: (self._write(captured), self._signal(step)))
         return None
 
-    def _signal(self, step: int) -> None:
-        """Rank 0 signals once every rank has written; all wait for the record."""
-        if self.rank == 0:
-            signal.make_checkpoint(step, out=str(self.path), keep_last=self.keep_last,
-                                   keep_best=self.keep_best)
-        distributed.barrier()
-
     def wait(self) -> None:
         """Wait for the background checkpoint in flight (if any); raise its error."""
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.join()
 
+    def _capture(self, step: int, arrays: dict[str, Any] | None,
+                 metadata: dict[str, Any] | None) -> dict[str, Any]:
+        """Everything a snapshot needs: DALI states read now, arrays referenced."""
+        self._announce()
+        return {
+            "step": step,
+            "pipelines": _pipeline_entries(self._pipelines, self._iterators),
+            "arrays": dict(arrays or {}),
+            "metadata": dict(metadata or {}),
+            "versions": _versions(),
+            "run": {"params": self.params, "total_steps": self.total_steps},
+            "dynamic": {name: dali_dynamic.serialize(ckpt) for name, ckpt in self._dynamic.items()},
+        }
+
+    def _write(self, captured: dict[str, Any]) -> Path:
+        """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""
+        t0 = time.perf_counter()
+        if self.world_size == 1:
+            written = _publish_one(self.path, captured)
+        else:
+            written = _publish_ranks(self.path, captured, self.rank, self.world_size)
+        if self.rank == 0:  # what the recording must find there (see checkpoint_signal)
+            self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
+        self.timings["save_s"] = time.perf_counter() - t0
+        if self.world_size > 1:
+            logger.info("rank %d/%d saved step %d in %.1f ms", self.rank, self.world_size,
+                        captured["step"], self.timings["save_s"] * 1000)
+        return written
+
+    def _signal(self, step: int) -> None:
+        """Rank 0 signals once every rank has written; all wait for the record."""
+        if self.rank == 0:
+            checkpoint_signal.make_checkpoint(step, out=str(self.path), keep_last=self._keep[0],
+                                              keep_best=self._keep[1], ctx=self._ctx,
+                                              expect_latest=self._latest, resumed=self.resumed)
+        distributed.barrier()
+
+
+class _Saved:
+    """The checkpoint being resumed, matched by name against what is built now.
+
+    DALI restores silently into a different pipeline, so each saved state is
+    handed out only to a pipeline with the same description.
+    """
+
+    def __init__(self, snapshot: store.Snapshot, param_changes: tuple[str, ...]) -> None:
+        self.snapshot = snapshot
+        self.param_changes = param_changes  # named in a mismatch, which they may explain
+        self.manifest_path = snapshot.path / store.MANIFEST
+
+    def state_file(self, name: str) -> Path:
+        return self.snapshot.path / self.snapshot.manifest["pipelines"][name]["file"]
+
+    def pipeline_state(self, name: str, description: dict[str, Any]) -> bytes:
+        """Pipeline ``name``'s saved state, checked; refused for another pipeline."""
+        saved = self.snapshot.manifest["pipelines"]
+        if name not in saved:
+            raise PipelineMismatchError(
+                f"{self.manifest_path}: has no pipeline {name!r} (it holds "
+                f"{sorted(saved) or 'none'}), so {name!r} cannot resume where the others do. "
+                "Register the pipelines under the names they were saved with, or start over "
+                "with `dvc-dali reset`.")
+        old = saved[name].get("description")
+        if not isinstance(old, dict):
+            raise CheckpointCorruptError(f"{self.manifest_path}: pipeline {name!r} has no "
+                                         "description; start over with `dvc-dali reset`.")
+        diff = dali_state.differences(old, description)
+        if diff:
+            raise PipelineMismatchError(
+                f"{self.manifest_path}: pipeline {name!r} differs from the one that wrote the "
+                "checkpoint, and DALI would restore into it silently, producing other "
+                "batches:\n  " + "\n  ".join(diff)
+                + "".join(f"\n  param {c}" for c in self.param_changes)
+                + "\nRun with the saved settings to resume, or start over with "
+                "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
+        state = self.snapshot.pipeline_states[name]
+        dali_state.read_state(state, str(self.state_file(name)))  # names the file if damaged
+        return state
+
+    def dynamic_state(self, name: str) -> str:
+        saved = self.snapshot.dynamic_states
+        if name not in saved:
+            raise PipelineMismatchError(
+                f"{self.manifest_path}: has no dynamic-mode state {name!r} (it holds "
+                f"{sorted(saved) or 'none'}); use the saved name, or start over with "
+                "`dvc-dali reset`.")
+        return saved[name]
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "dvc_dali": __version__,
+        "dali": dali_state.dali_version(),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _pipeline_entries(pipes: dict[str, tuple[Any, dict[str, Any]]],
+                      iterators: list[Any]) -> dict[str, dict[str, Any]]:
+    """Each pipeline's state now and its manifest fields."""
+    # A pipeline under a framework iterator is saved through the iterator:
+    # pipe.checkpoint() would lose the iterator's counters.
+    through_iterator = dali_iterators.pipeline_states(iterators)
+    entries = {}
+    for name, (pipe, description) in pipes.items():
+        state = through_iterator.get(id(pipe)) or dali_state.capture(pipe)
+        info = dali_state.read_state(state, name)
+        entries[name] = {
+            "state": state,
+            "fingerprint": dali_state.fingerprint(description),
+            "description": description,
+            "iter": info["iter"],
+            "epoch_idx": info["epoch_idx"],
+        }
+    return entries
+
+
+def _publish_one(path: Path, captured: dict[str, Any]) -> Path:
+    name, sha = store.write_snapshot(path, **captured)
+    store.publish(path, [(name, sha)])
+    store.remove_leftovers(path, keep=name)
+    return path / name
+
+
+def _publish_ranks(path: Path, captured: dict[str, Any], rank: int, world_size: int) -> Path:
+    """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
+    in LATEST once every rank has written, so LATEST never mixes steps."""
+    rank_dir = f"rank-{rank:05d}"
+    name, sha = store.write_snapshot(path / rank_dir, **captured,
+                                     rank={"rank": rank, "world_size": world_size})
+    entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
+    if rank == 0:
+        store.publish(path, [tuple(e) for e in entries])
+        store.remove_leftovers(path, keep="")
+    distributed.barrier()
+    store.remove_leftovers(path / rank_dir, keep=name)
+    return path / rank_dir / name
 
 
 class _Background:

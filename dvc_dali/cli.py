@@ -1,4 +1,4 @@
-"""The `dvc-dali` command: init, show, run, reset, doctor."""
+"""The `dvc-dali` command: init, show, run, remove, reset, doctor."""
 
 from __future__ import annotations
 
@@ -11,11 +11,36 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from ._version import __version__
 from .errors import DvcDaliError
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
+DEFAULT_METRICS = "dvclive/metrics.json"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _message(exc: BaseException) -> str:
+    """The error's text without a prefix of its own: main adds "dvc-dali CMD: "."""
+    text = str(exc)
+    for prefix in ("dvc_dali: ", "dvc-dali: "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def _project_root(cmd: str) -> Path:
+    from .context import repo_root
+
+    root = repo_root()
+    if root is None:
+        raise DvcDaliError(f"not inside a DVC repository (no .dvc above {Path.cwd()}); run "
+                           f"`dvc-dali {cmd}` in the project")
+    return root
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -34,33 +59,97 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------
+# show
+# --------------------------------------------------------------------------
+
+
+def _flatten(node: object, prefix: str = "") -> dict[str, float]:
+    """{"train/acc": 0.9, ...}: a DVCLive metrics file's numbers but the step."""
+    flat: dict[str, float] = {}
+    for key, value in (node.items() if isinstance(node, dict) else []):
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and key != "step":
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def parse_batch(out: bytes, count: int) -> list[bytes | None]:
+    """The ``count`` answers of `git cat-file --batch`: a blob's bytes, or None
+    for an object that is missing, ambiguous or not a blob."""
+    found: list[bytes | None] = []
+    pos = 0
+    for _ in range(count):
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        pos = end + 1
+        if len(header) == 3 and header[2].isdigit():  # <oid> <type> <size>, then the bytes
+            size = int(header[2])
+            found.append(out[pos:pos + size] if header[1] == b"blob" else None)
+            pos += size + 1
+        else:  # "<name> missing" / "<name> ambiguous"
+            found.append(None)
+    return found
+
+
+def read_blobs(root: str, specs: list[str]) -> list[bytes | None]:
+    """Every "<sha>:<path>" in ``specs`` read by one git process (one
+    `git show` per row took seconds for a thousand rows)."""
+    if not specs:
+        return []
+    try:
+        proc = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True,
+                              input="".join(f"{s}\n" for s in specs).encode(), check=False)
+    except OSError as exc:
+        raise DvcDaliError(f"cannot run git in {root}: {exc}") from None
+    if proc.returncode != 0:
+        raise DvcDaliError(f"`git cat-file --batch` failed in {root} (exit {proc.returncode}): "
+                           f"{proc.stderr.decode(errors='replace').strip()}")
+    return parse_batch(proc.stdout, len(specs))
+
+
 def _rows_with_metrics(root: str, exp: str | None, metrics_file: str) -> list[dict]:
-    from . import dvc_recorder
+    from .recording import list_rows
+    from .recording.remove import exp_refs
 
-    rows = dvc_recorder.list_checkpoint_rows(root, exp)
-    for row in rows:
-        proc = subprocess.run(["git", "show", f"{row['sha']}:{metrics_file}"], cwd=root,
-                              capture_output=True, text=True)
-        flat: dict[str, float] = {}
-
-        def walk(node, prefix=""):
-            for key, value in (node.items() if isinstance(node, dict) else []):
-                if isinstance(value, dict):
-                    walk(value, f"{prefix}{key}/")
-                elif isinstance(value, (int, float)) and key != "step":
-                    flat[f"{prefix}{key}"] = value
-        if proc.returncode == 0:
-            try:
-                walk(json.loads(proc.stdout))
-            except ValueError:
-                pass
-        row["metrics"] = flat
+    exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
+    rows = list_rows(root, exp)
+    blobs = read_blobs(root, [f"{row['sha']}:{metrics_file}" for row in rows])
+    for row, blob in zip(rows, blobs, strict=True):
+        try:
+            row["metrics"] = _flatten(json.loads(blob)) if blob is not None else {}
+        except ValueError:  # a metrics file cut short or not JSON: show the row anyway
+            row["metrics"] = {}
     return rows
 
 
-def _draw_tree(rows: list[dict]) -> list[str]:
-    """An experiment's checkpoints as DVC 2 drew them: newest first, a
-    branch where a run resumed from an older checkpoint."""
+def _by_step(row: dict) -> tuple:
+    # Step first: rows recorded within the same second keep their step order.
+    return row["step"], row["time"], row["name"]
+
+
+def group_runs(rows: list[dict]) -> list[list[dict]]:
+    """Rows per run (experiment name and baseline), the run with the newest
+    row first, each run's rows by step; the newest row of each marked
+    ``latest``. Commit times have whole seconds: where they tie, the end of
+    a chain of rows beats its parents, then the higher step wins."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
+    groups = [sorted(mine, key=_by_step) for mine in runs.values()]
+    parents = {r["parent"] for r in rows}
+    for mine in groups:
+        newest = max(mine, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+        for row in mine:
+            row["latest"] = row is newest
+    groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or ""))
+    return groups
+
+
+def draw_tree(rows: list[dict]) -> list[str]:
+    """A run's checkpoints as a tree by step, oldest first; a branch where a
+    run resumed from an older checkpoint of its own."""
     by_sha = {r["sha"]: r for r in rows}
     children: dict[str | None, list[dict]] = {}
     for r in rows:
@@ -71,43 +160,56 @@ def _draw_tree(rows: list[dict]) -> list[str]:
     def chain(start: dict, depth: int) -> None:
         node: dict | None = start
         while node is not None:
-            kids = sorted(children.get(node["sha"], []), key=lambda r: r["step"])
+            kids = sorted(children.get(node["sha"], []), key=_by_step)
             metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
+            mark = "  ← latest" if node.get("latest") else ""
             lines.append(f"{'│ ' * depth}├─ step {node['step']:>7}  {node['name']:<28} "
-                         f"{node['sha'][:7]}  {metrics}")
+                         f"{node['sha'][:7]}  {metrics}".rstrip() + mark)
             for branch in kids[1:]:
                 chain(branch, depth + 1)
             node = kids[0] if kids else None
 
-    for root in sorted(children.get(None, []), key=lambda r: r["step"]):
+    for root in sorted(children.get(None, []), key=_by_step):
         chain(root, 0)
     return lines
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from .signal import repo_root
-
-    root = repo_root()
-    if root is None:
-        print("dvc-dali show: not inside a DVC repository (no .dvc above "
-              f"{Path.cwd()}); run it in the project", file=sys.stderr)
-        return 1
-    rows = _rows_with_metrics(str(root), args.exp, args.metrics_file)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
-        print("no dvc-dali checkpoints recorded yet" + (f" for {args.exp}" if args.exp else ""))
-        return 0
-    names = {r["sha"]: r["name"] for r in rows}
-    for exp in sorted({r["exp"] for r in rows}):
-        mine = [r for r in rows if r["exp"] == exp]
-        origin = [names[r["parent"]] for r in mine if r["parent"] in names
-                  and names[r["parent"]] not in {m["name"] for m in mine}]
+def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
+    """``group_runs``'s runs as text; ``names``: every row's name by sha, to
+    say which run a run resumed from."""
+    lines = []
+    for mine in groups:
+        own = {m["name"] for m in mine}
+        origin = [names[r["parent"]] for r in mine
+                  if r["parent"] in names and names[r["parent"]] not in own]
         resumed = f", resumed from {origin[0]}" if origin else ""
-        print(f"{exp}  (baseline {mine[0]['baseline'][:7]}, {len(mine)} checkpoints{resumed})")
-        print("\n".join(_draw_tree(mine)))
+        baseline = (mine[0]["baseline"] or "")[:7]
+        lines.append(f"{mine[0]['exp']}  (baseline {baseline}, "
+                     f"{_plural(len(mine), 'checkpoint')}{resumed})")
+        lines.extend(draw_tree(mine))
+    return lines
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    root = str(_project_root("show"))
+    rows = _rows_with_metrics(root, args.exp, args.metrics_file)
+    if not rows and args.exp:
+        print(f"dvc-dali show: no checkpoints recorded for an experiment named {args.exp!r}; "
+              "`dvc-dali show` lists those recorded", file=sys.stderr)
+        return 1
+    groups = group_runs(rows)
+    if args.json:
+        print(json.dumps([row for mine in groups for row in mine], indent=2))
+    elif not rows:
+        print("no dvc-dali checkpoints recorded yet")
+    else:
+        print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
     return 0
+
+
+# --------------------------------------------------------------------------
+# run, remove, reset
+# --------------------------------------------------------------------------
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -120,40 +222,44 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
+def _remove_stale(sig: Path) -> None:
+    if sig.exists():
+        print(f"dvc-dali run: removing {sig}, a stale signal left by a killed run",
+              file=sys.stderr)
+        sig.unlink()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import dvc_recorder, signal
+    from . import recording
+    from .context import SIGNAL_NAME, RunContext
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         print("dvc-dali run: give the training command after --, e.g. "
               "`dvc-dali run -- ./train --steps 100`", file=sys.stderr)
         return 2
-    if signal.mode() != "self":
+    ctx = RunContext.from_environ()
+    if ctx.mode != "record":
         print("dvc-dali run: not under DVC 3's `dvc exp run` (or DVC 2 records itself); "
               "running the command without recording", file=sys.stderr)
         return subprocess.call(command)
+    keep = ctx.retention(args.keep_last, args.keep_best)  # refused before the child starts
     checkpoint = Path(args.checkpoint)
-    dvc_recorder.check_stage(str(checkpoint))
-    root = signal.repo_root()
-    sig = root / ".dvc" / "tmp" / signal.SIGNAL_NAME
-    if sig.exists():
-        print(f"dvc-dali run: removing {sig}, a stale signal left by a killed run",
-              file=sys.stderr)
-        sig.unlink()
+    recording.check_stage(ctx, str(checkpoint))
+    root = _project_root("run")
+    sig = root / ".dvc" / "tmp" / SIGNAL_NAME
+    _remove_stale(sig)
     # The child sees DVC 2's protocol; DVC_ROOT is this run's own repository,
     # so parallel --temp/queued runs each watch their own signal file.
-    env = {**os.environ, "DVC_CHECKPOINT": "1", "DVC_ROOT": str(root),
-           signal.SIGNAL_FILE_ENV: str(sig)}
+    env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
+           "DVC_DALI_SIGNAL_FILE": str(sig)}
     child = subprocess.Popen(command, env=env)
     for sig_num in (signals.SIGINT, signals.SIGTERM):
         signals.signal(sig_num, lambda n, _f: child.send_signal(n))
-    keep = signal.retention(args.keep_last, args.keep_best)
 
-    def record() -> None:
-        result = dvc_recorder.record_checkpoint(_checkpoint_step(checkpoint), out=str(checkpoint))
-        dvc_recorder.apply_retention(result.exp_name, *keep)
-        print(f"dvc-dali: recorded {result.name} ({result.duration_s * 1000:.0f} ms)",
-              file=sys.stderr)
+    def record() -> None:  # record_and_prune logs the row it recorded
+        recording.record_and_prune(ctx, _checkpoint_step(checkpoint), out=str(checkpoint),
+                                   keep=keep)
         sig.unlink(missing_ok=True)
 
     while child.poll() is None:
@@ -165,10 +271,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return child.returncode
 
 
-def cmd_reset(args: argparse.Namespace) -> int:
-    from . import dvc_recorder
+def cmd_remove(args: argparse.Namespace) -> int:
+    from .recording.remove import remove_runs
 
-    removed = dvc_recorder.reset_stage(args.stage)
+    root = str(_project_root("remove"))
+    for gone in remove_runs(root, args.exp):
+        rows = f"{_plural(gone.rows, 'row')} of {gone.exp}"
+        also = f" and DVC's experiment {gone.exp}" if gone.dvc_ref else ""
+        print(f"removed {rows}{also} (baseline {gone.baseline[:7]})")
+    print("their data stays in the DVC cache until `dvc gc` removes it")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from .recording import reset_stage
+
+    removed = reset_stage(args.stage)
     if not removed:
         print("dvc-dali reset: no persisted dvc-dali checkpoint found; nothing to do")
         return 0
@@ -178,31 +296,41 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from . import dvc_recorder, signal
+# --------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------
 
-    problems = 0
 
-    def report(ok: bool, text: str) -> None:
-        nonlocal problems
-        problems += not ok
+class _Report:
+    """Prints one line per check and counts the failed ones."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def __call__(self, ok: bool, text: str) -> None:
+        self.problems += not ok
         print(f"{'ok ' if ok else 'BAD'}  {text}")
 
+
+def _doctor_versions(report: _Report) -> None:
     from importlib.metadata import version
 
     import dvc
-    import nvidia.dali
+
+    from .dali_state import dali_version
 
     print(f"dvc-dali {__version__}, DVC {dvc.__version__}, DVCLive {version('dvclive')}, "
-          f"DALI {nvidia.dali.__version__}, Python {sys.version.split()[0]}")
+          f"DALI {dali_version()}, Python {sys.version.split()[0]}")
     report(dvc.__version__.split(".")[0] == "3",
            f"DVC {dvc.__version__}: dvc-dali records checkpoints on DVC 3 (DVC 2 records "
            "them itself)")
-    root = signal.repo_root()
-    if root is None:
-        report(False, f"no DVC repository at or above {Path.cwd()}: run `dvc init`")
-        return 1
-    stale = root / ".dvc" / "tmp" / signal.SIGNAL_NAME
+
+
+def _doctor_leftovers(report: _Report, root: Path) -> None:
+    """Files a killed run leaves behind, on which later runs fail."""
+    from .context import SIGNAL_NAME
+
+    stale = root / ".dvc" / "tmp" / SIGNAL_NAME
     report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
@@ -220,13 +348,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             report(False, f"{rwlock}: unreadable ({type(exc).__name__}), left by a killed DVC "
                           "command; DVC refuses to run until it goes. Remove it if no DVC "
                           "process is running")
-    for stage, path in dvc_recorder.checkpoint_outputs(str(root)):
+
+
+def _doctor_stages(report: _Report, root: Path) -> None:
+    from . import recording
+    from .context import RunContext
+
+    outputs = recording.checkpoint_outputs(str(root))
+    if not outputs:
+        report(False, f"no stage in {root} has a checkpoint output: nothing would be recorded. "
+                      "Declare the output the training saves checkpoints to `persist: true` "
+                      "and `checkpoint: true` in dvc.yaml (`dvc-dali init` writes an example)")
+    from .migrate import check_project
+
+    for line in check_project(str(root)):  # DVC 2 stages: `dvc-dali migrate` fixes them
+        report(False, line)
+    ctx = RunContext.from_environ()
+    for stage, path in outputs:
         try:
-            dvc_recorder.check_stage(path, stage=stage)
+            recording.check_stage(ctx, path, stage=stage)
             report(True, f"stage {stage}: checkpoint output {os.path.relpath(path, root)} "
                    "is persisted and the stage always runs")
         except DvcDaliError as exc:
-            report(False, str(exc))
+            report(False, _message(exc))
+
+
+def _doctor_gpu(report: _Report) -> None:
     try:
         import cupy
 
@@ -235,43 +382,105 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"--   GPU: not usable ({type(exc).__name__}); DALI runs on the CPU "
               "(device_id=None)")
-    return 1 if problems else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .context import repo_root
+
+    report = _Report()
+    _doctor_versions(report)
+    root = repo_root()
+    if root is None:
+        report(False, f"no DVC repository at or above {Path.cwd()}: run `dvc init`")
+        return 1
+    _doctor_leftovers(report, root)
+    _doctor_stages(report, root)
+    _doctor_gpu(report)
+    return 1 if report.problems else 0
+
+
+# --------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------
+
+
+def _subparser(sub: "argparse._SubParsersAction", name: str,
+               func: Callable[[argparse.Namespace], int], help_text: str, description: str
+               ) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=description)
+    p.set_defaults(func=func)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dvc-dali", description="DALI pipeline state as "
                                      "DVC experiment checkpoints.")
     parser.add_argument("--version", action="version", version=f"dvc-dali {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("init", help="write the dvc.yaml stage, params.yaml and a training "
-                       "script to start from")
+    p = _subparser(sub, "init", cmd_init, "write a dvc.yaml stage, params.yaml and a training "
+                   "script to start from", "Write dvc.yaml, params.yaml and train.py: a stage "
+                   "that trains on data/images/<class>/ and records a checkpoint every few "
+                   "steps. Refuses to overwrite existing files without --force.")
     p.add_argument("dir", nargs="?", default=".", help="where to write them (default: .)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
-    p.set_defaults(func=cmd_init)
-    p = sub.add_parser("show", help="recorded checkpoints as a tree per experiment, by step")
+    p = _subparser(sub, "show", cmd_show, "recorded checkpoints as a tree per experiment, "
+                   "by step", "Recorded checkpoint rows per experiment run, the run with the "
+                   "newest row first; each run as a tree by step with its metrics, its newest "
+                   "row marked.")
     p.add_argument("exp", nargs="?", help="only this experiment")
     p.add_argument("--json", action="store_true", help="print JSON rows")
-    p.add_argument("--metrics-file", default="dvclive/metrics.json",
-                   help="metrics file to show (default: dvclive/metrics.json)")
-    p.set_defaults(func=cmd_show)
-    p = sub.add_parser("run", help="run a training command (any language) and record each "
-                       "DVC_CHECKPOINT signal it makes, as a DVC 3 stage command")
+    p.add_argument("--metrics-file", default=DEFAULT_METRICS,
+                   help=f"metrics file to show (default: {DEFAULT_METRICS})")
+    p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
+                   "each DVC_CHECKPOINT signal it makes, as a DVC 3 stage command",
+                   "Run CMD with DVC 2's checkpoint protocol (DVC_CHECKPOINT=1; CMD touches "
+                   "$DVC_ROOT/.dvc/tmp/DVC_CHECKPOINT and waits until it is gone) and record "
+                   "each checkpoint as an experiment row. Use it as the stage's cmd.")
     p.add_argument("--checkpoint", default="checkpoint",
                    help="the checkpoint output directory (default: checkpoint)")
     p.add_argument("--keep-last", type=int, help="keep only the last N checkpoint rows")
     p.add_argument("--keep-best", help="also keep the best row by a metric, e.g. train/acc:max")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
-    p.set_defaults(func=cmd_run)
-    p = sub.add_parser("reset", help="start over: delete the persisted checkpoint and its "
-                       "dvc.lock entry (DVC 2's `exp run --reset`)")
+    p = _subparser(sub, "remove", cmd_remove, "delete whole experiment runs: every checkpoint "
+                   "row of each", "Delete every checkpoint row of each named experiment run, on "
+                   "every baseline, and DVC's own experiment of that name (as `dvc exp "
+                   "remove`). Only the refs go: the data stays in the DVC cache until `dvc gc`.")
+    p.add_argument("exp", nargs="+", help="experiment name(s), as `dvc-dali show` lists them")
+    p = _subparser(sub, "reset", cmd_reset, "start over: delete the persisted checkpoint and "
+                   "its dvc.lock entry (DVC 2's `exp run --reset`)", "Start over: delete the "
+                   "persisted checkpoint output and its dvc.lock entry, so the next `dvc exp "
+                   "run` starts from step 0 (DVC 2's `exp run --reset`). Recorded rows are kept.")
     p.add_argument("--stage", help="only this stage (default: every stage with one)")
-    p.set_defaults(func=cmd_reset)
-    p = sub.add_parser("doctor", help="check versions, stage declarations, stale signals, GPU")
-    p.set_defaults(func=cmd_doctor)
-    args = parser.parse_args(argv)
+    from .migrate import add_parser as add_migrate
+
+    add_migrate(sub)
+    _subparser(sub, "doctor", cmd_doctor, "check versions, stage declarations, stale signals, "
+               "GPU", "Check the DVC version, that a stage has a checkpoint output DVC 3 can "
+               "resume from, files killed runs leave behind, and the GPU.")
+    return parser
+
+
+def _closed_pipe() -> int:
+    """The reader went away (`dvc-dali show | head`): stop quietly, with the
+    status of a process killed by SIGPIPE, as `git log | head` ends."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the exit-time flush must not fail again
+    os.close(devnull)
+    return 128 + signals.SIGPIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here when the output was buffered
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except DvcDaliError as exc:
+        print(f"dvc-dali {args.cmd}: {_message(exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # git or DVC missing, a file it cannot read: say which
         print(f"dvc-dali {args.cmd}: {exc}", file=sys.stderr)
         return 1
 

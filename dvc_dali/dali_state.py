@@ -1,5 +1,7 @@
-"""Everything that touches DALI: building pipelines with a checkpoint,
-describing a pipeline for the manifest, and reading checkpoint bytes.
+"""Everything that touches a DALI pipeline: building it with a checkpoint,
+describing it for the manifest, and reading checkpoint bytes. (DALI's
+framework iterators are in dali_iterators.py, dynamic mode in
+dali_dynamic.py; no other module imports DALI.)
 
 DALI restores silently into a pipeline with another batch size, shuffle flag,
 file_root, shard or seed. The description recorded here holds each of those,
@@ -8,6 +10,10 @@ so a restore can say what differs instead of producing other data.
 
 from __future__ import annotations
 
+# This module is one of the doors to DALI (tests/unit/test_dali_boundary.py):
+# reaching DALI objects' private attributes is its job, and no other module's.
+# ruff: noqa: SLF001
+
 import hashlib
 import json
 import os
@@ -15,8 +21,9 @@ import struct
 import warnings
 from typing import Any
 
-from . import protowire
+from . import protowire, safe_json
 from .errors import (
+    ConfigError,
     CheckpointCorruptError,
     CheckpointFormatError,
     UnnamedOperatorWarning,
@@ -36,8 +43,9 @@ def dali_version() -> str:
     return nvidia.dali.__version__
 
 
-def prepare(source: Any, kwargs: dict[str, Any], checkpoint: bytes | None):
-    """An unbuilt Pipeline with checkpointing on, set to restore ``checkpoint``.
+def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
+    """An unbuilt Pipeline with checkpointing on (a saved state is set later,
+    by :func:`build`).
 
     ``source`` is a ``@pipeline_def`` function (called with ``kwargs``) or an
     unbuilt ``Pipeline``.
@@ -54,24 +62,36 @@ def prepare(source: Any, kwargs: dict[str, Any], checkpoint: bytes | None):
         # Pipeline() stores both and reads them only at build(); setting them
         # here is what passing them to the constructor would have done.
         source._enable_checkpointing = True
-        source._checkpoint = checkpoint
+        source._checkpoint = None
         return source
     if not callable(source):
         raise TypeError(f"expected a @pipeline_def function or an unbuilt Pipeline, "
                         f"got {type(source).__name__}")
-    pipe = source(**kwargs, enable_checkpointing=True, checkpoint=checkpoint)
+    # checkpoint=None as for a Pipeline above: a saved state is set only by build()
+    pipe = source(**kwargs, enable_checkpointing=True, checkpoint=None)
     if not isinstance(pipe, Pipeline):
         raise TypeError(f"{getattr(source, '__name__', source)!r} returned "
                         f"{type(pipe).__name__}, not a Pipeline: decorate it with @pipeline_def")
     return pipe
 
 
-def restore_at_build(pipe, checkpoint: bytes) -> None:
-    """Make ``build()`` restore ``checkpoint``, as Pipeline(checkpoint=...) would."""
-    pipe._checkpoint = checkpoint
+def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = "") -> None:
+    """Build ``pipe``, restoring ``state`` (read from ``state_file``) if given,
+    as Pipeline(checkpoint=...) would: DALI restores only at build()."""
+    if state is not None:
+        pipe._checkpoint = state
+    try:
+        pipe.build()
+    except RuntimeError as exc:
+        if state is None:
+            raise
+        raise CheckpointCorruptError(
+            f"{state_file}: DALI could not restore pipeline {name!r} from it "
+            f"({str(exc).splitlines()[0]}). Restore an earlier checkpoint with "
+            "`dvc exp apply <row>`, or start over with `dvc-dali reset`.") from exc
 
 
-def build_graph(pipe) -> None:
+def build_graph(pipe: Any) -> None:
     """Build the Python graph without DALI's own external_source warning,
     which :func:`check_restorable` replaces with an error."""
     if not pipe._py_graph_built:
@@ -80,14 +100,14 @@ def build_graph(pipe) -> None:
             pipe._build_graph()
 
 
-def check_restorable(pipe, name: str) -> None:
+def check_restorable(pipe: Any, name: str) -> None:
     """Refuse external sources whose position DALI does not checkpoint.
 
     DALI restores an external_source only for a one-argument callable; any
     other source silently restarts from its beginning after a restore.
     """
-    from nvidia.dali.external_source import _is_external_source
     from nvidia.dali._utils.external_source_impl import SourceKind
+    from nvidia.dali.external_source import _is_external_source
 
     build_graph(pipe)
     for op in pipe._ops:
@@ -140,9 +160,10 @@ def _digest_dir(h, top: str, rel: str = "") -> None:
             _digest_dir(h, e.path, f"{rel}{e.name}/")
 
 
-def _data_digest(arg: str, value: Any) -> str | None:
+def _data_digest(value: Any, where: str) -> str | None:
     """A digest of the data behind a location argument, so a data set that
-    changed under the same path is noticed."""
+    changed under the same path is noticed. A path that does not exist is
+    named here, before DALI's own C++ assertion at build()."""
     paths = value if isinstance(value, list) else [value]
     h = hashlib.sha1()
     for path in paths:
@@ -154,11 +175,14 @@ def _data_digest(arg: str, value: Any) -> str | None:
             with open(path, "rb") as fh:
                 h.update(fh.read())
         else:
-            return None
+            raise ConfigError(
+                f"{where}={path!r}: no such file or directory (from {os.getcwd()}). Create "
+                "the data first (`dvc pull`, or run the stage that prepares it), or fix the "
+                "path.")
     return h.hexdigest()
 
 
-def describe(pipe) -> dict[str, Any]:
+def describe(pipe: Any) -> dict[str, Any]:
     """What determines the pipeline's output stream, as plain JSON data."""
     build_graph(pipe)
     msg = protowire.parse(pipe.serialize())
@@ -174,7 +198,7 @@ def describe(pipe) -> dict[str, Any]:
                 continue
             args[arg] = value
             if arg in _DATA_LOCATION_ARGS:
-                digest = _data_digest(arg, value)
+                digest = _data_digest(value, f"{inst}.{arg}")
                 if digest:
                     data[f"{inst}.{arg}"] = digest
         inputs = [protowire.parse(i)[1][0].decode() for i in op.get(2, [])]
@@ -222,7 +246,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return lines
 
 
-def capture(pipe) -> bytes:
+def capture(pipe: Any) -> bytes:
     """The pipeline's state now (readers' positions, random generators)."""
     return pipe.checkpoint()
 
@@ -241,10 +265,12 @@ def read_state(data: bytes, path: str) -> dict[str, Any]:
         msg = protowire.parse(data)
         ops = {}
         for raw in msg.get(1, []):
+            if not isinstance(raw, bytes):
+                raise protowire.WireError("an operator entry is not a message")
             op = protowire.parse(raw)
-            ops[op[1][0].decode()] = len(op.get(2, [b""])[0])
-        ctx = protowire.parse(msg[2][0]) if 2 in msg else {}
-        pipeline_data = ctx.get(1, [b""])[0]
+            ops[protowire.first_text(op, 1)] = len(protowire.first_bytes(op, 2, b""))
+        ctx = protowire.parse(protowire.first_bytes(msg, 2)) if 2 in msg else {}
+        pipeline_data = protowire.first_bytes(ctx, 1, b"")
     except (protowire.WireError, KeyError, IndexError, UnicodeDecodeError, TypeError) as exc:
         raise CheckpointCorruptError(
             f"{path}: not a DALI checkpoint ({exc}). The file is damaged or was replaced: "
@@ -255,17 +281,23 @@ def read_state(data: bytes, path: str) -> dict[str, Any]:
             f"{path}: written by DALI 1.x (its pipeline data is a pickle); DALI "
             f"{dali_version()} reads only DALI 2 checkpoints and dvc-dali never unpickles. "
             "Finish the run with DALI 1.x, or start over with `dvc-dali reset`.")
+    # Depth-limited: DALI's own JSON inside a checkpoint is input from outside too.
+    info = safe_json.loads(pipeline_data, where=f"{path}: DALI pipeline data")
     try:
-        info = json.loads(pipeline_data)
         return {"operators": ops, "iter": int(info["iter"]), "epoch_idx": int(info["epoch_idx"])}
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         raise CheckpointCorruptError(
             f"{path}: the DALI pipeline data is not the JSON DALI 2 writes. Restore an earlier "
             "checkpoint with `dvc exp apply`, or start over with `dvc-dali reset`.") from None
 
 
-def warn_unnamed(name: str, state: dict[str, Any]) -> None:
-    """Warn about stateful operators whose state is keyed by creation order."""
+def warn_unnamed(name: str, pipe: Any) -> None:
+    """Warn about stateful operators whose state is keyed by creation order.
+
+    Call it straight from the public method the user called: the warning
+    points two frames up, at the user's line.
+    """
+    state = read_state(capture(pipe), name)
     unnamed = [op for op, size in state["operators"].items() if size and op.startswith("__")]
     if unnamed:
         warnings.warn(
@@ -276,4 +308,3 @@ def warn_unnamed(name: str, state: dict[str, Any]) -> None:
             UnnamedOperatorWarning,
             stacklevel=3,
         )
-

@@ -17,7 +17,7 @@ from .errors import CheckpointLockedError
 
 
 def _lock_path(path: Path, rank: int) -> Path:
-    from .signal import repo_root
+    from .context import repo_root
 
     real = os.path.realpath(path)
     key = hashlib.sha1(f"{real}\0{rank}".encode()).hexdigest()[:12]
@@ -73,3 +73,22 @@ def acquire(path: Path, rank: int = 0) -> DirLock:
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _HELD[lock] = [fd, 1]
     return DirLock(lock)
+
+
+def holder(path: Path, rank: int = 0) -> str | None:
+    """The pid of another live process writing ``path``, or None. Asks the
+    lock without keeping it (a --temp run looking at the workspace's)."""
+    lock = _lock_path(path, rank)
+    if lock in _HELD or not lock.exists():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)  # closing releases a shared lock just taken
+    return None

@@ -40,11 +40,17 @@ class SignalError(DvcDaliError):
 
 
 class RecordError(DvcDaliError):
-    """A checkpoint could not be recorded as a DVC experiment."""
+    """A checkpoint could not be recorded as a DVC experiment (DVC 3); the
+    checkpoint's files are intact and the message says where and what to do."""
 
 
-class RecorderError(RecordError):
-    """Recording inside `dvc exp run` failed (DVC 3); the message says where and what to do."""
+class UnchangedCheckpointError(DvcDaliError):
+    """A rerun of an applied row that its run already went on from, with nothing
+    changed: its later rows hold that training (DVC 2 refused it too)."""
+
+
+class ConfigError(DvcDaliError):
+    """An environment variable or argument has a value dvc-dali does not accept."""
 
 
 class UnnamedOperatorWarning(UserWarning):

@@ -23,55 +23,19 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
-import argparse  # noqa: E402
-import signal  # noqa: E402
+import runpy  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+from common import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
+                    checkpoint_interval, digits_pipeline, parse_args, read_params)
 
 import dvc_dali  # noqa: E402
 
-CROP = 16  # side of the crops the model sees
-CLASSES = 10
 WEIGHTS = ("w1", "b1", "w2", "b2")
-KILL_ENV = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
-DEFAULTS = {
-    "steps": 60,
-    "checkpoint_every": 10,
-    "batch_size": 32,
-    "seed": 0,
-    "lr": 0.1,
-    "hidden": 64,
-    "device": "auto",
-    "data": "data/digits",
-    "framework": "numpy",
-}
-
-
-def read_params(path: Path) -> dict:
-    import yaml
-
-    params = dict(DEFAULTS)
-    if path.is_file():
-        with open(path, encoding="utf-8") as fh:
-            params.update((yaml.safe_load(fh) or {}).get("train") or {})
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
-    if params["device"] not in ("auto", "cpu", "gpu"):
-        sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
-    if params["framework"] not in ("numpy", "torch"):
-        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy or torch")
-    for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
-        if int(params[key]) < 1:
-            sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
-    return params
-
-
 def pick_device(requested: str):
     """('gpu', cupy) when a GPU is usable and wanted, else ('cpu', numpy)."""
     if requested == "cpu":
@@ -89,26 +53,6 @@ def pick_device(requested: str):
                  "on a machine with a CUDA GPU, or set train.device to cpu or auto.")
     print(f"train: no usable GPU ({why}); device auto falls back to the CPU")
     return "cpu", np
-
-
-@pipeline_def
-def digits_pipeline(data, gpu=False, shard_id=0, num_shards=1):
-    """Decode, rotate by a random angle, crop a random area, scale to [0, 1].
-
-    Every stateful operator has a name: its saved state is keyed by it.
-    Under torchrun each rank reads its own shard.
-    """
-    pngs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader",
-                                   shard_id=shard_id, num_shards=num_shards)
-    images = fn.decoders.image(pngs, device="mixed" if gpu else "cpu", output_type=types.GRAY)
-    angle = fn.random.uniform(range=(-15.0, 15.0), name="angle")
-    images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
-    images = fn.random_resized_crop(images, size=(CROP, CROP), random_area=(0.6, 1.0),
-                                    name="crop")
-    images = fn.cast(images, dtype=types.FLOAT) * (1.0 / 255.0)
-    if gpu:
-        labels = labels.gpu()
-    return images, labels
 
 
 def init_weights(seed: int, hidden: int) -> dict:
@@ -192,66 +136,15 @@ def save_model(path: Path, weights: dict) -> None:
     os.replace(tmp, path)
 
 
-class IntervalMeter:
-    """Mean loss and accuracy over the steps since the last checkpoint."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss = self.acc = 0.0
-        self.seen = 0
-
-    def add(self, loss: float, acc: float) -> None:
-        self.loss += loss
-        self.acc += acc
-        self.seen += 1
-
-    def take(self) -> tuple[float, float]:
-        means = (self.loss / self.seen, self.acc / self.seen)
-        self.reset()
-        return means
-
-
-def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float, t0: float,
-                        kill_at: int, write_model, arrays, metadata: dict) -> None:
-    """The end of a checkpoint interval, shared by both frameworks.
-
-    The metrics of this step are logged first, so the checkpoint DVC records
-    holds them (DVCLive's step is the training step); every output of the
-    stage exists when DVC records it, so each row's model is that step's.
-    """
-    live.step = step
-    live.log_metric("train/loss", loss)
-    live.log_metric("train/acc", acc)
-    live.next_step()
-    write_model()
-    ck.make_checkpoint(step, arrays=arrays, metadata={**metadata, "loss": loss, "acc": acc})
-    print(f"step {step:>6}/{steps}  loss {loss:.4f}  acc {acc:.3f}  "
-          f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    if step == kill_at:
-        print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, shared by both frameworks."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
-    parser.add_argument("--model", default="model/model.npz", help="final model file")
-    parser.add_argument("--live", default="dvclive", help="DVCLive directory")
-    return parser.parse_args(argv)
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(__doc__.splitlines()[0], argv)
 
     p = read_params(Path(args.params))
-    if p["framework"] == "torch":  # the same job with PyTorch: examples/train_torch.py
-        import train_torch
-
-        return train_torch.main(argv)
+    if p["framework"] == "torch":
+        # The same job with PyTorch: examples/train_torch.py, a script of its
+        # own (run, not imported: neither example imports the other).
+        torch_job = runpy.run_path(str(Path(__file__).with_name("train_torch.py")))
+        return torch_job["main"](argv)
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
     lr_value = float(p["lr"])
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)

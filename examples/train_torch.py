@@ -4,7 +4,7 @@
     dvc exp run -S train.framework=torch
 
 The PyTorch twin of examples/train.py: the same DALI pipeline
-(train.digits_pipeline), params, outputs (checkpoint/, model/model.npz,
+(common.digits_pipeline), params, outputs (checkpoint/, model/model.npz,
 dvclive/) and DVC_DALI_EXAMPLE_KILL_AT_STEP behaviour, but a torch.nn MLP
 trained with torch.optim.AdamW, fed by DALIGenericIterator over epochs (the
 last batch of an epoch is partial: 1797 images at batch 32 make 57 steps).
@@ -32,13 +32,11 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from common import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
+                    checkpoint_interval, digits_pipeline, parse_args, read_params)
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
 
 import dvc_dali  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
-                   checkpoint_interval, digits_pipeline, parse_args, read_params)
 
 
 def pick_device(requested: str) -> str:
@@ -110,8 +108,45 @@ def save_model(path: Path, model: torch.nn.Module) -> None:
     os.replace(tmp, path)
 
 
+def init_ranks(gpu: bool, torch_device: torch.device) -> tuple[int, int, torch.device]:
+    """(rank, world size, device). Under torchrun (python -m
+    torch.distributed.run --nproc_per_node N ...): data parallel, one DALI
+    shard per rank, gradients averaged across ranks."""
+    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if gpu else "gloo")
+        rank = torch.distributed.get_rank()
+        if gpu:
+            torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return rank, world, torch_device
+
+
+def next_batch(loader):
+    try:
+        return next(loader)
+    except StopIteration:  # end of an epoch; auto_reset started the next one
+        return next(loader)
+
+
+def train_step(model, opt, batch: dict, torch_device: torch.device,
+               world: int) -> tuple[float, float]:
+    """One AdamW step, gradients averaged across ranks: (loss, accuracy) of the batch."""
+    x = batch["images"].to(torch_device).reshape(batch["images"].shape[0], -1)
+    y = batch["labels"].to(torch_device).reshape(-1).long()
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if world > 1:
+        for param in model.parameters():
+            torch.distributed.all_reduce(param.grad)
+            param.grad /= world
+    opt.step()
+    return float(loss.detach()), float((logits.argmax(dim=1) == y).float().mean())
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(__doc__.splitlines()[0], argv)
 
     p = read_params(Path(args.params))
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
@@ -127,16 +162,7 @@ def main(argv=None) -> int:
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(int(p["seed"]))
 
-    # Under torchrun (python -m torch.distributed.run --nproc_per_node N ...):
-    # data parallel, one DALI shard per rank, gradients averaged across ranks.
-    rank, world = 0, int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl" if gpu else "gloo")
-        rank = dist.get_rank()
-        if gpu:
-            torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    rank, world, torch_device = init_ranks(gpu, torch_device)
     ck = dvc_dali.Checkpointer(args.checkpoint, total_steps=steps,
                                params={k: v for k, v in p.items() if k != "steps"})
     # Raises dvc_dali.PipelineMismatchError when batch_size, seed or the data
@@ -166,29 +192,11 @@ def main(argv=None) -> int:
 
     live = ck.live(args.live) if rank == 0 else _NoLive()  # rank 0 logs and writes the model
 
-    def next_batch():
-        try:
-            return next(loader)
-        except StopIteration:  # end of an epoch; auto_reset started the next one
-            return next(loader)
-
     t0 = time.perf_counter()
     meter = IntervalMeter()
     model.train()
     for step in range(start + 1, steps + 1):
-        batch = next_batch()[0]
-        x = batch["images"].to(torch_device).reshape(batch["images"].shape[0], -1)
-        y = batch["labels"].to(torch_device).reshape(-1).long()
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if world > 1:
-            for param in model.parameters():
-                dist.all_reduce(param.grad)
-                param.grad /= world
-        opt.step()
-        meter.add(float(loss.detach()), float((logits.argmax(dim=1) == y).float().mean()))
+        meter.add(*train_step(model, opt, next_batch(loader)[0], torch_device, world))
         if step % every == 0 or step == steps:
             checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: rank == 0 and save_model(Path(args.model), model),
@@ -201,7 +209,7 @@ def main(argv=None) -> int:
         print(f"train: wrote {args.model} at step {max(start, steps)}")
     live.end()
     if world > 1:
-        dist.destroy_process_group()
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +14,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def sigint_default() -> None:
+    """A preexec_fn: SIGINT back to its default action in the child.
+
+    A job started in the background of a non-interactive shell (`pytest &` in
+    a script) has SIGINT ignored, and every process it starts inherits that:
+    Ctrl-C would then do nothing. Tests that send it start their processes so.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(cmd: list[str], cwd: Path, check: bool = True, env: dict | None = None,
-        timeout: float = 600) -> subprocess.CompletedProcess:
+        timeout: float = 600, preexec_fn=None) -> subprocess.CompletedProcess:
     # The stage's `python` must be this interpreter, with dvc_dali importable.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     full_env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO), **(env or {})}
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=full_env,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=preexec_fn)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

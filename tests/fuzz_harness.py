@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from dvc_project import REPO
+from dvc_project import REPO, sigint_default
 
 TRAIN_SCRIPT = "examples/train.py"
 
@@ -90,7 +90,8 @@ class ExpRun:
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(self.args, cwd=project, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=dvc_env(env), start_new_session=True)
+                                     env=dvc_env(env), start_new_session=True,
+                                     preexec_fn=sigint_default)  # Ctrl-C cases signal it
         self.pgid = self.proc.pid
         self.ps = psutil.Process(self.proc.pid)
 
@@ -320,7 +321,7 @@ def stale_files(project: Path) -> list[str]:
     git_dir = Path(git(project, "rev-parse", "--absolute-git-dir").strip())
     found = []
     found += glob.glob(str(project / ".dvc" / "tmp" / "DVC_CHECKPOINT"))
-    # dvc_recorder._build_commit: GIT_INDEX_FILE=<git dir>/dvc-dali-index-<pid>-<uuid>
+    # recording.commit: GIT_INDEX_FILE=<git dir>/dvc-dali-index-<pid>-<uuid>
     found += glob.glob(str(git_dir / "dvc-dali-index-*"))
     found += glob.glob(str(project / "checkpoint" / ".tmp-*"))
     found += glob.glob(str(project / "dvc.lock.dvc-dali-*.tmp"))

@@ -157,7 +157,7 @@ def workspace_resume_step(project: Path) -> int | None:
 
 def reference_run(project: Path, log_dir: Path) -> Reference:
     """One uninterrupted run (named `ref`), timed, in the fuzz project itself."""
-    from dvc_dali.dvc_recorder import list_checkpoint_rows
+    from dvc_dali.recording import list_rows
     from fuzz_harness import show
 
     run = ExpRun(project, ["-n", "ref", *PARAMS], log_dir / "ref.log")
@@ -171,7 +171,7 @@ def reference_run(project: Path, log_dir: Path) -> Reference:
     finally:
         run.close()
     at = {}
-    for row in list_checkpoint_rows(str(project), "ref"):
+    for row in list_rows(str(project), "ref"):
         at[row["step"]] = model_md5_in_row(project, yaml.safe_load(
             show(project, row["sha"], "dvc.lock")))
     assert sorted(at) == list(range(EVERY, STEPS + 1, EVERY)), sorted(at)
@@ -394,12 +394,12 @@ def check_row(project: Path, ref: Reference, row: dict, params: dict) -> None:
 def check_rows(project: Path, ref: Reference, params: dict) -> list[dict]:
     """Every experiment row (DVC's own too) points only at cached data; every
     checkpoint row passes check_row. Returns the checkpoint rows."""
-    from dvc_dali.dvc_recorder import list_checkpoint_rows
+    from dvc_dali.recording import list_rows
     from fuzz_harness import check_row_data, exp_refs
 
     for sha, _ in exp_refs(project):
         check_row_data(project, sha)
-    rows = list_checkpoint_rows(str(project))
+    rows = list_rows(str(project))
     for row in rows:
         check_row(project, ref, row, params)
     return rows

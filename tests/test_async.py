@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pipelines
-from dvc_project import commit_all, exp_rows, git_init, run
+from dvc_project import commit_all, exp_rows, git_init, run, sigint_default
 
 import dvc_dali
 
@@ -39,7 +39,7 @@ def test_async_checkpoint_captures_state_at_the_call(data_dir, tmp_path):
 
 TRAIN = """
 import os, signal, sys, numpy as np, dvc_dali, pipelines
-ck = dvc_dali.Checkpointer("checkpoint", asynchronous=True)
+ck = dvc_dali.Checkpointer("checkpoint", asynchronous=True, total_steps=4)
 fn, kw = pipelines.make("rotate", sys.argv[1])["train"]
 pipe = ck.pipeline("train", fn, **kw)
 mode = sys.argv[2]
@@ -69,7 +69,8 @@ def make_project(tmp_path, data_dir, mode):
 def test_exit_and_ctrl_c_finish_the_checkpoint_in_flight(tmp_path, data_dir):
     for mode in ("exit", "sigint"):
         project = make_project(tmp_path / mode, data_dir, mode)
-        proc = run(["dvc", "exp", "run", "-n", mode], project, check=False)
+        proc = run(["dvc", "exp", "run", "-n", mode], project, check=False,
+                   preexec_fn=sigint_default)
         rows = exp_rows(project)
         assert {f"{mode}-step1", f"{mode}-step2"} <= set(rows), proc.stderr[-2000:]
         assert f"{mode}-step3" not in rows

@@ -36,14 +36,15 @@ from fuzz_harness import (
 )
 from fuzz_kill import model_md5_in_row
 
-from dvc_dali.dvc_recorder import list_checkpoint_rows
+from dvc_dali.recording import list_rows as list_checkpoint_rows
 
 STEPS, EVERY = 40, 2
+LONG = 160  # steps of the runs that must overlap
 LRS = {"a": 0.1, "b": 0.05}
 
 
-def params(lr: float) -> list[str]:
-    return ["-S", f"train.steps={STEPS}", "-S", f"train.checkpoint_every={EVERY}",
+def params(lr: float, steps: int = STEPS) -> list[str]:
+    return ["-S", f"train.steps={steps}", "-S", f"train.checkpoint_every={EVERY}",
             "-S", f"train.lr={lr}"]
 
 
@@ -54,13 +55,13 @@ def project(tmp_path_factory) -> Path:
     return clone_project(path / "project")
 
 
-def check_experiment(project: Path, exp: str, lr: float) -> dict[int, str]:
+def check_experiment(project: Path, exp: str, lr: float, total: int = STEPS) -> dict[int, str]:
     """All rows of ``exp``: one per checkpoint, its own params and lineage,
     data in the cache, checkpoint complete at the row's step. Returns
     {step: model md5}."""
     rows = list_checkpoint_rows(str(project), exp)
     steps = [r["step"] for r in rows]
-    assert steps == list(range(EVERY, STEPS + 1, EVERY)), f"{exp}: rows at steps {steps}"
+    assert steps == list(range(EVERY, total + 1, EVERY)), f"{exp}: rows at steps {steps}"
     models = {}
     for row in rows:
         assert row["name"] == f"{exp}-step{row['step']}", row
@@ -68,7 +69,7 @@ def check_experiment(project: Path, exp: str, lr: float) -> dict[int, str]:
         msg = git(project, "log", "-1", "--format=%B", row["sha"])
         assert f"exp={exp} step={row['step']} " in msg, msg
         p = yaml.safe_load(show(project, row["sha"], "params.yaml"))["train"]
-        assert p["lr"] == lr and p["steps"] == STEPS, f"{row['name']}: params {p}"
+        assert p["lr"] == lr and p["steps"] == total, f"{row['name']}: params {p}"
         lock = yaml.safe_load(show(project, row["sha"], "dvc.lock"))
         lock_p = lock["stages"]["train"]["params"]["params.yaml"]["train"]
         assert lock_p["lr"] == lr, f"{row['name']}: dvc.lock params {lock_p}"
@@ -153,9 +154,15 @@ def test_two_queued_experiments_run_in_parallel(project, record_property):
 def test_workspace_run_beside_temp_run(project, record_property):
     logs = project.parent / "logs"
     t0 = time.monotonic()
-    ws = ExpRun(project, ["-n", "ws", *params(LRS["a"])], logs / "ws.log")
-    time.sleep(0.5)
-    tmp = ExpRun(project, ["--temp", "-n", "tmp", *params(LRS["b"])], logs / "tmp.log")
+    # The workspace run starts once the --temp run trains: two `dvc exp run`
+    # starting together wait for each other's repo lock only 3 s (DVC's own
+    # limit), which a loaded machine exceeds. (The other way round, DVC would
+    # carry the workspace run's progress into the --temp run: its stash holds
+    # the untracked dvc.lock.) Longer runs, so they overlap.
+    tmp = ExpRun(project, ["--temp", "-n", "tmp", *params(LRS["b"], LONG)], logs / "tmp.log")
+    while not list_checkpoint_rows(str(project), "tmp") and tmp.poll() is None:
+        time.sleep(0.05)
+    ws = ExpRun(project, ["-n", "ws", *params(LRS["a"], LONG)], logs / "ws.log")
     try:
         rc_ws, rc_tmp = ws.wait(480), tmp.wait(480)
         out_ws, out_tmp = ws.output(), tmp.output()
@@ -165,13 +172,14 @@ def test_workspace_run_beside_temp_run(project, record_property):
     record_property("workspace_and_temp_seconds", round(time.monotonic() - t0, 1))
     assert rc_ws == 0, out_ws[-3000:]
     assert rc_tmp == 0, out_tmp[-3000:]
-    models = {"ws": check_experiment(project, "ws", LRS["a"]),
-              "tmp": check_experiment(project, "tmp", LRS["b"])}
+    models = {"ws": check_experiment(project, "ws", LRS["a"], LONG),
+              "tmp": check_experiment(project, "tmp", LRS["b"], LONG)}
     (a0, a1), (b0, b1) = row_times(project, "ws"), row_times(project, "tmp")
     assert a0 <= b1 and b0 <= a1, "the two runs did not overlap"
     # Same params, same model at every step, whoever ran it.
-    assert models["ws"] == MODELS.get("qa", models["ws"])
-    assert models["tmp"] == MODELS.get("qb", models["tmp"])
+    for run_models, queued in ((models["ws"], "qa"), (models["tmp"], "qb")):
+        same = MODELS.get(queued, {})  # the queued runs stopped at STEPS
+        assert {s: run_models[s] for s in same} == same
     assert models["ws"] != models["tmp"]
     for sha, _ in exp_refs(project):
         check_row_data(project, sha)
@@ -179,7 +187,7 @@ def test_workspace_run_beside_temp_run(project, record_property):
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     assert lock["stages"]["train"]["params"]["params.yaml"]["train"]["lr"] == LRS["a"]
     ck_md5 = next(o["md5"] for o in lock["stages"]["train"]["outs"] if o["path"] == "checkpoint")
-    assert cached_checkpoint_step(project, ck_md5) == STEPS
+    assert cached_checkpoint_step(project, ck_md5) == LONG
     assert model_digest(project) is not None
     assert stale_files(project) == []
 
@@ -190,11 +198,17 @@ def test_dvc_command_holding_the_repo_lock_does_not_end_training(project):
     own Repo.lock, as every @locked command does) for 8 s across several
     checkpoints; the training must wait for it, not die."""
     logs = project.parent / "logs"
-    # The holder imports DVC first, then takes the lock the moment it is told.
+    # The holder imports DVC first, then takes the lock the moment it is told:
+    # DVC's own lock file and call, tried until it is free (between two
+    # recordings), not on DVC's 0.5 s retry schedule, which the recordings
+    # of a short run may all overlap.
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom dvc.repo import Repo\n"
+         "from dvc.lock import LockError\n"
          "repo = Repo(sys.argv[1])\nprint('ready', flush=True)\nsys.stdin.readline()\n"
-         "with repo.lock:\n    print('held', flush=True)\n    time.sleep(8)", str(project)],
+         "while True:\n    try:\n        repo.lock._do_lock()\n        break\n"
+         "    except LockError:\n        time.sleep(0.001)\n"
+         "print('held', flush=True)\ntime.sleep(8)\nrepo.lock.unlock()", str(project)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dvc_env())
     exp = None
     try:

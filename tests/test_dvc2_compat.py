@@ -5,7 +5,7 @@ runs a watcher thread that, each time `.dvc/tmp/DVC_CHECKPOINT` appears,
 caches the outputs, writes dvc.lock, commits the next link of the
 experiment's checkpoint chain and deletes the file. `Checkpointer.
 make_checkpoint` must speak that protocol and leave the recording to DVC 2:
-our DVC 3 recorder (dvc_dali.dvc_recorder) must not run, not even its stage
+our DVC 3 recorder (dvc_dali.recording) must not run, not even its stage
 check in `Checkpointer.__init__`.
 
 DVC 2.58 lives in a virtual environment of its own (built once, cached,
@@ -67,7 +67,7 @@ total = int(os.environ.get("TRAIN_STEPS")
 ck = dvc_dali.Checkpointer("checkpoint", params={{"lr": 0.1}}, total_steps=total)
 log(event="start", resumed=ck.resumed, step=ck.step, total=total,
     env={{k: v for k, v in os.environ.items() if k.startswith("DVC")}},
-    recorder_imported="dvc_dali.dvc_recorder" in sys.modules)
+    recorder_imported="dvc_dali.recording" in sys.modules)
 if ck.resumed:
     print(f"resumed at step {{ck.step}}", flush=True)
     assert ck.arrays["w"].tolist() == [ck.step] * 3, ck.arrays
@@ -82,7 +82,7 @@ for step in range(ck.step + 1, total + 1):
     ck.make_checkpoint(step, arrays={{"w": np.full(3, step)}})
     blocked = time.perf_counter() - start
     log(event="checkpoint", step=step, blocked_s=blocked, batch=digest)
-log(event="end", recorder_imported="dvc_dali.dvc_recorder" in sys.modules,
+log(event="end", recorder_imported="dvc_dali.recording" in sys.modules,
     dvc_imported="dvc" in sys.modules)
 '''.format(log=LOG)
 
@@ -228,7 +228,7 @@ def _assert_not_ours(path: Path, proc: subprocess.CompletedProcess) -> None:
         assert "dvc-dali" not in stream and "dvc_dali" not in stream, stream[-3000:]
     for event in _log(path):
         if "recorder_imported" in event:  # also proves Checkpointer() ran no stage check
-            assert event["recorder_imported"] is False, f"dvc_recorder imported: {event}"
+            assert event["recorder_imported"] is False, f"recording imported: {event}"
         if "dvc_imported" in event:
             assert event["dvc_imported"] is False, f"DVC 3 imported in a DVC 2 stage: {event}"
     assert not (path / ".dvc" / "tmp" / "DVC_CHECKPOINT").exists()

@@ -1,4 +1,4 @@
-"""dvc_dali.dvc_recorder against real `dvc exp run` in temporary git repos.
+"""dvc_dali.recording against real `dvc exp run` in temporary git repos.
 
 No mocks: every test builds a git + DVC repo, runs a small training script
 as the stage command, and reads back refs, dvc.lock, the DVC cache and
@@ -20,13 +20,14 @@ import pytest
 PKG_ROOT = Path(__file__).resolve().parents[1]
 
 
-from dvc_dali import dvc_recorder as rec  # noqa: E402
-from dvc_dali import gitcommit  # noqa: E402
+from dvc_dali import recording as rec  # noqa: E402
+from dvc_dali.context import RunContext  # noqa: E402
+from dvc_dali.errors import RecordError  # noqa: E402
 
 TRAIN_PY = textwrap.dedent(
     """\
     import json, os, signal, sys, time
-    from dvc_dali.dvc_recorder import record_checkpoint
+    from dvc_dali.recording import record
     from dvclive import Live
     from ruamel.yaml import YAML
 
@@ -46,7 +47,7 @@ TRAIN_PY = textwrap.dedent(
             live.log_metric("step_seen", step)
             live.next_step()
             time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
-            r = record_checkpoint(step)
+            r = record(step)
             log.write(json.dumps({
                 "exp": os.environ["DVC_EXP_NAME"], "start": start, "step": step,
                 "name": r.name, "ref": r.ref, "sha": r.sha, "parent": r.parent,
@@ -57,6 +58,8 @@ TRAIN_PY = textwrap.dedent(
             log.flush()
             if os.environ.get("KILL_AT") == str(step):
                 os.kill(os.getpid(), signal.SIGKILL)
+        while os.environ.get("END_AFTER") and not os.path.exists(os.environ["END_AFTER"]):
+            time.sleep(0.05)  # the test says when training may end
     """
 )
 
@@ -187,6 +190,8 @@ def test_workspace_rows_lineage_and_apply(repo, env):
     dvc(repo, "exp", "run", "-n", "ws", env=env)
 
     rows, shas = check_rows(repo, env, "ws", [1, 2, 3], 0.1, baseline)
+    ignored = (repo / ".gitignore").read_text().splitlines()
+    assert ignored.count("/ckpt") == 1, ignored  # once, not once per checkpoint
     assert "ws" in rows  # the final experiment of `dvc exp run` itself
     assert len(rows) == 4
     # the user's branch and HEAD are where they were
@@ -196,7 +201,7 @@ def test_workspace_rows_lineage_and_apply(repo, env):
     log = read_log(env)
     assert [e["step"] for e in log] == [1, 2, 3]
     assert all(e["workspace"] for e in log)
-    listed = rec.list_checkpoint_rows(str(repo), "ws")
+    listed = rec.list_rows(str(repo), "ws")
     assert [(r["step"], r["sha"], r["name"]) for r in listed] == [
         (s, shas[f"ws-step{s}"], f"ws-step{s}") for s in (1, 2, 3)
     ]
@@ -239,7 +244,7 @@ def test_killed_run_resumes_from_last_checkpoint(repo, env):
     resumed = [e for e in log if e["exp"] == "k2"]
     assert [(e["start"], e["step"]) for e in resumed] == [(2, 3), (2, 4)]
     _, shas2 = check_rows(repo, env, "k2", [3, 4], 0.1, baseline)
-    listed = {r["name"]: r for r in rec.list_checkpoint_rows(str(repo))}
+    listed = {r["name"]: r for r in rec.list_rows(str(repo))}
     assert listed["k2-step3"]["parent"] == shas["k1-step2"]
     assert listed["k2-step4"]["parent"] == shas2["k2-step3"]
 
@@ -290,7 +295,7 @@ def test_queued_runs_in_parallel_do_not_mix(repo, env):
     for exp, lr in (("qa", 0.01), ("qb", 0.02)):
         rows, shas = check_rows(repo, env, exp, [1, 2, 3], lr, baseline)
         assert exp in rows
-        listed = rec.list_checkpoint_rows(str(repo), exp)
+        listed = rec.list_rows(str(repo), exp)
         assert [r["step"] for r in listed] == [1, 2, 3]
         assert [r["parent"] for r in listed] == [
             None,
@@ -341,7 +346,7 @@ def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
     staged_before = git(repo, "diff", "--cached", "--name-only")
     index_before = (repo / ".git" / "index").read_bytes()
 
-    res = rec.record_checkpoint(1)
+    res = rec.record(1)
 
     assert res.ref.endswith(f"/{stage_env[:2]}/{stage_env[2:]}/direct-step1")
     assert res.workspace and res.parent is None
@@ -361,51 +366,45 @@ def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
     assert not list((repo / ".git").glob("dvc-dali-index-*"))
 
     (repo / "ckpt" / "state.txt").write_text("2 direct")
-    res2 = rec.record_checkpoint(2, message="second")
+    res2 = rec.record(2, message="second")
     assert res2.parent == res.sha
     assert git(repo, "log", "-1", "--format=%s", res2.sha) == "second"
     # the same name again gets a distinct ref, nothing is overwritten
-    res3 = rec.record_checkpoint(2)
+    res3 = rec.record(2)
     assert res3.name.startswith("direct-step2-") and res3.ref != res2.ref
     assert git(repo, "rev-parse", res2.ref) == res2.sha
 
     # step=None: one more than the last checkpoint of this lineage ...
     (repo / "ckpt" / "state.txt").write_text("3 direct")
-    res4 = rec.record_checkpoint()
+    res4 = rec.record()
     assert (res4.step, res4.name, res4.parent) == (3, "direct-step3", res3.sha)
     # ... also in a new process, found from the outputs in dvc.lock
-    rec._TIPS.clear()
+    rec.CACHE.tips.clear()
     (repo / "ckpt" / "state.txt").write_text("4 direct")
-    res5 = rec.record_checkpoint()
+    res5 = rec.record()
     assert (res5.step, res5.parent) == (4, res4.sha)
 
 
 def test_errors_name_the_problem(repo, stage_env, monkeypatch):
     monkeypatch.setenv("DVC_STAGE", "nope")
-    with pytest.raises(rec.RecorderError, match="'nope'"):
-        rec.record_checkpoint(1)
+    with pytest.raises(RecordError, match="'nope'"):
+        rec.record(1)
     monkeypatch.setenv("DVC_STAGE", "train")
 
-    with pytest.raises(rec.RecorderError, match="equals the experiment name"):
-        rec.record_checkpoint(1, name="direct")
-    with pytest.raises(rec.RecorderError, match="not a valid git ref"):
-        rec.record_checkpoint(1, name="bad name..x")
+    with pytest.raises(RecordError, match="equals the experiment name"):
+        rec.record(1, name="direct")
+    with pytest.raises(RecordError, match="not a valid git ref"):
+        rec.record(1, name="bad name..x")
 
-    lock = repo / ".git" / "index.lock"
-    lock.write_text("")
-    monkeypatch.setattr(gitcommit, "_INDEX_LOCK_WAIT_S", 0.2)
-    with pytest.raises(rec.RecorderError, match="index.lock"):
-        rec.record_checkpoint(1)
-    lock.unlink()
 
     monkeypatch.setenv("DVC_ROOT", str(repo / "ckpt"))
-    with pytest.raises(rec.RecorderError, match="not a DVC repo"):
-        rec.record_checkpoint(1)
+    with pytest.raises(RecordError, match="not a DVC repo"):
+        rec.record(1)
 
     monkeypatch.delenv("DVC_EXP_BASELINE_REV")
-    assert not rec.in_dvc_exp_run()
-    with pytest.raises(rec.RecorderError, match="dvc exp run"):
-        rec.record_checkpoint(1)
+    assert not RunContext.from_environ().under_exp_run
+    with pytest.raises(RecordError, match="dvc exp run"):
+        rec.record(1)
 
 
 def test_commit_without_git_identity(repo, stage_env, monkeypatch, tmp_path):
@@ -418,7 +417,7 @@ def test_commit_without_git_identity(repo, stage_env, monkeypatch, tmp_path):
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     monkeypatch.setenv("EMAIL", "")
-    res = rec.record_checkpoint(1)
+    res = rec.record(1)
     assert git(repo, "log", "-1", "--format=%an <%ae>", res.sha).startswith("dvc-dali")
 
 
@@ -429,11 +428,11 @@ def test_uncacheable_output_records_no_row(repo, stage_env):
 
     shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)
     (repo / ".dvc" / "cache").write_text("not a directory")
-    with pytest.raises(rec.RecorderError, match=r"caching output 'ckpt' of stage 'train'"):
-        rec.record_checkpoint(1)
+    with pytest.raises(RecordError, match=r"caching output 'ckpt' of stage 'train'"):
+        rec.record(1)
     assert git(repo, "for-each-ref", "refs/exps") == ""
     (repo / ".dvc" / "cache").unlink()
-    res = rec.record_checkpoint(1)  # fixed: the next checkpoint records
+    res = rec.record(1)  # fixed: the next checkpoint records
     assert res.name == "direct-step1"
 
 
@@ -447,6 +446,41 @@ def test_clean_filter_is_applied_as_git_would(repo, stage_env, monkeypatch):
     git(repo, "commit", "-qm", "attributes")
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", git(repo, "rev-parse", "HEAD"))
     (repo / "progress.txt").write_text("step 5")
-    res = rec.record_checkpoint(1)
+    res = rec.record(1)
     assert git(repo, "show", f"{res.sha}:progress.txt") == "STEP 5"
     assert git(repo, "show", f"{res.sha}:dvc.lock") == (repo / "dvc.lock").read_text().strip()
+
+
+def test_held_index_lock_does_not_stop_recording(repo, env, tmp_path):
+    """Another git process (an editor's `git status`) holding .git/index.lock
+    for 8 s while the run records: every row is recorded, training goes on."""
+    import threading
+
+    (repo / "params.yaml").write_text("lr: 0.1\nsteps: 6\n")
+    git(repo, "commit", "-qam", "6 steps")
+    lock, end = repo / ".git" / "index.lock", tmp_path / "end"
+    go = dict(env, STEP_SLEEP="0.3", END_AFTER=str(end))
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "-n", "held"], cwd=repo,
+                            env=go, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    held_rows: list[int] = []
+
+    def hold() -> None:
+        while not read_log(env) and proc.poll() is None:  # the first row is recorded
+            time.sleep(0.05)
+        lock.write_text("")
+        start, seen = time.monotonic(), len(read_log(env))
+        # held at least 8 s, until every later row is recorded (training then
+        # waits for `end`, so DVC's own final commit finds the index free)
+        while proc.poll() is None and (time.monotonic() - start < 8 or len(read_log(env)) < 6):
+            time.sleep(0.05)
+        held_rows.extend(e["step"] for e in read_log(env)[seen:])
+        lock.unlink()
+        end.write_text("")
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    out, _ = proc.communicate(timeout=300)
+    holder.join()
+    assert proc.returncode == 0, out
+    assert len(held_rows) >= 3 and held_rows[-1] == 6, (held_rows, out)
+    check_rows(repo, env, "held", range(1, 7), 0.1, git(repo, "rev-parse", "HEAD"))

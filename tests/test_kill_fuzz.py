@@ -75,7 +75,9 @@ def test_kill_fuzz_resumes_bit_identical(tmp_path, record_property):
     record_property("applied", len(sample))
     print(f"kill fuzz: {len(sample)} rows applied in {time.monotonic() - t:.1f} s")
     # ... and `dvc exp run` after applying a row resumes there, to the same model.
-    out = run(["dvc", "exp", "run", "-n", "after-apply", *PARAMS], project)
+    # (on purpose: the row's run went on from it, so unchanged it is refused)
+    out = run(["dvc", "exp", "run", "-n", "after-apply", *PARAMS], project,
+              env={"DVC_DALI_RETRAIN": "1"})
     assert f"resuming from step {resume_from['step']}" in out.stdout
     assert model_digest(project) == ref.model
     assert stale_files(project) == []
@@ -185,7 +187,7 @@ def test_rerun_while_orphaned_trainer_still_runs(tmp_path, record_property):
     logs.mkdir()
     ref = reference_run(project, logs)
     signal_file = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
-    from dvc_dali.dvc_recorder import list_checkpoint_rows
+    from dvc_dali.recording import list_rows
     from fuzz_kill import check_row
 
     problems: list[str] = []
@@ -220,7 +222,7 @@ def test_rerun_while_orphaned_trainer_still_runs(tmp_path, record_property):
             problems.append(f"trial {trial}: the rerun failed without naming the trainer "
                             f"(pid {trainer.pid}) still writing the checkpoint:\n"
                             + "\n".join(out.strip().splitlines()[-3:]))
-        for row in list_checkpoint_rows(str(project)):
+        for row in list_rows(str(project)):
             if row["exp"] in (f"a{trial}", f"b{trial}"):
                 try:
                     check_row(project, ref, row, RUN_PARAMS)

@@ -20,9 +20,8 @@ from typing import Optional
 
 import pygit2
 
-from .errors import RecorderError
+from ..errors import RecordError
 
-_INDEX_LOCK_WAIT_S = 5.0
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
 _REPOS: dict[str, pygit2.Repository] = {}
 _IDENTS: dict[tuple[str, str], tuple[str, str]] = {}
@@ -35,14 +34,14 @@ def _repo(toplevel: str) -> pygit2.Repository:
         try:
             repo = _REPOS[toplevel] = pygit2.Repository(toplevel)
         except pygit2.GitError as exc:
-            raise RecorderError(
-                f"dvc_dali: cannot open the git repo at '{toplevel}' ({exc}); run "
+            raise RecordError(
+                f"cannot open the git repo at '{toplevel}' ({exc}); run "
                 "training inside the git work tree of a DVC project."
             ) from exc
     return repo
 
 
-def _signature(toplevel: str, who: str) -> pygit2.Signature:
+def _signature(toplevel: str, who: str, when: int) -> pygit2.Signature:
     """The identity git itself would use (env, config includes, EMAIL...),
     asked of git once per process; a fallback when git has none, so a bare
     CI machine still records."""
@@ -53,53 +52,66 @@ def _signature(toplevel: str, who: str) -> pygit2.Signature:
         _IDENTS[key] = m.groups() if proc.returncode == 0 and m else (
             "dvc-dali", "dvc-dali@localhost")
     name, email = _IDENTS[key]
-    return pygit2.Signature(name, email)
+    return pygit2.Signature(name, email, when, _utc_offset_minutes())
 
 
-def _wait_index_lock(git_dir: str) -> None:
-    """Let a running git command finish writing the index before reading it."""
-    lock = os.path.join(git_dir, "index.lock")
-    deadline = time.monotonic() + _INDEX_LOCK_WAIT_S
-    while os.path.exists(lock):
-        if time.monotonic() > deadline:
-            raise RecorderError(
-                f"dvc_dali: git index lock '{lock}' has been held for "
-                f"{_INDEX_LOCK_WAIT_S:.0f} s. Another git process is running or "
-                "crashed; if none is running, delete that file. The checkpoint "
-                "files are intact; the next checkpoint will retry."
-            )
-        time.sleep(0.05)
+_last_row_time = 0
 
 
-def build_commit(toplevel: str, paths: list[str], parent: str, message: str) -> str:
+def _next_row_time() -> int:
+    """Now, in whole seconds as git stores it, but one second after this
+    process's previous row at least: `dvc exp show` orders rows by commit
+    time, and rows recorded within one second would list out of step order."""
+    global _last_row_time
+    _last_row_time = max(int(time.time()), _last_row_time + 1)
+    return _last_row_time
+
+
+def _utc_offset_minutes() -> int:
+    return -(time.altzone if time.localtime().tm_isdst > 0 else time.timezone) // 60
+
+
+def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
+                 pinned: Optional[dict[str, bytes]] = None) -> str:
     """Sha of a new commit (tracked changes + paths, relative to toplevel)
     whose parent is `parent`; nothing on disk but the new objects changes.
+    ``pinned``: files committed with these bytes instead of the work tree's.
 
     In-process with libgit2, except where git would store other bytes: a
     path with a clean filter (git-lfs...), which libgit2 cannot run, or an
     index libgit2 cannot read (split index). Then with git, as before."""
+    # Only reads the index: a git process holding index.lock (an editor's
+    # `git status`) is no obstacle, since git replaces the index by rename.
     repo = _repo(toplevel)
-    _wait_index_lock(repo.path)
+    pinned = pinned or {}
     try:
         index = repo.index
         index.read(True)  # the index on disk now; changed in memory only
         changed = list(index.diff_to_workdir().deltas)  # what git add -u would stage
         if _filtered(repo, toplevel, [d.new_file.path for d in changed] + paths):
-            return _build_with_git(repo.path, toplevel, paths, parent, message)
-        for delta in changed:
-            if delta.status_char() == "D":
-                index.remove(delta.new_file.path)
-            else:
-                index.add(delta.new_file.path)
-        if paths:
-            index.add_all(paths)  # new files too; ignored ones are skipped
-        tree = index.write_tree()
-        oid = repo.create_commit(None, _signature(toplevel, "AUTHOR"),
-                                 _signature(toplevel, "COMMITTER"), message, tree,
-                                 [pygit2.Oid(hex=parent)])
+            return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
+        _stage_in_memory(repo, index, changed, paths, pinned)
+        when = _next_row_time()
+        oid = repo.create_commit(None, _signature(toplevel, "AUTHOR", when),
+                                 _signature(toplevel, "COMMITTER", when), message,
+                                 index.write_tree(), [pygit2.Oid(hex=parent)])
     except pygit2.GitError:
-        return _build_with_git(repo.path, toplevel, paths, parent, message)
+        return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
     return str(oid)
+
+
+def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index, changed: list,
+                     paths: list[str], pinned: dict[str, bytes]) -> None:
+    """git add -u, git add -A -- paths, then the pinned blobs, in memory."""
+    for delta in changed:
+        if delta.status_char() == "D":
+            index.remove(delta.new_file.path)
+        else:
+            index.add(delta.new_file.path)
+    if paths:
+        index.add_all(paths)  # new files too; ignored ones are skipped
+    for rel, data in pinned.items():
+        index.add(pygit2.IndexEntry(rel, repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB))
 
 
 def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
@@ -140,8 +152,8 @@ def git(
         check=False,
     )
     if check and proc.returncode != 0:
-        raise RecorderError(
-            f"dvc_dali: `git {' '.join(args)}` failed in '{cwd}' "
+        raise RecordError(
+            f"`git {' '.join(args)}` failed in '{cwd}' "
             f"(exit {proc.returncode}): {proc.stderr.strip()}"
         )
     return proc
@@ -173,13 +185,16 @@ def sweep_leftovers(pattern: str) -> None:
 
 
 def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
-                    message: str) -> str:
+                    message: str, pinned: dict[str, bytes]) -> str:
     """build_commit through git itself, on a private copy of the index."""
     sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
     private = os.path.join(git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env = dict(os.environ, GIT_INDEX_FILE=private)
+    when = _next_row_time()
     for who in ("AUTHOR", "COMMITTER"):
-        sig = _signature(toplevel, who)
+        sig = _signature(toplevel, who, when)
+        sign, off = "-" if sig.offset < 0 else "+", abs(sig.offset)
+        env[f"GIT_{who}_DATE"] = f"{when} {sign}{off // 60:02d}{off % 60:02d}"
         env[f"GIT_{who}_NAME"], env[f"GIT_{who}_EMAIL"] = sig.name, sig.email
     try:
         index = os.path.join(git_dir, "index")
@@ -190,8 +205,12 @@ def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
             proc = git(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
                        toplevel, env, check=False)
             if proc.returncode != 0 and not proc.stderr.lstrip().startswith(_IGNORED_MSG):
-                raise RecorderError(f"dvc_dali: `git add` of {paths} into a private index "
+                raise RecordError(f"`git add` of {paths} into a private index "
                                     f"failed in '{toplevel}': {proc.stderr.strip()}")
+        for rel, data in pinned.items():
+            blob = git(["hash-object", "-w", "--stdin"], toplevel, env,
+                       input=data.decode("utf-8", "surrogateescape")).stdout.strip()
+            git(["update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}"], toplevel, env)
         tree = git(["write-tree"], toplevel, env).stdout.strip()
         return git(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env,
                    input=message).stdout.strip()
@@ -218,7 +237,7 @@ def create_ref(toplevel: str, ref: str, sha: str) -> bool:
                 return False
             err = exc
             time.sleep(0.1 * (attempt + 1))
-    raise RecorderError(
-        f"dvc_dali: could not create experiment ref '{ref}' in '{repo.path}': {err}. "
+    raise RecordError(
+        f"could not create experiment ref '{ref}' in '{repo.path}': {err}. "
         f"Check that the repo is writable and no '{ref}.lock' file is left in it."
     )

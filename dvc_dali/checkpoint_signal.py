@@ -1,0 +1,126 @@
+"""The DVC 2 `make_checkpoint()` protocol, and who answers it.
+
+The signal is the empty file `.dvc/tmp/DVC_CHECKPOINT`, created and fsynced;
+the caller waits until it is removed. Three answerers:
+
+- DVC 2's own watcher (it sets DVC_CHECKPOINT=1 for checkpoint stages);
+- the `dvc-dali run -- CMD` wrapper (it sets DVC_CHECKPOINT=1 too);
+- on DVC 3 with a plain `cmd: python train.py`, nobody watches, so this
+  process records the checkpoint itself (``recording``) and removes the file.
+Outside `dvc exp run` the checkpoint stays on disk and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from . import exit_messages
+from .context import SIGNAL_NAME, RunContext, repo_root
+from .errors import SignalError
+from .log import logger
+
+_said_not_recording = False
+_started: set = set()  # the run's stage checked and its params taken, once per process
+
+
+def signal_path(ctx: RunContext) -> Path:
+    """Where the signal file goes: `dvc-dali run`'s choice, else DVC_ROOT
+    (DVC 2), else this run's own repo (for `--temp` runs not DVC_ROOT)."""
+    if ctx.signal_file:
+        return Path(ctx.signal_file)
+    root = ctx.dvc_root if ctx.mode == "watched" else None
+    root_path = Path(root) if root else repo_root()
+    if root_path is None or not (root_path / ".dvc").is_dir():
+        raise SignalError(
+            f"DVC_ROOT={root!r} is not a DVC repository (no .dvc directory) and none was "
+            f"found above {Path.cwd()}: run the training under `dvc exp run` in the repository, "
+            "or unset DVC_ROOT/DVC_CHECKPOINT to train without recording")
+    return root_path / ".dvc" / "tmp" / SIGNAL_NAME
+
+
+def write_signal(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SignalError(f"{path}: cannot create the checkpoint signal ({exc.strerror}); "
+                          f"make {path.parent} writable by this user") from None
+
+
+def wait_removed(path: Path, timeout: float) -> None:
+    """Block until the watcher removes the signal, as DVC 2 did."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while path.exists():
+        if time.monotonic() > deadline:
+            raise SignalError(f"{path}: not removed within {timeout:.0f} s "
+                              "(DVC_DALI_SIGNAL_TIMEOUT), so nothing recorded this checkpoint. "
+                              "Is `dvc exp run` (DVC 2) or `dvc-dali run` still alive? The "
+                              "checkpoint itself is saved on disk.")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def remove_stale(path: Path) -> None:
+    if path.exists():
+        logger.warning("removing %s, a stale checkpoint signal left by an earlier run that "
+                       "was killed", path)
+        path.unlink(missing_ok=True)
+
+
+def _say_not_recording(ctx: RunContext) -> None:
+    global _said_not_recording
+    if not _said_not_recording:
+        why = ("this `dvc exp run` did not set DVC_STAGE (DVC 2 without `checkpoint: "
+               "true` on the output, or DVC < 3.49)" if ctx.baseline_rev
+               else "not running under `dvc exp run`")
+        logger.info("%s; checkpoints are saved on disk but not recorded as experiments", why)
+        _said_not_recording = True
+
+
+def make_checkpoint(step: int | None = None, *, out: str | None = None,
+                    keep_last: int | None = None, keep_best: str | None = None,
+                    ctx: RunContext | None = None, expect_latest: str | None = None,
+                    resumed: bool | None = None) -> None:
+    """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
+
+    A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
+    outside ``dvc exp run`` (saying so once). ``step`` names the recorded
+    row (default: one more than the previous); ``out`` is the checkpoint
+    output, to find the stage when DVC does not say (DVC < 3.49).
+    ``keep_last``/``keep_best`` (default: env DVC_DALI_KEEP_LAST and
+    DVC_DALI_KEEP_BEST; unset keeps every row) prune older rows of this
+    run after recording, sparing the best by a DVCLive metric such as
+    "train/acc:max". ``expect_latest`` and ``resumed`` are the
+    Checkpointer's: the LATEST it just wrote, and whether the run resumed.
+    """
+    ctx = ctx or RunContext.from_environ()
+    keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
+    exit_messages.install(ctx)
+    if ctx.mode == "off":
+        _say_not_recording(ctx)
+        return
+    path = signal_path(ctx)
+    if ctx.mode == "watched":
+        write_signal(path)
+        wait_removed(path, ctx.signal_timeout)
+        return
+    from . import recording
+
+    if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
+        recording.start_run(ctx, out)
+        _started.add(True)
+    remove_stale(path)
+    write_signal(path)
+    try:
+        result = recording.record_and_prune(ctx, step, out=out, keep=keep,
+                                            expect_latest=expect_latest, resumed=resumed)
+        exit_messages.kept(result.step, result.name)
+    finally:
+        path.unlink(missing_ok=True)

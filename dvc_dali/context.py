@@ -1,0 +1,152 @@
+"""Every environment variable dvc-dali reads, read and checked in one place.
+
+`dvc exp run` tells the stage command where it runs (DVC_ROOT, DVC_STAGE,
+DVC_EXP_NAME, DVC_EXP_BASELINE_REV; DVC 2 and `dvc-dali run` also set
+DVC_CHECKPOINT). dvc-dali's own DVC_DALI_* variables tune it. A bad value is
+refused when the context is read (at ``Checkpointer`` creation or the first
+``make_checkpoint()``), before any training step and before any row is
+touched, naming the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .errors import ConfigError
+
+SIGNAL_NAME = "DVC_CHECKPOINT"
+DEFAULT_WAIT_S = 3600.0
+
+#: name -> what it means, for README's table and `dvc-dali doctor`.
+VARIABLES = {
+    "DVC_ROOT": "set by `dvc exp run`: the DVC repository the run belongs to",
+    "DVC_STAGE": "set by `dvc exp run` (DVC >= 3.49): the stage being run",
+    "DVC_EXP_NAME": "set by `dvc exp run`: the experiment's name",
+    "DVC_EXP_BASELINE_REV": "set by `dvc exp run`: the commit the experiment is based on",
+    SIGNAL_NAME: "set by DVC 2 and `dvc-dali run`: someone else answers make_checkpoint()",
+    "DVC_DALI_KEEP_LAST": "keep only the last N rows of a run (a positive integer)",
+    "DVC_DALI_KEEP_BEST": "with KEEP_LAST, also keep the best row by a metric, "
+                          "e.g. train/acc:max or loss:min",
+    "DVC_DALI_LOCK_TIMEOUT": "seconds to wait for DVC's repo lock before a recording fails "
+                             "(default 3600)",
+    "DVC_DALI_SIGNAL_TIMEOUT": "seconds make_checkpoint() waits for DVC 2 or `dvc-dali run` "
+                               "to answer (default 3600)",
+    "DVC_DALI_SIGNAL_FILE": "set by `dvc-dali run` for its child: where the signal file goes",
+    "DVC_DALI_DEBUG": "1: print tracebacks with errors (as DVC's -v)",
+    "DVC_DALI_RETRAIN": "1: train again from an applied row whose run already went on",
+}
+
+
+def parse_keep_last(value: object, source: str) -> int | None:
+    """A positive row count, or None (keep every row). ``source`` names where
+    the value came from, for the message."""
+    if value is None or value == "":
+        return None
+    try:  # bool is an int to Python, and int(2.5) would truncate: neither is a count
+        number = None if isinstance(value, (bool, float)) else int(value)
+    except (TypeError, ValueError):
+        number = None
+    if not isinstance(number, int) or number < 1:
+        raise ConfigError(f"{source}={value!r}: must be a positive integer, the number of "
+                          "a run's latest checkpoint rows to keep; unset it to keep every row")
+    return number
+
+
+def parse_keep_best(value: object, source: str) -> str | None:
+    """'<metric>:max' or '<metric>:min', or None."""
+    if value is None or value == "":
+        return None
+    metric, sep, mode = str(value).rpartition(":")
+    if not isinstance(value, str) or not sep or not metric.strip() or mode not in ("max", "min"):
+        raise ConfigError(f"{source}={value!r}: must be '<metric>:max' or '<metric>:min', a "
+                          "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
+    return value
+
+
+def parse_seconds(value: str | None, name: str, default: float = DEFAULT_WAIT_S) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{name}={value!r}: must be a number of seconds (0 or more), e.g. "
+                          f"{name}=600; unset it for the default {default:.0f}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the environment says about this run, validated."""
+
+    dvc_root: str | None = None
+    stage: str | None = None
+    exp_name: str | None = None
+    baseline_rev: str | None = None
+    watched: bool = False  # DVC_CHECKPOINT: DVC 2 or `dvc-dali run` answers the signal
+    signal_file: str | None = None
+    signal_timeout: float = DEFAULT_WAIT_S
+    lock_timeout: float = DEFAULT_WAIT_S
+    keep_last: int | None = None
+    keep_best: str | None = None
+    debug: bool = False
+    retrain: bool = False
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
+        env = os.environ if environ is None else environ
+        keep_best = parse_keep_best(env.get("DVC_DALI_KEEP_BEST"), "DVC_DALI_KEEP_BEST")
+        return cls(
+            dvc_root=env.get("DVC_ROOT") or None,
+            stage=env.get("DVC_STAGE") or None,
+            exp_name=env.get("DVC_EXP_NAME") or None,
+            baseline_rev=env.get("DVC_EXP_BASELINE_REV") or None,
+            watched=bool(env.get(SIGNAL_NAME)),
+            signal_file=env.get("DVC_DALI_SIGNAL_FILE") or None,
+            signal_timeout=parse_seconds(env.get("DVC_DALI_SIGNAL_TIMEOUT"),
+                                         "DVC_DALI_SIGNAL_TIMEOUT"),
+            lock_timeout=parse_seconds(env.get("DVC_DALI_LOCK_TIMEOUT"), "DVC_DALI_LOCK_TIMEOUT"),
+            keep_last=parse_keep_last(env.get("DVC_DALI_KEEP_LAST"), "DVC_DALI_KEEP_LAST"),
+            keep_best=keep_best,
+            debug=env.get("DVC_DALI_DEBUG", "") not in ("", "0"),
+            retrain=env.get("DVC_DALI_RETRAIN", "") not in ("", "0"),
+        )
+
+    @property
+    def mode(self) -> str:
+        """'watched' (DVC 2 or `dvc-dali run` records), 'record' (DVC 3: this
+        process records) or 'off' (not under `dvc exp run`)."""
+        if self.watched:
+            return "watched"
+        if self.dvc_root and self.baseline_rev:
+            # DVC 2 sets these for every stage too, but never DVC_STAGE (DVC >= 3.49
+            # always does): recording a DVC 3 dvc.lock there would break DVC 2's run.
+            return "record" if self.stage else "off"
+        return "off"
+
+    @property
+    def under_exp_run(self) -> bool:
+        return bool(self.dvc_root and self.baseline_rev)
+
+    def retention(self, keep_last: object = None, keep_best: object = None
+                  ) -> tuple[int | None, str | None]:
+        """Arguments win over the environment; both are checked."""
+        last = parse_keep_last(keep_last, "keep_last") if keep_last is not None else None
+        best = parse_keep_best(keep_best, "keep_best") if keep_best is not None else None
+        return (last if last is not None else self.keep_last,
+                best if best is not None else self.keep_best)
+
+
+def repo_root(start: Path | None = None) -> Path | None:
+    """The nearest directory holding `.dvc/`: the run's own repo, which for
+    `--temp` and queued runs is not DVC_ROOT."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / ".dvc").is_dir():
+            return candidate
+    return None

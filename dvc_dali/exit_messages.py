@@ -1,0 +1,71 @@
+"""How a run under `dvc exp run` ends when it is interrupted or refused:
+one line a person can act on, not a traceback.
+
+- A dvc-dali error (a refusal: another pipeline, a damaged checkpoint, a bad
+  setting) prints its message, which names the file and the fix; the
+  traceback only with DVC_DALI_DEBUG=1 (as DVC's -v).
+- Ctrl-C (KeyboardInterrupt) and SIGTERM print which step is kept, as which
+  row, and that `dvc exp run` resumes from it. The exit status stays what
+  the signal gives (130 for Ctrl-C, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import TracebackType
+from typing import Optional
+
+from .context import RunContext
+from .errors import DvcDaliError
+from .log import logger
+
+_installed = False
+_kept: Optional[tuple[int, str]] = None  # (step, row) last recorded by this process
+
+
+def kept(step: int, row: str) -> None:
+    """Remember the latest recorded checkpoint, for the interruption line."""
+    global _kept
+    _kept = (step, row)
+
+
+def interruption_line(how: str, recorded: Optional[tuple[int, str]]) -> str:
+    if recorded is None:
+        return (f"{how}: no checkpoint was recorded by this run; `dvc exp run` resumes from the "
+                "last one in the workspace, if any")
+    step, row = recorded
+    return f"{how}: step {step} is kept as row {row}; `dvc exp run` resumes from it"
+
+
+def _hook(debug: bool, previous):
+    def excepthook(kind: type[BaseException], exc: BaseException,
+                   tb: Optional[TracebackType]) -> None:
+        if debug or not issubclass(kind, (DvcDaliError, KeyboardInterrupt)):
+            previous(kind, exc, tb)
+        if issubclass(kind, KeyboardInterrupt):
+            logger.warning(interruption_line("interrupted (Ctrl-C)", _kept))
+        elif issubclass(kind, DvcDaliError):
+            logger.error("%s: %s", kind.__name__, exc)
+    return excepthook
+
+
+def _on_sigterm(signum: int, _frame) -> None:
+    logger.warning(interruption_line("terminated (SIGTERM)", _kept))
+    # SystemExit unwinds the training loop, so a checkpoint in flight is
+    # finished (asynchronous mode) or abandoned whole (its writes are atomic).
+    raise SystemExit(128 + signum)
+
+
+def install(ctx: RunContext) -> None:
+    """Once per process, under `dvc exp run` only; a handler the application
+    installed for SIGTERM is left alone."""
+    global _installed
+    if _installed or not ctx.under_exp_run:
+        return
+    _installed = True
+    sys.excepthook = _hook(ctx.debug, sys.excepthook)
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _on_sigterm)

@@ -1,0 +1,303 @@
+"""Record checkpoints of a running ``dvc exp run`` stage as DVC 3 experiments.
+
+DVC 3 removed checkpoint experiments. Called from inside the stage command
+while ``dvc exp run`` runs, :func:`record` turns the stage's current outputs
+into one row of ``dvc exp show``, in named steps:
+
+    find the stage        stage.py       (once per process; again if dvc.yaml changes)
+    cache the outputs     outputs.py     (md5s handed over, hard links where allowed)
+    write the lock entry  lockfile.py    (a rerun resumes from what dvc.lock names)
+    build the commit      commit.py      (in-process, parented on the baseline)
+    name and link the row rows.py        (lineage line: run, step, parent row)
+    publish               rows.py        (a ref in the main repo, never overwritten)
+    apply retention       retention.py
+
+without touching the user's HEAD, index or files other than dvc.lock. All of
+DVC's internals are behind dvc_door.py; per-process lookups live in cache.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from ..context import RunContext
+from ..errors import RecordError
+from ..log import logger
+from . import commit, dvc_door, lockfile, outputs, retention, rows, run_start
+from .cache import CACHE
+from .maintenance import check_stage, checkpoint_outputs, reset_stage
+from .rows import LINEAGE_KEY, Lineage, list_rows
+
+__all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
+           "record", "record_and_prune", "reset_stage", "start_run"]
+
+
+def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
+              ) -> dict[str, Any]:
+    """Check the stage and take the params the run trains with, before its
+    first step; returns them flattened ("train.lr": 0.1). ``before_reading``:
+    called before the checkpoint is read (a Checkpointer), so a --temp or
+    queued run can get the workspace's checkpoint first."""
+    check_stage(ctx, out)
+    return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
+
+
+def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
+    """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
+    that its run went on from: (that row's name, the later rows' names)."""
+    start = CACHE.run_start
+    row = start.resumed_row if start is not None else None
+    if row is None or row["step"] != step:
+        return None, []
+    return row["name"], [r["name"] for r in start.later_rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordResult:
+    """What :func:`record` published."""
+
+    ref: str  # full ref, refs/exps/<b[:2]>/<b[2:]>/<name>
+    name: str  # row name, usable with `dvc exp apply`
+    sha: str  # commit sha
+    step: int
+    exp_name: str  # DVC_EXP_NAME of the running experiment
+    parent: Optional[str]  # previous checkpoint commit of this lineage
+    baseline: str
+    workspace: bool  # True: workspace run; False: --temp / queued run
+    lockfile: str  # absolute path of the dvc.lock that was written
+    duration_s: float
+    phases: dict[str, float]  # seconds per step, for benchmarks
+
+
+@dataclasses.dataclass
+class _Where:
+    """Which repositories this recording touches."""
+
+    dvc_root: str  # the main repo (DVC_ROOT)
+    baseline: str
+    exp_name: str
+    git_dir: str  # this run's repo: the workspace, or a --temp/queue clone
+    toplevel: str
+    main_git_dir: str
+    workspace: bool
+    repo: Any  # dvc Repo of this run's repo
+
+
+def _locate(ctx: RunContext) -> _Where:
+    if not ctx.under_exp_run:
+        raise RecordError("recording needs env DVC_ROOT and DVC_EXP_BASELINE_REV, set by "
+                          "`dvc exp run` for the stage command; run training with `dvc exp "
+                          "run` (plain `dvc repro` records nothing).")
+    if not os.path.isdir(os.path.join(ctx.dvc_root, ".dvc")):
+        raise RecordError(f"DVC_ROOT='{ctx.dvc_root}' is not a DVC repo (no .dvc directory). "
+                          "Unset DVC_ROOT or run through `dvc exp run`.")
+    root = dvc_door.find_root(os.getcwd())
+    git_dir, toplevel = rows.git_dirs(root)
+    main_git_dir, _ = rows.git_dirs(ctx.dvc_root)
+    if root not in CACHE.repos:
+        CACHE.repos[root] = dvc_door.open_repo(root)
+    where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
+                   git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
+                   CACHE.repos[root])
+    if not where.workspace:
+        _check_shared_cache(where)
+    return where
+
+
+def _check_shared_cache(where: _Where) -> None:
+    """--temp/queued runs must write into the main repo's cache."""
+    key = os.path.realpath(where.dvc_root)
+    if key not in CACHE.main_cache_dirs:
+        CACHE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
+    mine, main = where.repo.cache.local_cache_dir, CACHE.main_cache_dirs[key]
+    if os.path.realpath(mine) != os.path.realpath(main):
+        raise RecordError(f"this run's DVC cache '{mine}' is not the cache of DVC_ROOT "
+                          f"'{where.dvc_root}' ('{main}'), so recorded checkpoints could not be "
+                          "applied there. Set `cache.dir` of the executor repo to the main cache.")
+
+
+def _check_name(where: _Where, name: str) -> None:
+    if name == where.exp_name:
+        raise RecordError(f"checkpoint name '{name}' equals the experiment name (env "
+                          "DVC_EXP_NAME); `dvc exp run` could then not create its own ref. "
+                          "Pass another name.")
+    dvc_door.check_row_name(where.repo, where.baseline, name)
+
+
+class _Phases(dict):
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self[phase] = time.perf_counter() - t
+
+
+def _relative_paths(paths: list[str], toplevel: str) -> list[str]:
+    """The existing ones of paths, relative to toplevel, each once."""
+    out: list[str] = []
+    top = os.path.realpath(toplevel)
+    for p in paths:
+        p = os.path.realpath(os.path.abspath(p))
+        rel = os.path.relpath(p, top)
+        if os.path.lexists(p) and not rel.startswith("..") and rel not in out:
+            out.append(rel)
+    return out
+
+
+def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
+             step: Optional[int]) -> Lineage:
+    """Where the row hangs: after this process's previous row, else after the
+    recorded row whose outputs this run resumed from."""
+    key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
+    if key not in CACHE.tips:
+        CACHE.tips[key] = (rows.find_resume_parent(
+            where.main_git_dir, where.toplevel, stage_addr, rows.outs_digest(old_entry))
+            if old_entry else (None, 0))
+    parent, last_step = CACHE.tips[key]
+    return Lineage(where.exp_name, last_step + 1 if step is None else step, parent,
+                   stage_addr, rows.outs_digest(new_entry))
+
+
+def _publish(where: _Where, sha: str, row: str, named: bool) -> tuple[str, str]:
+    """(ref, row name) published; an existing ref gets a suffixed name instead."""
+    candidates = [row] if named else [row, f"{row}-{sha[:7]}"]
+    for cand in candidates:
+        ref = dvc_door.exp_ref(where.baseline, cand)
+        if rows.create_row_ref(sha, ref, where.toplevel, where.main_git_dir, where.workspace):
+            return ref, cand
+    raise RecordError(f"experiment ref '{dvc_door.exp_ref(where.baseline, candidates[-1])}' "
+                      f"already exists in '{where.main_git_dir}'. Pass another name or remove "
+                      "the old experiment with `dvc exp remove`.")
+
+
+def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
+    """Hash the stage into itself: deps and params as the run started, the
+    outputs as they are now (the checkpoint just written)."""
+    with phases.timed("save"):
+        outputs.seed_digests(where.repo, stage)
+        dvc_door.save_stage(stage, run_start.known_deps())
+        outputs.require_persisted(stage)
+
+
+def _prepare(where: _Where, ctx: RunContext, args: "_Args", phases: _Phases) -> tuple:
+    """What needs no repo lock: the stage (once per process) and, when the
+    run's deps and params were taken at its start, hashing its outputs. DVC
+    commands of other runs wait for the lock only 3 s: it is held briefly."""
+    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, phases)
+    if args.expect_latest is not None:
+        outputs.require_latest(stg, args.out, args.expect_latest)
+    if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
+        _save_stage(where, stg, phases)
+    return stg, stage_paths
+
+
+def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
+                phases: _Phases) -> RecordResult:
+    """Under DVC's repo lock: cache, dvc.lock, commit, ref."""
+    t0 = time.perf_counter()
+    lock_path = dvc_door.lockfile_path(stg)
+    lock_data = lockfile.current(lock_path)
+    old_entry = lockfile.stage_entry(lock_data, stg.name)
+    if not run_start.known_deps():
+        _save_stage(where, stg, phases)
+    pinned = run_start.pin(stg, where.toplevel)
+    with phases.timed("cache"):
+        outputs.cache_outputs(stg)
+    with phases.timed("lockfile"):
+        entry = dvc_door.lock_entry(stg)
+        lockfile.write_entry(lock_path, lock_data, stg.name, entry)
+    with phases.timed("commit"):
+        lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
+                           None if args.resumed is False else old_entry, entry, args.step)
+        first = args.message.strip() or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}"
+        paths = stage_paths + [os.path.join(os.getcwd(), p)
+                               for p in dvc_door.take_new_gitignores(where.repo)]
+        sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
+                                  where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
+    with phases.timed("publish"):
+        ref, row = _publish(where, sha, args.name or rows.row_name(where.exp_name, lineage.step),
+                            bool(args.name))
+    CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
+        sha, lineage.step)
+    return RecordResult(ref, row, sha, lineage.step, where.exp_name, lineage.parent,
+                        where.baseline, where.workspace, lock_path,
+                        time.perf_counter() - t0, dict(phases))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Args:
+    step: Optional[int]
+    stage: Optional[str]
+    name: Optional[str]
+    message: str
+    out: Optional[str]
+    expect_latest: Optional[str]
+    resumed: Optional[bool]
+
+
+def _record(ctx: RunContext, args: _Args) -> RecordResult:
+    t0 = time.perf_counter()
+    phases = _Phases()
+    with phases.timed("open"):
+        where = _locate(ctx)
+        _check_name(where, args.name or rows.row_name(where.exp_name, args.step or 0))
+    try:
+        stg, stage_paths = _prepare(where, ctx, args, phases)
+        dvc_door.lock_repo(where.repo, ctx.lock_timeout)
+        try:
+            result = _commit_row(where, stg, stage_paths, args, phases)
+        finally:
+            dvc_door.unlock_repo(where.repo)
+    except BaseException:
+        CACHE.forget_files()  # look everything up afresh next time
+        raise
+    return dataclasses.replace(result, duration_s=time.perf_counter() - t0)
+
+
+def _find(where: _Where, target: Optional[str], out: Optional[str], phases: _Phases):
+    from .stage import cached_stage
+
+    with phases.timed("stage"):
+        return cached_stage(where.repo, target, out)
+
+
+def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
+           stage: Optional[str] = None, name: Optional[str] = None, message: str = "",
+           out: Optional[str] = None, expect_latest: Optional[str] = None,
+           resumed: Optional[bool] = None) -> RecordResult:
+    """Record the current stage outputs as one experiment row (see module doc).
+
+    step: training step, in the row name and the lineage line; None: one
+        more than the previous checkpoint of this run (or the one it resumed).
+    stage: stage address; default env DVC_STAGE, else the single stage
+        whose outputs cover ``out`` (or with persist outputs in the cwd).
+    name: row (experiment ref) name; default ``f"{DVC_EXP_NAME}-step{step}"``.
+    message: first line of the commit message.
+    expect_latest: the checkpoint's LATEST as the caller just wrote it; a
+        directory changed since (by another command) is refused, not recorded.
+    resumed: False when the run started fresh (it then has no parent row).
+    """
+    ctx = ctx or RunContext.from_environ()
+    args = _Args(None if step is None else int(step), stage, name, message, out, expect_latest,
+                 resumed)
+    with CACHE.lock:  # one recording at a time per process
+        return _record(ctx, args)
+
+
+def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str] = None,
+                     keep: tuple[Optional[int], Optional[str]] = (None, None),
+                     expect_latest: Optional[str] = None,
+                     resumed: Optional[bool] = None) -> RecordResult:
+    """Record one row, log it, then apply retention to its run's rows."""
+    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed)
+    logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
+                result.duration_s * 1000)
+    logger.debug("recording %s: %s", result.name,
+                 ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
+    retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
+                    result.ref, *keep)
+    return result

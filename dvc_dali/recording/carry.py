@@ -1,0 +1,77 @@
+"""Carry the workspace's checkpoint into `--temp` and queued runs.
+
+DVC copies the workspace's tracked files into a temporary repository for
+these runs, but not an untracked dvc.lock, and it does not check out the
+persisted checkpoint there ("No file hash info found ... It won't be
+created"), so they would silently start at step 0. They resume like a
+workspace run instead: from the checkpoint the run's own dvc.lock names,
+else the one the workspace's (DVC_ROOT) dvc.lock names, checked out of the
+cache they share; but not while a workspace run is writing the workspace's
+checkpoint (both dvc.lock files then name that run's progress, not a state
+this run was asked to start from).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ..context import RunContext
+from ..log import logger
+from . import dvc_door, lockfile
+from .rows import git_dirs
+
+
+def _out_md5(entry: Any, def_path: str) -> Optional[str]:
+    for item in (entry or {}).get("outs") or []:
+        if isinstance(item, dict) and item.get("path") == def_path:
+            md5 = item.get("md5")
+            return md5 if isinstance(md5, str) and md5.endswith(".dir") else None
+    return None
+
+
+def _entries(ctx: RunContext, repo: Any, stage: Any) -> list[tuple[str, Any]]:
+    """(dvc.lock path, the stage's entry there): the run's own, then the workspace's."""
+    own = dvc_door.lockfile_path(stage)
+    main = os.path.join(ctx.dvc_root, os.path.relpath(own, repo.root_dir))
+    return [(path, lockfile.stage_entry(lockfile.read(path)[1], stage.name))
+            for path in (own, main)]
+
+
+def _workspace_busy(ctx: RunContext, repo: Any, out: Any) -> bool:
+    """A workspace run is writing the workspace's checkpoint right now: its
+    dvc.lock names that run's progress, not a state this run was started
+    from, so this run starts from its own (none: step 0)."""
+    from pathlib import Path
+
+    from ..dirlock import holder
+
+    workspace_out = Path(ctx.dvc_root) / os.path.relpath(out.fs_path, repo.root_dir)
+    pid = holder(workspace_out)
+    if pid is not None:
+        logger.info("not resuming from the workspace's %s: a run (pid %s) is writing it",
+                    out.def_path, pid)
+    return pid is not None
+
+
+def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
+    """Check the checkpoint out into a --temp/queued run that lacks it; the md5 restored."""
+    if not ctx.dvc_root or os.path.exists(os.path.join(out.fs_path, "LATEST")):
+        return None
+    if os.path.samefile(git_dirs(repo.root_dir)[0], git_dirs(ctx.dvc_root)[0]):
+        return None  # a workspace run: DVC checks persisted outputs out itself
+    entries = _entries(ctx, repo, stage)
+    found = next(((p, e, md5) for p, e in entries if (md5 := _out_md5(e, out.def_path))), None)
+    if found is None:
+        return None
+    path, entry, md5 = found
+    if _workspace_busy(ctx, repo, out):
+        return None
+    dvc_door.checkout_dir(repo, md5, out.fs_path)
+    own = entries[0][0]
+    if path != own:  # the row this run resumes from is then found as its parent
+        lockfile.write_entry(own, lockfile.read(own)[1], stage.name, entry)
+    logger.info("resuming %s from the checkpoint %s names (DVC does not carry it into "
+                "--temp and queued runs)", out.def_path, os.path.relpath(path, ctx.dvc_root)
+                if path != own else "dvc.lock")
+    return md5

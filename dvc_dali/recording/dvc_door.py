@@ -1,0 +1,268 @@
+"""The one door to DVC's internals.
+
+Every ``import dvc`` / ``dvc_data`` of the recorder is here, each behind a
+small function, so a DVC release that moves a private helper breaks one
+file. DVC is imported lazily: importing it costs about a second.
+Tested against the DVC range pyproject.toml declares.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..errors import RecordError
+from ..log import logger
+
+
+def find_root(start: str) -> str:
+    from dvc.repo import Repo
+
+    try:
+        return Repo.find_root(start)
+    except Exception as exc:
+        raise RecordError(
+            f"no DVC repo (.dvc directory) at or above the working directory '{start}': "
+            f"{exc}. Run the training command as a stage of `dvc exp run`.") from exc
+
+
+def open_repo(root: str) -> Any:
+    from dvc.repo import Repo
+
+    try:
+        return Repo(root)
+    except Exception as exc:
+        raise RecordError(f"cannot open the DVC repo at '{root}': {exc}. Run the training "
+                          "command through `dvc exp run`.") from exc
+
+
+def cache_dir(root: str) -> str:
+    """The local cache directory of the DVC repo at root."""
+    from dvc.repo import Repo
+
+    with Repo(root) as repo:
+        return repo.cache.local_cache_dir
+
+
+def named_stages(repo: Any) -> list[Any]:
+    """The pipeline stages of every dvc.yaml, parsed afresh."""
+    repo._reset()  # noqa: SLF001 - drop DVC's parsed index: dvc.yaml may have changed
+    try:
+        return [s for s in repo.index.stages if getattr(s, "name", None)]
+    except Exception as exc:
+        raise RecordError(f"cannot load the stages of the DVC repo '{repo.root_dir}': {exc}. "
+                          "Fix dvc.yaml (`dvc stage list` shows the problem).") from exc
+
+
+def declared_checkpoint_outs(stage: Any) -> set[str]:
+    """Output paths a stage declares `checkpoint: true` in its dvc.yaml."""
+    raw = (stage.dvcfile.stages.stages_data or {}).get(stage.name) or {}
+    found = set()
+    for out in raw.get("outs", []):
+        if isinstance(out, dict) and (next(iter(out.values())) or {}).get("checkpoint"):
+            found.add(next(iter(out)))
+    return found
+
+
+def lockfile_path(stage: Any) -> str:
+    return stage.dvcfile._lockfile.path  # noqa: SLF001 - DVC exposes no public accessor
+
+
+def stage_files(repo: Any, stage: Any) -> list[str]:
+    """Absolute paths a normal `dvc exp run` commit would stage, as far as
+    they follow from dvc.yaml (the stage's files, top-level metrics, params
+    and plots, the outputs' .gitignore files)."""
+    from dvc.repo.experiments.executor.base import BaseExecutor
+    from dvc.stage.utils import _get_stage_files
+
+    cwd = os.getcwd()
+    paths = [os.path.join(cwd, p) for p in _get_stage_files(stage)]
+    paths += [os.path.join(repo.root_dir, p)
+              for p in BaseExecutor._get_top_level_paths(repo)]  # noqa: SLF001
+    paths += [os.path.join(os.path.dirname(o.fs_path), ".gitignore")
+              for o in stage.outs if o.use_scm_ignore and o.is_in_repo]
+    return paths
+
+
+def take_new_gitignores(repo: Any) -> list[str]:
+    """The .gitignore files DVC wrote while saving outputs (relative to cwd)."""
+    files = list(repo.scm_context.files_to_track)
+    repo.scm_context.files_to_track = set()
+    if files:
+        # scmrepo caches the ignore rules it read, so at the next checkpoint it
+        # would find the output not ignored and append it again: read afresh.
+        repo.scm._reset()  # noqa: SLF001
+    return files
+
+
+def lock_repo(repo: Any, timeout_s: float) -> None:
+    """Take DVC's repo lock, waiting while another DVC command (dvc push,
+    gc, exp apply...) holds it: training waits instead of dying."""
+    from dvc.lock import LockError
+
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            repo.lock.lock()  # DVC itself retries for a few seconds
+            return
+        except LockError as exc:
+            if time.monotonic() > deadline:
+                raise RecordError(
+                    f"DVC repo lock '{repo.lock.lockfile}' stayed held by another DVC command "
+                    f"for {timeout_s:.0f} s; the checkpoint was not recorded (its files are "
+                    "intact). Wait for that command, or remove the lock file if no DVC process "
+                    "is running; DVC_DALI_LOCK_TIMEOUT sets the wait.") from exc
+            if not said:
+                logger.info("waiting for the DVC repo lock (%s), held by another DVC command, "
+                            "to record the checkpoint", repo.lock.lockfile)
+                said = True
+            time.sleep(0.5)
+
+
+def unlock_repo(repo: Any) -> None:
+    repo.lock.unlock()
+    repo.state.close()  # reopened on use; other DVC processes share it
+
+
+def dep_hashes(stage: Any) -> dict[str, tuple[Any, Any]]:
+    """{path: (hash, meta)} of the stage's deps other than params, hashed now
+    (a data directory of 10^5 files costs seconds: done once per run)."""
+    from dvc.dependency.base import DependencyDoesNotExistError
+
+    found = {}
+    for dep in stage.deps:
+        if dep in params_deps(stage):
+            continue
+        try:
+            dep.save()
+        except DependencyDoesNotExistError:
+            continue
+        found[dep.fs_path] = (dep.hash_info, dep.meta)
+    return found
+
+
+def save_stage(stage: Any, known_deps: dict[str, tuple[Any, Any]]) -> None:
+    """Hash deps, params and outputs into the stage, as `dvc commit` would;
+    deps in known_deps take the hash they had when the run started (the run
+    used them as they were then), the others are hashed now."""
+    from dvc.dependency.base import DependencyDoesNotExistError
+
+    try:
+        for dep in stage.deps:
+            if dep.fs_path in known_deps:
+                dep.hash_info, dep.meta = known_deps[dep.fs_path]
+                continue
+            try:
+                dep.save()
+            except DependencyDoesNotExistError:
+                pass
+        # Outputs written only at the end of training (the final model) may not
+        # exist yet; the persisted checkpoint output must (checked by the caller).
+        stage.save_outs(allow_missing=True)
+        # No run-cache entry: it would register an intermediate output as the result.
+        stage.md5 = stage.compute_md5()
+    except Exception as exc:
+        raise RecordError(f"saving stage '{stage.addressing}' failed: {exc}. Check that its "
+                          "dependencies and params exist.") from exc
+
+
+def seed_md5s(repo: Any, digests: dict[str, str]) -> None:
+    """Hand DVC's state database md5s computed while the files were written,
+    so caching does not read them again (entries keyed on inode/mtime/size)."""
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    if digests:
+        repo.state.save_many([(path, HashInfo("md5", md5), None)
+                              for path, md5 in digests.items()], repo.fs)
+
+
+def cache_output(out: Any, hardlink: bool) -> None:
+    """Put an output in the cache without touching the workspace; with
+    hardlink, its files are linked into the cache instead of copied."""
+    from dvc_data.hashfile.transfer import transfer
+
+    if not hardlink:
+        out.commit(relink=False)  # never link files that may change into the cache
+        return
+    staging, _, obj = out._build(out.cache, out.fs_path, out.fs, out.hash_name,  # noqa: SLF001
+                                 ignore=out.dvcignore)
+    transfer(staging, out.cache, {obj.hash_info}, shallow=False, hardlink=True)
+
+
+def first_cache_type(out: Any) -> str | None:
+    return next(iter(out.cache.cache_types), None)
+
+
+def lock_entry(stage: Any) -> dict:
+    from dvc.stage.serialize import to_single_stage_lockfile
+
+    return to_single_stage_lockfile(stage)
+
+
+def parse_yaml(text: str, path: str) -> Any:
+    from dvc.utils.serialize import parse_yaml_for_update
+
+    return parse_yaml_for_update(text, path)
+
+
+def dump_yaml(data: Any) -> str:
+    from dvc.utils.serialize import dumps_yaml
+
+    return dumps_yaml(data)
+
+
+def exp_ref(baseline: str, name: str) -> str:
+    from dvc.repo.experiments.refs import ExpRefInfo
+
+    return str(ExpRefInfo(baseline, name))
+
+
+def check_row_name(repo: Any, baseline: str, name: str) -> None:
+    from dvc.repo.experiments.refs import ExpRefInfo
+    from dvc.repo.experiments.utils import check_ref_format
+
+    try:
+        check_ref_format(repo.scm, ExpRefInfo(baseline, name))
+    except Exception as exc:
+        raise RecordError(f"checkpoint name '{name}' is not a valid git ref name ({exc}). "
+                          "Pass a name without spaces, '/', '~', '^', ':' or '..'.") from exc
+
+
+def params_deps(stage: Any) -> list[Any]:
+    """The stage's `params:` dependencies (one per params file)."""
+    from dvc.dependency.param import ParamsDependency
+
+    return [d for d in stage.deps if isinstance(d, ParamsDependency)]
+
+
+def params_now(dep: Any) -> tuple[Any, dict[str, Any]]:
+    """(hash DVC would record, flattened values) of a params dependency now."""
+    try:
+        return dep.get_hash(), dep.read_params(flatten=True)
+    except Exception as exc:
+        raise RecordError(f"cannot read the params of '{dep}': {exc}. Fix the file so "
+                          "`dvc params diff` can read it.") from exc
+
+
+def pin_params(dep: Any, hash_info: Any) -> None:
+    """Make the stage record these param values, whatever the file says now."""
+    dep.hash_info = hash_info
+
+
+def checkout_dir(repo: Any, dir_md5: str, dest: str) -> None:
+    """Materialize a directory output from the local cache into dest."""
+    from dvc_data.hashfile.checkout import checkout
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    odb = repo.cache.local
+    try:
+        tree = Tree.load(odb, HashInfo("md5", dir_md5))
+        checkout(dest, repo.fs, tree, odb, quiet=True)
+    except Exception as exc:
+        raise RecordError(
+            f"the checkpoint to resume ({dir_md5}) is not complete in the DVC cache "
+            f"{odb.path} ({type(exc).__name__}: {exc}). Fetch it with `dvc pull` or `dvc exp "
+            "pull <remote> <row>`, or start over with `dvc-dali reset`.") from exc

@@ -1,0 +1,65 @@
+"""The workspace dvc.lock: DVC 3 checks persisted outputs out to what it
+names at the start of `dvc exp run`, so it must name the latest checkpoint."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import RecordError
+from . import dvc_door
+from .cache import CACHE
+from .commit import sweep_leftovers
+
+
+def read(path: str) -> tuple[str, Any]:
+    """(text, parsed data) of a dvc.lock; ("", {}) when there is none."""
+    try:
+        with open(path, encoding="utf-8") as fobj:
+            text = fobj.read()
+    except FileNotFoundError:
+        return "", {}
+    try:
+        return text, dvc_door.parse_yaml(text, path) or {}
+    except Exception as exc:
+        raise RecordError(f"'{path}' is not valid YAML ({exc}). Restore it with "
+                          f"`git checkout -- {os.path.basename(path)}` or delete it.") from exc
+
+
+def write_atomic(path: str, text: str) -> None:
+    sweep_leftovers(f"{path}.dvc-dali-*.tmp")
+    tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fobj:
+        fobj.write(text)
+        fobj.flush()
+        os.fsync(fobj.fileno())
+    os.replace(tmp, path)
+
+
+def current(path: str) -> Any:
+    """dvc.lock parsed; what this process wrote last while the file is unchanged."""
+    return CACHE.from_files(("lock", path), lambda: ([path], read(path)[1]))
+
+
+def stage_entry(data: Any, stage_name: str) -> Any:
+    return (data.get("stages") or {}).get(stage_name) if isinstance(data, dict) else None
+
+
+def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
+    """Replace the stage's entry in dvc.lock (other stages untouched)."""
+    if not data:
+        data = {"schema": "2.0"}
+    if data.get("stages") is None:
+        data["stages"] = {}
+    data["stages"][stage_name] = entry
+    write_atomic(path, dvc_door.dump_yaml(data))
+    CACHE.remember(("lock", path), [path], data)
+
+
+def remove_entry(path: str, stage_name: str) -> bool:
+    """Drop the stage's entry; False when it had none."""
+    _, data = read(path)
+    if (data.get("stages") or {}).pop(stage_name, None) is None:
+        return False
+    write_atomic(path, dvc_door.dump_yaml(data))
+    return True

@@ -1,0 +1,94 @@
+"""Checks and chores around recording: is the stage resumable (before the
+first step, and for `dvc-dali doctor`), and starting over (`dvc-dali reset`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Optional
+
+from ..context import RunContext
+from ..errors import RecordError
+from . import dvc_door, lockfile
+from .cache import CACHE
+from .stage import STAGE_FIX, find_stage, stage_problems
+
+
+def repo_at(start: str) -> Any:
+    root = dvc_door.find_root(start)
+    if root not in CACHE.repos:
+        CACHE.repos[root] = dvc_door.open_repo(root)
+    return CACHE.repos[root]
+
+
+def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
+                stage: Optional[str] = None) -> None:
+    """Refuse, before any training step, a stage that DVC 3 cannot resume.
+
+    DVC 3 ignores ``checkpoint: true``: it deletes the output before each run
+    and skips a stage whose deps did not change. Resuming needs the
+    checkpoint output ``persist: true`` and the stage ``always_changed: true``.
+    ``checkpoint_path`` None: a bare make_checkpoint(), which names no output.
+    """
+    if ctx.dvc_root and not os.path.isdir(os.path.join(ctx.dvc_root, ".dvc")):
+        raise RecordError(
+            f"DVC_ROOT={ctx.dvc_root!r} is not a DVC repository (no .dvc directory), so no "
+            "checkpoint could be recorded. Run training through `dvc exp run` in the "
+            "repository, or unset DVC_ROOT to train without recording.")
+    repo = repo_at(os.getcwd())
+    stg = find_stage(repo, stage or ctx.stage, checkpoint_path)
+    problems, path = stage_problems(stg, checkpoint_path)
+    if problems:
+        raise RecordError(
+            f"{os.path.relpath(stg.path, repo.root_dir)}: stage '{stg.name}' cannot resume "
+            f"from checkpoints under DVC 3: {'; and '.join(problems)}. Declare it as:\n"
+            + STAGE_FIX.format(path=path))
+
+
+def _has_checkpoint(out: Any) -> bool:
+    return os.path.isfile(os.path.join(out.fs_path, "LATEST"))
+
+
+def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list[str]:
+    """Start over: delete the stage's dvc-dali checkpoint outputs and its
+    dvc.lock entry, so the next `dvc exp run` does not check them out again
+    (DVC 2's `dvc exp run --reset`). Recorded rows are kept. Returns what
+    was removed."""
+    repo = repo_at(root or os.getcwd())
+    stages = dvc_door.named_stages(repo)
+    if stage:
+        stages = [s for s in stages if stage in (s.name, s.addressing)]
+        if not stages:
+            raise RecordError(f"no stage '{stage}' in {repo.root_dir}; `dvc stage list` shows "
+                              "the stages")
+    removed: list[str] = []
+    for stg in stages:
+        # a dvc-dali checkpoint, or what a bare make_checkpoint() port persists
+        declared = dvc_door.declared_checkpoint_outs(stg)
+        outs = [o for o in stg.outs if o.persist and os.path.exists(o.fs_path)
+                and (_has_checkpoint(o) or o.def_path in declared)]
+        for out in outs:
+            if os.path.isdir(out.fs_path):
+                shutil.rmtree(out.fs_path)
+            else:
+                os.unlink(out.fs_path)
+            removed.append(os.path.relpath(out.fs_path, repo.root_dir))
+        lock_path = dvc_door.lockfile_path(stg)
+        if outs and lockfile.remove_entry(lock_path, stg.name):
+            removed.append(f"{os.path.relpath(lock_path, repo.root_dir)}:{stg.name}")
+    if not removed and stage:
+        raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
+                          "with a LATEST file or declared `checkpoint: true`)")
+    return removed
+
+
+def checkpoint_outputs(root: str) -> list[tuple[str, str]]:
+    """(stage, output path) for every output declared `checkpoint: true` or
+    holding a dvc-dali checkpoint, for `dvc-dali doctor`."""
+    repo = repo_at(root)
+    found = []
+    for stg in dvc_door.named_stages(repo):
+        declared = dvc_door.declared_checkpoint_outs(stg)
+        found += [(stg.addressing, o.fs_path) for o in stg.outs
+                  if o.def_path in declared or _has_checkpoint(o)]
+    return found

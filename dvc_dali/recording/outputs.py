@@ -1,0 +1,90 @@
+"""Cache the stage's outputs, so a row can be applied later."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import DvcDaliError, RecordError
+from . import dvc_door
+
+
+def is_checkpoint_dir(out: Any) -> bool:
+    """Whether an output is a dvc-dali checkpoint directory (store.py's format)."""
+    from .. import store
+
+    return os.path.isfile(os.path.join(out.fs_path, store.LATEST))
+
+
+def seed_digests(repo: Any, stage: Any) -> None:
+    """Hand DVC the md5 of each checkpoint file, computed while it was written,
+    so caching it does not read it all again (a snapshot is never modified
+    once published)."""
+    from .. import store
+
+    digests: dict[str, str] = {}
+    for out in stage.outs:
+        if not (out.use_cache and out.hash_name == "md5" and is_checkpoint_dir(out)):
+            continue
+        try:
+            found = store.file_digests(Path(out.fs_path))
+        except DvcDaliError:
+            continue  # damaged: let DVC hash what is there
+        digests.update({os.fspath(path): md5 for path, md5 in found.items()})
+    dvc_door.seed_md5s(repo, digests)
+
+
+def require_persisted(stage: Any) -> None:
+    missing = [str(o) for o in stage.outs if o.persist and not o.hash_info]
+    if missing:
+        raise RecordError(
+            f"persisted output(s) {', '.join(missing)} of stage '{stage.addressing}' do not "
+            "exist; write the checkpoint (e.g. Checkpointer.save) before signalling "
+            "make_checkpoint().")
+
+
+def cache_output(out: Any, stage: Any) -> None:
+    """Snapshot files are never modified once published, so where cache.type
+    starts with hardlink they are linked into the cache, not copied; anything
+    else is copied (or reflinked), as DVC would."""
+    hardlink = dvc_door.first_cache_type(out) == "hardlink" and is_checkpoint_dir(out)
+    try:
+        dvc_door.cache_output(out, hardlink)
+    except Exception as exc:  # removed or changed while it was being cached
+        raise RecordError(
+            f"caching output '{out}' of stage '{stage.addressing}' failed: "
+            f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; make "
+            "sure nothing else writes or deletes that output during training.") from exc
+    # A row must never name outputs the cache cannot check out again.
+    if not out.cache.exists(out.hash_info.value):
+        raise RecordError(
+            f"output '{out}' of stage '{stage.addressing}' (md5 {out.hash_info.value}) is not "
+            f"in the DVC cache {out.cache.path} after caching it; nothing was recorded. Check "
+            "the cache directory's free space and permissions.")
+
+
+def cache_outputs(stage: Any) -> None:
+    for out in stage.outs:
+        if out.use_cache and out.hash_info:
+            cache_output(out, stage)
+
+
+def require_latest(stage: Any, out: Optional[str], expected: str) -> None:
+    """The checkpoint directory still holds the checkpoint its run just wrote.
+    A second `dvc exp run` in the same workspace checks outputs out again
+    before DVC refuses it; a row must never hold another step's checkpoint."""
+    from .. import store
+
+    path = os.path.join(out or ".", store.LATEST)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = fh.read()
+    except OSError:
+        found = ""
+    if found != expected:
+        raise RecordError(
+            f"{path}: changed since this run saved its checkpoint (another command, such as a "
+            f"second `dvc exp run` in this workspace, checked out stage '{stage.addressing}' "
+            "outputs meanwhile); this checkpoint was not recorded. Run one `dvc exp run` per "
+            "workspace at a time (`--temp` or `--queue` for more).")

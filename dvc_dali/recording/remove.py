@@ -1,0 +1,134 @@
+"""`dvc-dali remove`: delete whole runs, every checkpoint row of each, as
+`dvc exp remove` deletes experiments.
+
+Only refs go. The rows' data stays in the DVC cache until `dvc gc` removes it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..errors import DvcDaliError
+
+_NAMESPACE = "refs/exps"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ref to delete: a checkpoint row, or DVC's own experiment ref."""
+
+    ref: str
+    sha: str
+    exp: str
+    baseline: str
+    row: bool  # False: the ref `dvc exp run -n EXP` itself left at the end
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What went of one run on one baseline."""
+
+    exp: str
+    baseline: str
+    rows: int
+    dvc_ref: bool
+
+
+def _baseline_and_name(ref: str) -> tuple[str, str] | None:
+    """(baseline, name) of an experiment ref refs/exps/<b[:2]>/<b[2:]>/<name>;
+    None for DVC's bookkeeping refs (refs/exps/exec/..., apply/...)."""
+    parts = ref.split("/")
+    if len(parts) != 5 or len(parts[2]) != 2:
+        return None
+    return parts[2] + parts[3], parts[4]
+
+
+def select_refs(rows: Iterable[dict], names: Iterable[str],
+                exp_refs: Iterable[tuple[str, str]] = ()) -> list[Target]:
+    """The refs removing the runs ``names`` deletes: every checkpoint row
+    (``rows`` as ``list_rows`` gives them) whose lineage names one of them, on
+    any baseline, then DVC's own experiment ref of that name among
+    ``exp_refs`` ((ref, sha) pairs) that is not itself a checkpoint row."""
+    wanted = set(names)
+    rows = list(rows)
+    targets = [Target(r["ref"], r["sha"], r["exp"], r["baseline"], True)
+               for r in rows if r["exp"] in wanted]
+    row_refs = {r["ref"] for r in rows}  # a row named like a run is still only a row
+    for ref, sha in exp_refs:
+        found = _baseline_and_name(ref)
+        if found and found[1] in wanted and ref not in row_refs:
+            targets.append(Target(ref, sha, found[1], found[0], False))
+    return targets
+
+
+def summarize(targets: Sequence[Target]) -> list[Removed]:
+    """Per run and baseline, in the order first met: what ``targets`` holds."""
+    seen: dict[tuple[str, str], Removed] = {}
+    for t in targets:
+        old = seen.get((t.exp, t.baseline), Removed(t.exp, t.baseline, 0, False))
+        seen[(t.exp, t.baseline)] = Removed(t.exp, t.baseline, old.rows + t.row,
+                                            old.dvc_ref or not t.row)
+    return list(seen.values())
+
+
+def _git(root: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True,
+                              text=True, check=False)
+    except OSError as exc:  # git missing or not executable
+        raise DvcDaliError(f"cannot run git in {root}: {exc}") from None
+
+
+def exp_refs(root: str) -> list[tuple[str, str]]:
+    """(ref, sha) of every experiment ref under refs/exps.
+
+    Refuses a repository git reads only in part: git skips a broken ref
+    with a warning and exit 0, which would otherwise look like no rows.
+    """
+    proc = _git(root, ["for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
+                       _NAMESPACE])
+    broken = [line for line in proc.stderr.splitlines() if "broken ref" in line]
+    if proc.returncode != 0 or broken:
+        status = f" (exit {proc.returncode})" if proc.returncode else ""
+        raise DvcDaliError(
+            f"git could not read the experiment refs of {root}{status}: "
+            f"{proc.stderr.strip()}. Repair the repository (`git fsck` names what is "
+            "damaged), or delete a broken ref with `git update-ref -d <ref>`")
+    found = []
+    for line in proc.stdout.splitlines():
+        sha, _type, ref = line.split(" ", 2)
+        if _baseline_and_name(ref):
+            found.append((ref, sha))
+    return found
+
+
+def _unknown_message(unknown: list[str], rows: list[dict]) -> str:
+    by_row = {r["name"]: r["exp"] for r in rows}
+    hints = [f"{n} is one checkpoint row of run {by_row[n]} (`dvc exp remove {n}` removes "
+             "just that row)" for n in unknown if n in by_row]
+    return (f"no run named {', '.join(unknown)}: nothing removed. `dvc-dali show` lists "
+            "the runs" + ("; " + "; ".join(hints) if hints else ""))
+
+
+def remove_runs(root: str, names: Sequence[str]) -> list[Removed]:
+    """Delete every ref of the runs ``names`` in the repository at ``root``, all
+    or none: an unknown name removes nothing, and the refs go in one git
+    transaction that fails whole if any of them moved meanwhile."""
+    from . import list_rows
+
+    refs = exp_refs(root)
+    rows = list_rows(root)
+    targets = select_refs(rows, names, refs)
+    unknown = [n for n in dict.fromkeys(names) if n not in {t.exp for t in targets}]
+    if unknown:
+        raise DvcDaliError(_unknown_message(unknown, rows))
+    # `delete <ref> <old sha>`: what `git update-ref -d <ref> <sha>` does per
+    # ref, so a ref rewritten since it was listed is left alone.
+    script = "".join(f"delete {t.ref} {t.sha}\n" for t in targets)
+    proc = _git(root, ["update-ref", "--stdin"], stdin=script)
+    if proc.returncode != 0:
+        raise DvcDaliError(f"git could not delete the refs (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()}; nothing was removed, run it again")
+    return summarize(targets)

@@ -1,0 +1,121 @@
+"""What both example trainers (examples/train.py: NumPy, examples/train_torch.py:
+PyTorch) share: params, command line, the DALI pipeline, metrics and the end
+of a checkpoint interval.
+
+Import it after setting the BLAS thread variables: nvidia.dali loads NumPy.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from nvidia.dali import fn, pipeline_def, types
+
+CROP = 16  # side of the crops the model sees
+CLASSES = 10
+KILL_ENV = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+DEFAULTS = {
+    "steps": 60,
+    "checkpoint_every": 10,
+    "batch_size": 32,
+    "seed": 0,
+    "lr": 0.1,
+    "hidden": 64,
+    "device": "auto",
+    "data": "data/digits",
+    "framework": "numpy",
+}
+
+
+def read_params(path: Path) -> dict:
+    import yaml
+
+    params = dict(DEFAULTS)
+    if path.is_file():
+        with open(path, encoding="utf-8") as fh:
+            params.update((yaml.safe_load(fh) or {}).get("train") or {})
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
+    if params["device"] not in ("auto", "cpu", "gpu"):
+        sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
+    if params["framework"] not in ("numpy", "torch"):
+        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy or torch")
+    for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
+        if int(params[key]) < 1:
+            sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
+    return params
+
+
+def parse_args(description: str, argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--checkpoint", default="checkpoint", help="checkpoint directory")
+    parser.add_argument("--model", default="model/model.npz", help="final model file")
+    parser.add_argument("--live", default="dvclive", help="DVCLive directory")
+    return parser.parse_args(argv)
+
+
+@pipeline_def
+def digits_pipeline(data, gpu=False, shard_id=0, num_shards=1):
+    """Decode, rotate by a random angle, crop a random area, scale to [0, 1].
+
+    Every stateful operator has a name: its saved state is keyed by it.
+    Under torchrun each rank reads its own shard.
+    """
+    pngs, labels = fn.readers.file(file_root=data, random_shuffle=True, name="reader",
+                                   shard_id=shard_id, num_shards=num_shards)
+    images = fn.decoders.image(pngs, device="mixed" if gpu else "cpu", output_type=types.GRAY)
+    angle = fn.random.uniform(range=(-15.0, 15.0), name="angle")
+    images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
+    images = fn.random_resized_crop(images, size=(CROP, CROP), random_area=(0.6, 1.0),
+                                    name="crop")
+    images = fn.cast(images, dtype=types.FLOAT) * (1.0 / 255.0)
+    if gpu:
+        labels = labels.gpu()
+    return images, labels
+
+
+class IntervalMeter:
+    """Mean loss and accuracy over the steps since the last checkpoint."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.acc = 0.0
+        self.seen = 0
+
+    def add(self, loss: float, acc: float) -> None:
+        self.loss += loss
+        self.acc += acc
+        self.seen += 1
+
+    def take(self) -> tuple[float, float]:
+        means = (self.loss / self.seen, self.acc / self.seen)
+        self.reset()
+        return means
+
+
+def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float, t0: float,
+                        kill_at: int, write_model, arrays, metadata: dict) -> None:
+    """The end of a checkpoint interval.
+
+    The metrics of this step are logged first, so the checkpoint DVC records
+    holds them (DVCLive's step is the training step); every output of the
+    stage exists when DVC records it, so each row's model is that step's.
+    """
+    live.step = step
+    live.log_metric("train/loss", loss)
+    live.log_metric("train/acc", acc)
+    live.next_step()
+    write_model()
+    ck.make_checkpoint(step, arrays=arrays, metadata={**metadata, "loss": loss, "acc": acc})
+    print(f"step {step:>6}/{steps}  loss {loss:.4f}  acc {acc:.3f}  "
+          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    if step == kill_at:
+        print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)

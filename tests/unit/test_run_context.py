@@ -1,0 +1,101 @@
+"""Every environment variable is read and checked in one place, before training."""
+
+from __future__ import annotations
+
+import pytest
+
+from dvc_dali.context import VARIABLES, RunContext
+from dvc_dali.errors import ConfigError
+
+RUN = {"DVC_ROOT": "/r", "DVC_EXP_BASELINE_REV": "a" * 40}
+
+BAD = [
+    ("DVC_DALI_KEEP_LAST", "-1", "positive integer"),
+    ("DVC_DALI_KEEP_LAST", "0", "positive integer"),
+    ("DVC_DALI_KEEP_LAST", "abc", "positive integer"),
+    ("DVC_DALI_KEEP_LAST", "2.5", "positive integer"),
+    ("DVC_DALI_KEEP_LAST", " ", "positive integer"),
+    ("DVC_DALI_KEEP_BEST", "nonsense", "'<metric>:max'"),
+    ("DVC_DALI_KEEP_BEST", "acc:best", "'<metric>:max'"),
+    ("DVC_DALI_KEEP_BEST", ":max", "'<metric>:max'"),
+    ("DVC_DALI_LOCK_TIMEOUT", "soon", "seconds"),
+    ("DVC_DALI_LOCK_TIMEOUT", "-3", "seconds"),
+    ("DVC_DALI_LOCK_TIMEOUT", "nan", "seconds"),
+    ("DVC_DALI_LOCK_TIMEOUT", "inf", "seconds"),
+    ("DVC_DALI_SIGNAL_TIMEOUT", "1h", "seconds"),
+]
+
+
+@pytest.mark.parametrize("name,value,says", BAD)
+def test_bad_values_are_refused_naming_the_variable(name, value, says):
+    with pytest.raises(ConfigError) as err:
+        RunContext.from_environ({**RUN, name: value})
+    assert str(err.value).startswith(f"{name}={value!r}: ")
+    assert says in str(err.value)
+
+
+GOOD = [
+    ({}, dict(keep_last=None, keep_best=None, lock_timeout=3600.0, mode="off")),
+    ({"DVC_DALI_KEEP_LAST": "3"}, dict(keep_last=3)),
+    ({"DVC_DALI_KEEP_LAST": ""}, dict(keep_last=None)),
+    ({"DVC_DALI_KEEP_BEST": "train/acc:max"}, dict(keep_best="train/acc:max")),
+    ({"DVC_DALI_KEEP_BEST": "a:b:min"}, dict(keep_best="a:b:min")),
+    ({"DVC_DALI_LOCK_TIMEOUT": "0.5"}, dict(lock_timeout=0.5)),
+    ({"DVC_DALI_SIGNAL_TIMEOUT": "0"}, dict(signal_timeout=0.0)),
+    ({**RUN, "DVC_STAGE": "train"}, dict(mode="record", under_exp_run=True)),
+    (RUN, dict(mode="off", under_exp_run=True)),  # DVC 2 without a checkpoint output
+    ({**RUN, "DVC_CHECKPOINT": "1"}, dict(mode="watched")),
+    ({"DVC_CHECKPOINT": "1"}, dict(mode="watched", under_exp_run=False)),
+    ({"DVC_DALI_DEBUG": "1"}, dict(debug=True)),
+    ({"DVC_DALI_DEBUG": "0"}, dict(debug=False)),
+]
+
+
+@pytest.mark.parametrize("environ,expect", GOOD)
+def test_good_values(environ, expect):
+    ctx = RunContext.from_environ(environ)
+    for attr, value in expect.items():
+        assert getattr(ctx, attr) == value, attr
+
+
+ARGS = [
+    # (env keep_last, env keep_best, argument keep_last, argument keep_best, result or error)
+    (None, None, None, None, (None, None)),
+    ("5", None, None, None, (5, None)),
+    ("5", None, 2, None, (2, None)),
+    (None, "loss:min", 1, None, (1, "loss:min")),
+    (None, None, 0, None, "keep_last=0"),
+    (None, None, -1, None, "keep_last=-1"),
+    (None, None, True, None, "keep_last=True"),
+    (None, None, "x", None, "keep_last='x'"),
+    (None, None, 2, "acc", "keep_best='acc'"),
+    (None, None, 2, 7, "keep_best=7"),
+]
+
+
+@pytest.mark.parametrize("env_last,env_best,last,best,result", ARGS)
+def test_retention_arguments_win_and_are_checked(env_last, env_best, last, best, result):
+    environ = {k: v for k, v in (("DVC_DALI_KEEP_LAST", env_last),
+                                 ("DVC_DALI_KEEP_BEST", env_best)) if v is not None}
+    ctx = RunContext.from_environ(environ)
+    if isinstance(result, str):
+        with pytest.raises(ConfigError, match=result.replace("(", r"\(")):
+            ctx.retention(last, best)
+    else:
+        assert ctx.retention(last, best) == result
+
+
+def test_every_variable_read_is_documented():
+    """README's table lists every variable the package reads."""
+    import pathlib
+    import re
+
+    pkg = pathlib.Path(__file__).resolve().parents[2] / "dvc_dali"
+    readme = (pkg.parent / "README.md").read_text()
+    read = set()
+    for path in pkg.rglob("*.py"):
+        read |= set(re.findall(r"\"((?:DVC|DVCLIVE)_[A-Z_]+)\"", path.read_text()))
+    read -= {"DVC_DALI_CHECKPOINT"}  # not an environment variable: none such
+    assert read <= set(VARIABLES) | {"DVC_NO_ANALYTICS"}, read - set(VARIABLES)
+    for name in VARIABLES:
+        assert f"`{name}`" in readme, f"README's table lacks {name}"
