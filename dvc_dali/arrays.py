@@ -11,11 +11,15 @@ back as it went in. torch is imported only when a torch leaf is read.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
 _KEY_TYPES = {"str": str, "int": int}
+# Nesting deeper than this is refused when saving and when reading: each
+# level costs a few frames of recursion and three levels of manifest JSON.
+MAX_TREE_DEPTH = 64
 
 
 def _torch_leaf(value) -> tuple[np.ndarray, dict[str, Any]]:
@@ -43,27 +47,50 @@ def _leaf(path: str, value: Any) -> tuple[np.ndarray, dict[str, Any]] | None:
         if host.dtype.hasobject:
             raise TypeError(f"array {path!r}: dtype {host.dtype} holds Python objects, which "
                             "would need pickle; store numbers, or put small values in metadata")
-        return host, {"kind": "numpy", "device": "cpu"}
+        if host.dtype.itemsize == 0:  # the reader refuses these: no way to check a size
+            raise TypeError(f"array {path!r}: dtype {host.dtype} has zero-size elements")
+        info = {"kind": "numpy", "device": "cpu"}
+        if isinstance(value, np.generic):  # np.float64(1.5) comes back a scalar, not 0-d
+            info["scalar"] = True
+        return host, info
     if module.startswith("jax") and hasattr(value, "__array__"):
         return np.asarray(value), {"kind": "jax", "device": "cpu"}
     return None
 
 
-def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int]) -> Any:
+def _refuse_subclass(name: str, value: Any) -> None:
+    """Containers come back as the type they were saved as: dict, OrderedDict
+    (a state_dict()), list, tuple. Any other subclass (a namedtuple, a
+    defaultdict) could not be rebuilt without pickle: refused now, not
+    changed on the way back."""
+    for base in (dict, list, tuple):
+        if isinstance(value, base) and type(value) not in (base, OrderedDict):
+            raise TypeError(f"{name!r}: a {type(value).__name__} (a {base.__name__} subclass) "
+                            f"would come back as a plain {base.__name__}; convert it "
+                            f"({base.__name__}(value)) before saving")
+
+
+def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
+            depth: int = 0) -> Any:
     """The JSON tree of ``value``; arrays go to ``add_array``, which returns an index."""
+    if depth > MAX_TREE_DEPTH:  # what the reader refuses (and a cycle) is refused here
+        raise TypeError(f"{name!r}: nested deeper than {MAX_TREE_DEPTH} levels (or refers to "
+                        "itself); flatten it")
     leaf = _leaf(name, value)
     if leaf is not None:
         return {"array": add_array(*leaf)}
+    _refuse_subclass(name, value)
     if isinstance(value, dict):
         items = []
         for key, item in value.items():
             if type(key) not in (str, int):
                 raise TypeError(f"{name!r}: key {key!r} is a {type(key).__name__}; only str "
                                 "and int keys can be saved without pickle")
-            items.append([key, type(key).__name__, flatten(f"{name}/{key}", item, add_array)])
-        return {"dict": items}
+            items.append([key, type(key).__name__,
+                          flatten(f"{name}/{key}", item, add_array, depth + 1)])
+        return {"odict" if type(value) is OrderedDict else "dict": items}
     if isinstance(value, (list, tuple)):
-        return {type(value).__name__: [flatten(f"{name}/{i}", v, add_array)
+        return {type(value).__name__: [flatten(f"{name}/{i}", v, add_array, depth + 1)
                                         for i, v in enumerate(value)]}
     if isinstance(value, float) and not math.isfinite(value):
         return {"float": repr(value)}
@@ -73,51 +100,154 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int])
                     "save arrays, tensors, numbers, strings, and dicts/lists of them")
 
 
+_TORCH_VIEWS = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
+
+
+def _torch_dtype(torch, info: dict[str, Any], host: np.ndarray):
+    """The torch dtype a torch leaf was saved with; ValueError unless it is
+    one whose bits the saved host array holds."""
+    name = info.get("torch_dtype")
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"torch_dtype {name!r} is not a torch dtype")
+    if dtype.itemsize != host.dtype.itemsize:
+        raise ValueError(f"torch_dtype {name} has {dtype.itemsize}-byte elements, the saved "
+                         f"array {host.dtype.itemsize}-byte ones")
+    return dtype
+
+
+def _import(kind: str):
+    try:
+        return __import__({"torch": "torch", "jax": "jax.numpy"}[kind], fromlist=["_"])
+    except ImportError:
+        raise ValueError(f"the array was saved from {kind}; install {kind} to read it") from None
+
+
 def _restore_leaf(host: np.ndarray, info: dict[str, Any], cupy) -> Any:
     kind = info.get("kind")
     if kind == "torch":
-        import torch
-
-        tensor = torch.from_numpy(np.array(host))
-        if info.get("torch_view"):
-            tensor = tensor.view(getattr(torch, info["torch_dtype"]))
+        torch = _import("torch")
+        view = info.get("torch_view")
+        if view is not None and _TORCH_VIEWS.get(view) != host.dtype.itemsize:
+            raise ValueError(f"torch_view {view!r} does not fit a {host.dtype} array")
+        # A freshly read array is writable and owned: no copy needed.
+        tensor = torch.from_numpy(host if host.flags.writeable else host.copy())
+        if view is not None:
+            tensor = tensor.view(_torch_dtype(torch, info, host))
         return tensor
     if kind == "cupy" and cupy is not None:
         return cupy.asarray(host)
     if kind == "jax":
-        import jax.numpy as jnp
-
-        return jnp.asarray(host)
+        return _import("jax").asarray(host)
+    if info.get("scalar") is True:
+        if host.shape != ():
+            raise ValueError(f"a scalar saved with shape {host.shape}")
+        return host[()]
     return host
+
+
+def restore_leaf(host: np.ndarray, info: Any, cupy=None) -> Any:
+    """The array a leaf was saved as (NumPy, torch, CuPy, JAX); ValueError
+    when ``info`` or the array cannot be turned back into it."""
+    if not isinstance(info, dict):
+        raise ValueError("array entry is not an object")
+    try:
+        return _restore_leaf(host, info, cupy)
+    except ValueError:
+        raise
+    except (TypeError, RuntimeError, KeyError, AttributeError) as exc:
+        # torch/jax refuse some dtypes and byte orders (e.g. big-endian).
+        raise ValueError(f"cannot make a {info.get('kind')} array of "
+                         f"{getattr(host, 'dtype', '?')}: {exc}") from None
+
+
+class TreeError(ValueError):
+    """A value tree that flatten() never writes; ``path`` says where in it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"{path or '<top>'}: {what}")
+        self.path, self.what = path, what
+
+
+def _check_dict(body: Any, n_leaves: int, path: str, depth: int, kind: str = "dict") -> None:
+    if not isinstance(body, list):
+        raise TreeError(f"{path}.{kind}", "is not a list")
+    for i, item in enumerate(body):
+        where = f"{path}.{kind}[{i}]"
+        if not isinstance(item, list) or len(item) != 3:
+            raise TreeError(where, "is not a [key, key type, value] list")
+        key, key_type, value = item
+        if not (isinstance(key_type, str) and type(key) is _KEY_TYPES.get(key_type)):
+            raise TreeError(where, f"key {str(key)[:40]!r} of type {str(key_type)[:20]!r} is "
+                            "not a str or int key")
+        check_tree(value, n_leaves, f"{where}[2]", depth + 1)
+
+
+def _check_leaf(kind: str, body: Any, n_leaves: int, path: str) -> None:
+    if kind == "array":
+        if type(body) is not int or not 0 <= body < n_leaves:
+            raise TreeError(f"{path}.array", f"index {str(body)[:40]} is not one of the "
+                            f"{n_leaves} array files")
+    elif kind == "float":
+        if not (isinstance(body, str) and body in ("nan", "inf", "-inf")):
+            raise TreeError(f"{path}.float", f"{str(body)[:40]!r} is not nan, inf or -inf")
+    elif kind == "value":
+        if body is not None and type(body) not in (bool, int, float, str):
+            raise TreeError(f"{path}.value", "is not a number, string, bool or null")
+    else:
+        raise TreeError(path, f"unknown entry {str(kind)[:40]!r}")
+
+
+def check_tree(tree: Any, n_leaves: int, path: str = "", depth: int = 0) -> None:
+    """Raise TreeError unless ``tree`` is one flatten() writes, with array
+    indexes below ``n_leaves`` and at most MAX_TREE_DEPTH levels deep."""
+    if depth > MAX_TREE_DEPTH:
+        raise TreeError(path, f"nested deeper than {MAX_TREE_DEPTH} levels")
+    if not isinstance(tree, dict) or len(tree) != 1:
+        raise TreeError(path, "is not a one-key object")
+    (kind, body), = tree.items()
+    if kind in ("dict", "odict"):
+        _check_dict(body, n_leaves, path, depth, kind)
+    elif kind in ("list", "tuple"):
+        if not isinstance(body, list):
+            raise TreeError(f"{path}.{kind}", "is not a list")
+        for i, item in enumerate(body):
+            check_tree(item, n_leaves, f"{path}.{kind}[{i}]", depth + 1)
+    else:
+        _check_leaf(kind, body, n_leaves, path)
+
+
+def _build(tree: dict, leaf: Callable[[int], Any]) -> Any:
+    (kind, body), = tree.items()
+    if kind == "array":
+        return leaf(body)
+    if kind in ("dict", "odict"):
+        pairs = ((key, _build(item, leaf)) for key, _key_type, item in body)
+        return OrderedDict(pairs) if kind == "odict" else dict(pairs)
+    if kind in ("list", "tuple"):
+        items = [_build(item, leaf) for item in body]
+        return items if kind == "list" else tuple(items)
+    return float(body) if kind == "float" else body
 
 
 def unflatten(tree: Any, leaves: list[np.ndarray], infos: list[dict], cupy=None,
               where: str = "") -> Any:
-    """Rebuild a value from its JSON tree (never evaluating anything in it)."""
-    if not isinstance(tree, dict) or len(tree) != 1:
-        raise ValueError(f"{where}: not a value tree")
-    (kind, body), = tree.items()
-    if kind == "array":
-        if not isinstance(body, int) or not 0 <= body < len(leaves):
-            raise ValueError(f"{where}: array index {body!r} out of range")
-        return _restore_leaf(leaves[body], infos[body], cupy)
-    if kind == "dict":
-        out = {}
-        for key, key_type, item in body:
-            out[_KEY_TYPES[key_type](key)] = unflatten(item, leaves, infos, cupy, where)
-        return out
-    if kind in ("list", "tuple"):
-        items = [unflatten(item, leaves, infos, cupy, where) for item in body]
-        return items if kind == "list" else tuple(items)
-    if kind == "float":
-        return float(body) if body in ("nan", "inf", "-inf") else _bad(where, body)
-    if kind == "value":
-        return body
-    return _bad(where, kind)
+    """Rebuild a value from its JSON tree (never evaluating anything in it).
 
+    Raises ValueError (a TreeError for the tree's shape) and nothing else,
+    whatever ``tree`` and ``infos`` hold."""
+    try:
+        check_tree(tree, min(len(leaves), len(infos)))
+    except TreeError as exc:
+        raise TreeError(f"{where}{exc.path}", exc.what) from None
 
-def _bad(where: str, what: Any):
-    raise ValueError(f"{where}: unknown entry {what!r}")
+    def leaf(index: int) -> Any:
+        try:
+            return restore_leaf(leaves[index], infos[index], cupy)
+        except ValueError as exc:
+            raise ValueError(f"{where}{': ' if where else ''}array {index}: {exc}") from None
+
+    return _build(tree, leaf)
 
 
 def snapshot(value: Any) -> Any:

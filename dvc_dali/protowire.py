@@ -62,3 +62,44 @@ def parse(data: bytes) -> dict[int, list[int | bytes]]:
     for number, _wire, value in fields(data):
         out.setdefault(number, []).append(value)
     return out
+
+
+# Typed access for readers of untrusted bytes: a field of the wrong wire
+# type (an int where bytes are expected) raises WireError, never
+# AttributeError or TypeError, so one `except WireError` covers everything.
+_MISSING = object()
+
+
+def _first(msg: dict[int, list[int | bytes]], number: int, kind: type, default: object):
+    values = msg.get(number)
+    if not values:
+        if default is _MISSING:
+            raise WireError(f"field {number} is missing")
+        return default
+    if not isinstance(values[0], kind):
+        raise WireError(f"field {number} is not {'bytes' if kind is bytes else 'a varint'}")
+    return values[0]
+
+
+def first_bytes(msg: dict[int, list[int | bytes]], number: int,
+                default: object = _MISSING) -> bytes:
+    """The first value of length-delimited field ``number`` (``default``
+    when absent; WireError when absent without a default or not bytes)."""
+    return _first(msg, number, bytes, default)
+
+
+def first_int(msg: dict[int, list[int | bytes]], number: int, default: object = _MISSING) -> int:
+    """The first value of varint field ``number``, as first_bytes."""
+    return _first(msg, number, int, default)
+
+
+def first_text(msg: dict[int, list[int | bytes]], number: int,
+               default: object = _MISSING) -> str:
+    """The first value of string field ``number``, decoded as UTF-8."""
+    value = first_bytes(msg, number, default)
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(f"field {number} is not UTF-8 ({exc.reason})") from None

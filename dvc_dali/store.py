@@ -11,6 +11,15 @@
 A snapshot is written into `.tmp-*`, fsynced, renamed to `step-*` (atomic),
 and only then does LATEST move to it (atomic replace). A crash at any instant
 leaves LATEST naming a complete snapshot; the next save removes leftovers.
+
+Reading treats the directory as input from outside: every file is lstat'ed
+before it is opened and must be a regular file of the size the manifest
+says (LATEST at most 1 MiB, manifest.json at most 64 MiB), opened with
+O_NOFOLLOW | O_NONBLOCK relative to its directory (no symlink anywhere below
+the checkpoint directory is followed, no FIFO blocks); the manifest is
+parsed with a depth limit (safe_json) and validated whole
+(manifest_schema) before anything uses it; each .npy header is checked
+against the manifest before its array is allocated (npy).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -31,24 +41,26 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
+from . import manifest_schema, npy, safe_json
 from .errors import (
     CheckpointCorruptError,
-    CheckpointFormatError,
     CheckpointWriteError,
     RankMismatchError,
 )
 
-FORMAT = "dvc-dali-checkpoint"
-FORMAT_VERSION = 1
+FORMAT = manifest_schema.FORMAT
+FORMAT_VERSION = manifest_schema.FORMAT_VERSION
 LATEST = "LATEST"
 MANIFEST = "manifest.json"
+# Checked before either is read: both are read whole.
+LATEST_MAX_BYTES = 1 << 20  # one ~60-byte line per rank
+MANIFEST_MAX_BYTES = 64 << 20  # ~150,000 arrays
 _SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
-_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_MD5 = manifest_schema.MD5
 _LATEST_ENTRY = re.compile(r"^(rank-\d{5}/)?step-\d{9,}-[0-9a-f]{8}$")
-_MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
-                          r"dynamic/[0-9]{5}\.json)$")
-_FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
-        "`dvc-dali reset`")
+_FIX = manifest_schema.FIX
+# Never follow a symlink, never block on a FIFO; fstat then tells what was opened.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _fsync_dir(path: Path) -> None:
@@ -109,7 +121,8 @@ def _npy_parts(array: np.ndarray) -> list:
     except ValueError:  # a header too large for format 1.0
         np.lib.format.write_array_header_2_0(buf, header)
     data = array.T if header["fortran_order"] else array
-    return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")]
+    # as bytes: memoryview cannot export datetime and some other dtypes
+    return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))]
 
 
 @dataclass
@@ -127,6 +140,69 @@ class Snapshot:
         return self.manifest["step"]
 
 
+def _check_step(step: Any, total_steps: Any) -> None:
+    # bool is an int to Python; the reader refuses it, so the writer does too
+    if type(step) is not int or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if total_steps is not None and (type(total_steps) is not int or total_steps < 0):
+        raise ValueError(f"total_steps must be a non-negative int or None, got "
+                         f"{total_steps!r}")
+
+
+def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
+    """metadata and run as the JSON the manifest will hold; TypeError for
+    anything the reader would refuse, before anything is written."""
+    try:
+        text = json.dumps({"metadata": metadata, "run": run or {}}, sort_keys=True,
+                          allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
+                        f"dicts): {exc}") from None
+    if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
+        raise TypeError(f"metadata and params must be plain JSON nested at most "
+                        f"{safe_json.MAX_DEPTH - 2} levels deep")
+    return text
+
+
+def _flatten_arrays(arrays: dict[str, Any]) -> tuple[dict[str, Any], list]:
+    """The arrays' JSON trees and their leaves (host array, manifest fields)."""
+    leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
+
+    def add_array(host: np.ndarray, info: dict[str, Any]) -> int:
+        leaves.append((host, info))
+        return len(leaves) - 1
+
+    trees = {name: arrays_mod.flatten(name, value, add_array)
+             for name, value in sorted(arrays.items())}
+    return trees, leaves
+
+
+def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list,
+                   dynamic: dict[str, str], files: dict[str, Any]) -> dict[str, Any]:
+    """Write every member file into ``tmp`` (md5 and size into ``files``);
+    the manifest's pipelines, array_files and dynamic fields."""
+    def put(rel: str, parts: list) -> None:
+        (tmp / rel).parent.mkdir(exist_ok=True)
+        files[rel] = _write_hashed(tmp / rel, parts)
+
+    out: dict[str, Any] = {"pipelines": {}, "array_files": [], "dynamic": {}}
+    for i, (pname, info) in enumerate(sorted(pipelines.items())):
+        rel = f"pipelines/{i:05d}.dali"
+        put(rel, [info["state"]])
+        out["pipelines"][pname] = {"file": rel, **{k: v for k, v in info.items()
+                                                   if k != "state"}}
+    for i, (host, info) in enumerate(leaves):
+        rel = f"arrays/{i:05d}.npy"
+        put(rel, _npy_parts(host))
+        out["array_files"].append({"file": rel, "dtype": host.dtype.str,
+                                   "shape": list(host.shape), **info})
+    for i, (dname, text) in enumerate(sorted(dynamic.items())):
+        rel = f"dynamic/{i:05d}.json"
+        put(rel, [text.encode()])
+        out["dynamic"][dname] = {"file": rel}
+    return out
+
+
 def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    arrays: dict[str, Any], metadata: dict[str, Any],
                    versions: dict[str, str], run: dict[str, Any] | None = None,
@@ -139,65 +215,22 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     ``arrays`` a name to an array or a nest of them (see arrays.py);
     ``dynamic`` a name to a DALI dynamic-mode checkpoint (JSON text).
     """
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    try:
-        meta_text = json.dumps({"metadata": metadata, "run": run or {}}, sort_keys=True,
-                               allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
-                        f"dicts): {exc}") from None
+    _check_step(step, (run or {}).get("total_steps"))
+    meta_text = _meta_text(metadata, run)
+    trees, leaves = _flatten_arrays(arrays)  # refused values raise before any file exists
     name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
+    files: dict[str, dict[str, Any]] = {}
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True)
-        files: dict[str, dict[str, Any]] = {}
-
-        def put(rel: str, parts: list) -> None:
-            (tmp / rel).parent.mkdir(exist_ok=True)
-            files[rel] = _write_hashed(tmp / rel, parts)
-
-        manifest_pipes = {}
-        for i, (pname, info) in enumerate(sorted(pipelines.items())):
-            rel = f"pipelines/{i:05d}.dali"
-            put(rel, [info["state"]])
-            manifest_pipes[pname] = {"file": rel, **{k: v for k, v in info.items() if k != "state"}}
-        leaves: list[tuple[np.ndarray, dict[str, Any]]] = []
-
-        def add_array(host: np.ndarray, info: dict[str, Any]) -> int:
-            leaves.append((host, info))
-            return len(leaves) - 1
-
-        trees = {name: arrays_mod.flatten(name, value, add_array)
-                 for name, value in sorted(arrays.items())}
-        array_files = []
-        for i, (host, info) in enumerate(leaves):
-            rel = f"arrays/{i:05d}.npy"
-            put(rel, _npy_parts(host))
-            array_files.append({"file": rel, "dtype": host.dtype.str, "shape": list(host.shape),
-                                **info})
-        manifest_dynamic = {}
-        for i, (dname, text) in enumerate(sorted((dynamic or {}).items())):
-            rel = f"dynamic/{i:05d}.json"
-            put(rel, [text.encode()])
-            manifest_dynamic[dname] = {"file": rel}
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "versions": versions,
-            "pipelines": manifest_pipes,
-            "arrays": trees,
-            "array_files": array_files,
-            "dynamic": manifest_dynamic,
-            **json.loads(meta_text),
-            "files": files,
-            "rank": rank,
-        }
+        members = _write_members(tmp, pipelines, leaves, dynamic or {}, files)
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions,
+                    **members, "arrays": trees, **json.loads(meta_text), "files": files,
+                    "rank": rank}
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        put(MANIFEST, [text])
+        files[MANIFEST] = _write_hashed(tmp / MANIFEST, [text])
         for sub in {rel.split("/")[0] for rel in files if "/" in rel}:
             _fsync_dir(tmp / sub)
         _fsync_dir(tmp)
@@ -244,132 +277,269 @@ def remove_leftovers(root: Path, keep: str) -> None:
                 entry.unlink(missing_ok=True)
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a device"
+
+
+def _not_plain(path: Path, mode: int, want: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"{path}: is {_kind(mode)}, not {want}; dvc-dali writes checkpoints as plain files "
+        f"and directories and follows no links out of them (edited or replaced): {_FIX}")
+
+
+def _lstat(path: Path, name: str, dir_fd: int | None, missing: str) -> os.stat_result:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointCorruptError(f"{path}: {missing}: {_FIX}") from None
+
+
+def _open_checked(path: Path, name: str, dir_fd: int | None, flags: int,
+                  before: os.stat_result) -> int:
+    """open(name) without following a symlink or blocking on a FIFO; the
+    fstat must show the inode lstat saw (nothing swapped in between)."""
+    try:
+        fd = os.open(name, flags | _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise CheckpointCorruptError(f"{path}: cannot open ({exc.strerror or exc}): "
+                                     f"{_FIX}") from None
+    st = os.fstat(fd)
+    if (st.st_ino, st.st_dev, stat.S_IFMT(st.st_mode)) != (
+            before.st_ino, before.st_dev, stat.S_IFMT(before.st_mode)):
+        os.close(fd)
+        raise CheckpointCorruptError(f"{path}: replaced while being read: {_FIX}")
+    return fd
+
+
+def _open_file(path: Path, name: str, dir_fd: int | None, *, size: int | None = None,
+               limit: int | None = None, missing: str = "missing from the checkpoint"):
+    """A regular file (checked with lstat before it is opened) as an
+    unbuffered binary file, and its size: ``size`` exactly, or at most
+    ``limit`` bytes."""
+    st = _lstat(path, name, dir_fd, missing)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_plain(path, st.st_mode, "a regular file")
+    if size is not None and st.st_size != size:
+        raise CheckpointCorruptError(f"{path}: {st.st_size} bytes, the manifest says {size} "
+                                     f"(truncated or overwritten): {_FIX}")
+    if limit is not None and st.st_size > limit:
+        raise CheckpointCorruptError(f"{path}: {st.st_size} bytes, more than the "
+                                     f"{limit >> 20} MiB such a file may hold: {_FIX}")
+    fd = _open_checked(path, name, dir_fd, 0, st)
+    return open(fd, "rb", buffering=0), st.st_size
+
+
+def _read_all(fh, size: int, path: Path) -> bytes:
+    """Exactly ``size`` bytes (the size fstat gave): never more is read."""
+    chunks = []
+    while size:
+        chunk = fh.read(min(size, 1 << 30))
+        if not chunk:
+            raise CheckpointCorruptError(f"{path}: shorter than its size (changed while "
+                                         f"read): {_FIX}")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _digest_error(path: Path, snap_dir: Path) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"{path}: contents do not match the md5 in "
+                                  f"{snap_dir / MANIFEST} (corrupted or edited): {_FIX}")
+
+
+class _SnapshotFiles:
+    """A snapshot directory opened without following symlinks (each path
+    component below ``root``), its files opened relative to it (openat):
+    nothing swapped in after a check is followed."""
+
+    def __init__(self, root: Path, rel: str) -> None:
+        self.root, self.path = Path(root), Path(root) / rel
+        self._fds: dict[str, int] = {}
+        try:  # the root is the user's own path: it may be a symlink
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CheckpointCorruptError(f"{self.path}: cannot open ({exc.strerror or exc}): "
+                                         f"{_FIX}") from None
+        path = self.root
+        for part in rel.split("/"):
+            path = path / part
+            fd = self._subdir(fd, part, path)  # closes the parent, also on error
+        self._fds[""] = fd
+
+    @staticmethod
+    def _subdir(parent: int, name: str, path: Path) -> int:
+        try:
+            st = _lstat(path, name, parent, "missing from the checkpoint")
+            if not stat.S_ISDIR(st.st_mode):
+                raise _not_plain(path, st.st_mode, "a directory")
+            return _open_checked(path, name, parent, os.O_DIRECTORY, st)
+        finally:
+            os.close(parent)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> _SnapshotFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self, rel: str, **kw):
+        """``rel`` (a manifest or member path) opened as _open_file does."""
+        sub, _, name = rel.rpartition("/")
+        if sub not in self._fds:
+            self._fds[sub] = self._subdir(os.dup(self._fds[""]), sub, self.path / sub)
+        return _open_file(self.path / rel, name, self._fds[sub], **kw)
+
+    def manifest(self, md5: str) -> dict[str, Any]:
+        path = self.path / MANIFEST
+        fh, size = self.open(MANIFEST, limit=MANIFEST_MAX_BYTES, missing="missing")
+        with fh:
+            raw = _read_all(fh, size, path)
+        if hashlib.md5(raw).hexdigest() != md5:
+            raise CheckpointCorruptError(f"{path}: does not match the md5 recorded in "
+                                         f"{self.root / LATEST} (edited or corrupted): "
+                                         f"{_FIX}")
+        manifest = safe_json.loads(raw, where=str(path), fix=_FIX)
+        return manifest_schema.validate(manifest, str(path))
+
+    def member(self, rel: str, want: dict[str, Any]) -> bytes:
+        path = self.path / rel
+        fh, size = self.open(rel, size=want["size"])
+        with fh:
+            data = _read_all(fh, size, path)
+        if hashlib.md5(data).hexdigest() != want["md5"]:
+            raise _digest_error(path, self.path)
+        return data
+
+    def array(self, rel: str, want: dict[str, Any], info: dict[str, Any]) -> np.ndarray:
+        """The .npy ``rel``, header checked against the manifest's ``info``
+        before any memory is allocated, read once into its final array."""
+        path = self.path / rel
+        fh, size = self.open(rel, size=want["size"])
+        md5 = hashlib.md5()
+        with fh:
+            try:
+                array = npy.read(fh, size, info["dtype"], info["shape"], md5)
+            except npy.NpyError as exc:
+                raise CheckpointCorruptError(f"{path}: not a readable .npy ({exc}): "
+                                             f"{_FIX}") from None
+        if md5.hexdigest() != want["md5"]:
+            raise _digest_error(path, self.path)
+        return array
+
+
+def _read_latest(pointer: Path) -> str:
+    fh, size = _open_file(pointer, str(pointer), None, limit=LATEST_MAX_BYTES,
+                          missing="missing")
+    with fh:
+        return _read_all(fh, size, pointer).decode(errors="replace")
+
+
 def latest(root: Path) -> list[tuple[str, str]] | None:
     """The snapshots LATEST names (one per rank) with their manifests'
     md5, or None when there is no checkpoint yet. The digest makes an
     edited manifest visible."""
     pointer = root / LATEST
-    if not pointer.exists():
+    try:
+        os.lstat(pointer)
+    except (FileNotFoundError, NotADirectoryError):
         if root.is_dir() and any(_SNAPSHOT_NAME.match(e.name) for e in root.iterdir()):
             raise CheckpointCorruptError(f"{pointer}: missing, but {root} holds snapshots; "
-                                         f"the directory was edited by hand: {_FIX}")
+                                         f"the directory was edited by hand: {_FIX}") from None
         return None
     entries = []
-    for line in pointer.read_text(errors="replace").splitlines() or [""]:
+    for line in _read_latest(pointer).splitlines() or [""]:
         text = line.split()
         if (len(text) != 2 or not _LATEST_ENTRY.match(text[0])
                 or not _MD5.match(text[1])):
             raise CheckpointCorruptError(f"{pointer}: does not hold '<snapshot> <manifest "
                                          f"md5>' lines (found {line[:80]!r}): {_FIX}")
-        if not (root / text[0] / MANIFEST).is_file():
+        try:
+            os.lstat(root / text[0] / MANIFEST)
+        except (FileNotFoundError, NotADirectoryError):
             raise CheckpointCorruptError(f"{pointer}: names {text[0]}, but "
-                                         f"{root / text[0] / MANIFEST} does not exist: {_FIX}")
+                                         f"{root / text[0] / MANIFEST} does not exist: "
+                                         f"{_FIX}") from None
         entries.append((text[0], text[1]))
     return entries
 
 
-def _read_member(snap_dir: Path, rel: str, files: dict[str, Any]) -> bytes:
-    if not isinstance(rel, str) or not _MEMBER_PATH.match(rel) or rel not in files:
-        raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: file entry {rel!r} is not one "
-                                     f"this format writes (paths stay inside the snapshot): "
-                                     f"{_FIX}")
-    path = snap_dir / rel
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path}: missing from the checkpoint: {_FIX}") from None
-    want = files[rel]
-    if len(data) != want.get("size"):
-        raise CheckpointCorruptError(f"{path}: {len(data)} bytes, the manifest says "
-                                     f"{want.get('size')} (truncated or overwritten): {_FIX}")
-    if hashlib.md5(data).hexdigest() != want.get("md5"):
-        raise CheckpointCorruptError(f"{path}: contents do not match the md5 in "
-                                     f"{snap_dir / MANIFEST} (corrupted or edited): {_FIX}")
-    return data
-
-
 def read_manifest(snap_dir: Path, md5: str) -> dict[str, Any]:
-    path = snap_dir / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointCorruptError(f"{path}: missing: {_FIX}") from None
-    if hashlib.md5(raw).hexdigest() != md5:
-        raise CheckpointCorruptError(f"{path}: does not match the md5 recorded in "
-                                     f"{snap_dir.parent / LATEST} (edited or corrupted): {_FIX}")
-    try:
-        manifest = json.loads(raw)
-    except ValueError as exc:
-        raise CheckpointCorruptError(f"{path}: not valid JSON ({exc}): {_FIX}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointFormatError(f"{path}: not a dvc-dali manifest (no \"format\": "
-                                    f"\"{FORMAT}\"); point dvc-dali at its own checkpoint "
-                                    "directory, or start over with `dvc-dali reset`")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointFormatError(f"{path}: format_version {version!r} is newer than this "
-                                    f"dvc-dali reads ({FORMAT_VERSION}); upgrade dvc-dali "
-                                    "(pip install -U dvc-dali)")
-    for key, kind in (("step", int), ("pipelines", dict), ("arrays", dict),
-                      ("array_files", list), ("dynamic", dict), ("metadata", dict),
-                      ("files", dict)):
-        if not isinstance(manifest.get(key), kind):
-            raise CheckpointCorruptError(f"{path}: field {key!r} is missing or not a "
-                                         f"{kind.__name__}: {_FIX}")
-    return manifest
+    """The manifest of ``snap_dir``, its md5 checked against ``md5`` (from
+    LATEST) and validated whole against its schema (manifest_schema.py)."""
+    with _SnapshotFiles(snap_dir.parent, snap_dir.name) as snap:
+        return snap.manifest(md5)
+
+
+def _check_rank(manifest: dict[str, Any], where: Path, rank: int, world_size: int) -> None:
+    saved = manifest.get("rank") or {"rank": 0, "world_size": 1}
+    if (saved["rank"], saved["world_size"]) != (rank, world_size):
+        raise RankMismatchError(
+            f"{where}: holds the state of rank {saved['rank']} of {saved['world_size']}, but "
+            f"rank {rank} of {world_size} is reading it (files moved between ranks?). Each "
+            "rank must read its own rank-NNNNN directory: restore the checkpoint with "
+            "`dvc exp apply`, or start over with `dvc-dali reset`.")
+
+
+def _read_arrays(snap: _SnapshotFiles, out: Snapshot, array_module) -> None:
+    manifest, files = out.manifest, out.manifest["files"]
+    infos = manifest["array_files"]
+    leaves = [snap.array(info["file"], files[info["file"]], info) for info in infos]
+    for aname, tree in manifest["arrays"].items():
+        try:
+            out.arrays[aname] = arrays_mod.unflatten(tree, leaves, infos, array_module)
+        except ValueError as exc:
+            raise CheckpointCorruptError(
+                f"{snap.path / MANIFEST}: field {manifest_schema.key('arrays', aname)!r} "
+                f"cannot be restored ({exc}): {_FIX}") from None
+
+
+def _read_dynamic(snap: _SnapshotFiles, out: Snapshot) -> None:
+    files = out.manifest["files"]
+    for dname, info in out.manifest["dynamic"].items():
+        data = snap.member(info["file"], files[info["file"]])
+        try:
+            out.dynamic_states[dname] = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointCorruptError(
+                f"{snap.path / info['file']}: not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start}); a DALI dynamic-mode checkpoint is JSON: {_FIX}") from None
 
 
 def read_snapshot(root: Path, array_module=None, rank: int = 0,
                   world_size: int = 1) -> Snapshot | None:
-    """The latest complete snapshot of ``rank``, every digest checked, or None."""
+    """The latest complete snapshot of ``rank``, every file checked (kind,
+    size, digest, the manifest against its schema, each .npy header against
+    the manifest) before it is used, or None."""
     entries = latest(root)
     if entries is None:
         return None
-    pointer = root / LATEST
     if len(entries) != world_size:
         raise RankMismatchError(
-            f"{pointer}: saved by {len(entries)} process(es), this run has {world_size}. "
+            f"{root / LATEST}: saved by {len(entries)} process(es), this run has {world_size}. "
             f"Resume with {len(entries)} (e.g. torchrun --nproc_per_node {len(entries)}), or "
             "start over with `dvc-dali reset`; resuming with another world size (elastic) is "
             "not supported.")
-    found = entries[rank]
-    snap_dir = root / found[0]
-    manifest = read_manifest(snap_dir, found[1])
-    saved = manifest.get("rank") or {"rank": 0, "world_size": 1}
-    if not isinstance(saved, dict):
-        raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: field 'rank' is not an object: "
-                                     f"{_FIX}")
-    if (saved.get("rank"), saved.get("world_size")) != (rank, world_size):
-        raise RankMismatchError(
-            f"{snap_dir / MANIFEST}: holds the state of rank {saved.get('rank')} of "
-            f"{saved.get('world_size')}, but rank {rank} of {world_size} is reading it (files "
-            "moved between ranks?). Each rank must read its own rank-NNNNN directory: restore "
-            f"the checkpoint with `dvc exp apply`, or start over with `dvc-dali reset`.")
-    files = manifest["files"]
-    snap = Snapshot(snap_dir, manifest)
-    for pname, info in manifest["pipelines"].items():
-        snap.pipeline_states[pname] = _read_member(snap_dir, info.get("file"), files)
-    leaves = []
-    for info in manifest["array_files"]:
-        rel = info.get("file") if isinstance(info, dict) else None
-        data = _read_member(snap_dir, rel, files)
-        try:
-            leaves.append(np.lib.format.read_array(io.BytesIO(data), allow_pickle=False))
-        except ValueError as exc:
-            raise CheckpointCorruptError(f"{snap_dir / rel}: not a readable .npy "
-                                         f"({exc}): {_FIX}") from None
-    for aname, tree in manifest["arrays"].items():
-        try:
-            snap.arrays[aname] = arrays_mod.unflatten(tree, leaves, manifest["array_files"],
-                                                      array_module, aname)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointCorruptError(f"{snap_dir / MANIFEST}: array entry {aname!r} is "
-                                         f"malformed ({exc}): {_FIX}") from None
-    for dname, info in manifest["dynamic"].items():
-        rel = info.get("file") if isinstance(info, dict) else None
-        snap.dynamic_states[dname] = _read_member(snap_dir, rel, files).decode()
-    return snap
-
+    rel, md5 = entries[rank]
+    with _SnapshotFiles(root, rel) as snap:
+        manifest = snap.manifest(md5)
+        _check_rank(manifest, snap.path / MANIFEST, rank, world_size)
+        out = Snapshot(snap.path, manifest)
+        files = manifest["files"]
+        for pname, info in manifest["pipelines"].items():
+            out.pipeline_states[pname] = snap.member(info["file"], files[info["file"]])
+        _read_arrays(snap, out, array_module)
+        _read_dynamic(snap, out)
+    return out
 
 
 def file_digests(root: Path) -> dict[Path, str]:
@@ -379,7 +549,8 @@ def file_digests(root: Path) -> dict[Path, str]:
     for rel, manifest_md5 in latest(root) or []:
         snap_dir = root / rel
         out[snap_dir / MANIFEST] = manifest_md5
-        for member, info in read_manifest(snap_dir, manifest_md5)["files"].items():
-            if _MEMBER_PATH.match(member):
-                out[snap_dir / member] = info["md5"]
+        with _SnapshotFiles(root, rel) as snap:
+            files = snap.manifest(manifest_md5)["files"]
+        for member, info in files.items():
+            out[snap_dir / member] = info["md5"]
     return out

@@ -299,7 +299,8 @@ def test_extra_operator(tmp_path):
     ck = dvc_dali.Checkpointer(tmp_path / "ckpt")
     ck.pipeline("p", one).run()
     ck.save(1)
-    with pytest.raises(dvc_dali.PipelineMismatchError, match=r"operator n: <absent> -> random__Normal"):
+    with pytest.raises(dvc_dali.PipelineMismatchError,
+                       match=r"operator n: <absent> -> random__Normal"):
         dvc_dali.Checkpointer(tmp_path / "ckpt").pipeline("p", two)
 
 

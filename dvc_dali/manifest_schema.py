@@ -1,0 +1,274 @@
+"""The one check of a manifest.json before anything uses it.
+
+Every field is checked for type, range and required presence, so a manifest
+edited by hand or by an attacker (digests recomputed) gives a
+CheckpointCorruptError or CheckpointFormatError naming the file and the
+field path (``manifest.json: field 'array_files[3].shape[1]' is -1, ...``)
+instead of an AttributeError deep in the reader. Fields a reader never uses
+(``metadata``, ``run.params``) may hold any JSON: their depth is bounded by
+the parse (safe_json).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from . import arrays as arrays_mod
+from .errors import CheckpointCorruptError, CheckpointFormatError
+
+FORMAT = "dvc-dali-checkpoint"
+FORMAT_VERSION = 1
+FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
+       "`dvc-dali reset`")
+MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
+                         r"dynamic/[0-9]{5}\.json)$")
+MD5 = re.compile(r"^[0-9a-f]{32}$")
+# What np.dtype(...).str gives: byte order, kind, item size, datetime unit.
+DTYPE = re.compile(r"^[<>|][biufcmMSUV][0-9]{1,10}(\[[A-Za-z0-9]{1,8}\])?$")
+_TORCH_DTYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KINDS = ("numpy", "cupy", "torch", "jax")
+_TORCH_VIEWS = (None, "int8", "int16", "int32", "int64")
+_MAX_INT = (1 << 63) - 1  # file sizes, steps: what an off_t holds
+_MAX_DIMS = 64
+
+
+class ManifestError(CheckpointCorruptError):
+    """A manifest field of the wrong type, out of range or missing."""
+
+    def __init__(self, where: str, field: str, what: str) -> None:
+        super().__init__(f"{where}: field {field!r} {what}: {FIX}")
+        self.field = field
+
+
+def key(path: str, name: Any) -> str:
+    """``path.name`` or ``path['odd name']``: a field path a reader can follow."""
+    if isinstance(name, int):
+        return f"{path}[{name}]"
+    if _NAME.match(name):
+        return f"{path}.{name}" if path else name
+    return f"{path}[{name[:60]!r}]"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    """Field checks of one manifest; each failure names ``where`` and the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, field: str, what: str) -> None:
+        raise ManifestError(self.where, field, what)
+
+    def get(self, obj: dict, path: str, name: str, required: bool = True) -> Any:
+        field = key(path, name)
+        if name not in obj:
+            if required:
+                self.fail(field, "is missing")
+            return None
+        return obj[name]
+
+    def typed(self, value: Any, field: str, kind: type, what: str) -> Any:
+        # bool is an int to Python, never to a manifest
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(field, f"is {_show(value)}, expected {what}")
+        return value
+
+    def count(self, value: Any, field: str, minimum: int = 0) -> int:
+        what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+        self.typed(value, field, int, what)
+        if not minimum <= value <= _MAX_INT:
+            self.fail(field, f"is {_show(value)}, expected {what}")
+        return value
+
+    def text(self, value: Any, field: str, pattern: re.Pattern | None = None,
+             what: str = "a string") -> str:
+        self.typed(value, field, str, what)
+        if pattern is not None and not pattern.match(value):
+            self.fail(field, f"is {_show(value)}, expected {what}")
+        return value
+
+    def mapping(self, value: Any, field: str, each: Callable[[str, Any, str], None]
+                | None = None) -> dict:
+        self.typed(value, field, dict, "an object")
+        if each is not None:
+            for name, item in value.items():
+                each(name, item, key(field, name))
+        return value
+
+    def member(self, value: Any, field: str, prefix: str, files: dict) -> str:
+        """A file entry naming one of this snapshot's files of kind ``prefix``."""
+        if not (isinstance(value, str) and MEMBER_PATH.match(value)
+                and value.startswith(prefix)):
+            self.fail(field, f"is {_show(value)}, not a {prefix}NNNNN file entry this format "
+                      "writes (paths stay inside the snapshot)")
+        if value not in files:
+            self.fail(field, f"names {value!r}, which 'files' does not list")
+        return value
+
+
+def _check_header(manifest: Any, where: str) -> None:
+    """format and format_version: a foreign or newer manifest is a format
+    error (with its own fix), not corruption."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointFormatError(f"{where}: not a dvc-dali manifest (no \"format\": "
+                                    f"\"{FORMAT}\"); point dvc-dali at its own checkpoint "
+                                    "directory, or start over with `dvc-dali reset`")
+    version = manifest.get("format_version")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise CheckpointFormatError(f"{where}: format_version {version!r} is newer than this "
+                                    f"dvc-dali reads ({FORMAT_VERSION}); upgrade dvc-dali "
+                                    "(pip install -U dvc-dali)")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise ManifestError(where, "format_version", f"is {_show(version)}, expected "
+                            f"{FORMAT_VERSION}")
+
+
+def _check_files(c: _Checker, files: Any) -> None:
+    def entry(name: str, info: Any, field: str) -> None:
+        if not MEMBER_PATH.match(name):
+            c.fail(field, "is not a file this format writes (paths stay inside the snapshot)")
+        c.mapping(info, field)
+        c.text(c.get(info, field, "md5"), key(field, "md5"), MD5, "32 lowercase hex digits")
+        c.count(c.get(info, field, "size"), key(field, "size"))
+
+    c.mapping(files, "files", entry)
+
+
+def _check_run_and_rank(c: _Checker, manifest: dict) -> None:
+    run = c.get(manifest, "", "run", required=False)
+    if run is not None:
+        c.mapping(run, "run")
+        if "params" in run:
+            c.mapping(run["params"], "run.params")
+        total = run.get("total_steps")
+        if total is not None:
+            c.count(total, "run.total_steps")
+    rank = c.get(manifest, "", "rank", required=False)
+    if rank is not None:
+        c.mapping(rank, "rank")
+        size = c.count(c.get(rank, "rank", "world_size"), "rank.world_size", minimum=1)
+        number = c.count(c.get(rank, "rank", "rank"), "rank.rank")
+        if number >= size:
+            c.fail("rank.rank", f"is {number}, not below world_size {size}")
+
+
+def _check_description(c: _Checker, desc: Any, field: str) -> None:
+    """What dali_state.differences() walks: operators with a type, args and inputs."""
+    c.mapping(desc, field)
+
+    def operator(name: str, op: Any, path: str) -> None:
+        c.mapping(op, path)
+        c.text(c.get(op, path, "type"), key(path, "type"))
+        if "args" in op:
+            c.mapping(op["args"], key(path, "args"))
+        for i, item in enumerate(c.typed(op.get("inputs", []), key(path, "inputs"), list,
+                                         "a list")):
+            c.text(item, f"{key(path, 'inputs')}[{i}]")
+
+    c.mapping(c.get(desc, field, "operators"), key(field, "operators"), operator)
+    for name in ("batch_size", "seed"):
+        if name in desc:
+            c.typed(desc[name], key(field, name), int, "an integer")
+    if "data" in desc:
+        c.mapping(desc["data"], key(field, "data"),
+                  lambda name, digest, path: c.text(digest, path))
+
+
+def _check_pipelines(c: _Checker, pipelines: Any, files: dict) -> None:
+    def entry(name: str, info: Any, field: str) -> None:
+        c.mapping(info, field)
+        c.member(c.get(info, field, "file"), key(field, "file"), "pipelines/", files)
+        _check_description(c, c.get(info, field, "description"), key(field, "description"))
+        if "fingerprint" in info:
+            c.text(info["fingerprint"], key(field, "fingerprint"))
+        for counter in ("iter", "epoch_idx"):  # DALI's counters: any int
+            if counter in info:
+                c.typed(info[counter], key(field, counter), int, "an integer")
+
+    c.mapping(pipelines, "pipelines", entry)
+
+
+def _check_dynamic(c: _Checker, dynamic: Any, files: dict) -> None:
+    def entry(name: str, info: Any, field: str) -> None:
+        c.mapping(info, field)
+        c.member(c.get(info, field, "file"), key(field, "file"), "dynamic/", files)
+
+    c.mapping(dynamic, "dynamic", entry)
+
+
+def _check_dtype(c: _Checker, value: Any, field: str) -> None:
+    c.text(value, field, DTYPE, "a NumPy dtype string such as '<f4'")
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError):
+        c.fail(field, f"is {_show(value)}, not a NumPy dtype")
+    if dtype.hasobject or dtype.itemsize == 0:
+        c.fail(field, f"is {_show(value)}, a dtype dvc-dali never writes (objects or "
+               "zero-size elements)")
+
+
+def _check_array_file(c: _Checker, info: Any, field: str, files: dict) -> None:
+    c.mapping(info, field)
+    c.member(c.get(info, field, "file"), key(field, "file"), "arrays/", files)
+    _check_dtype(c, c.get(info, field, "dtype"), key(field, "dtype"))
+    shape = c.typed(c.get(info, field, "shape"), key(field, "shape"), list, "a list")
+    if len(shape) > _MAX_DIMS:
+        c.fail(key(field, "shape"), f"has {len(shape)} dimensions, more than {_MAX_DIMS}")
+    for i, size in enumerate(shape):
+        c.count(size, f"{key(field, 'shape')}[{i}]")
+    kind = info.get("kind", "numpy")
+    if kind not in _KINDS:
+        c.fail(key(field, "kind"), f"is {_show(kind)}, expected one of {', '.join(_KINDS)}")
+    if "device" in info:
+        c.text(info["device"], key(field, "device"))
+    if not isinstance(info.get("scalar", False), bool) or (info.get("scalar") and shape):
+        c.fail(key(field, "scalar"), f"is {_show(info.get('scalar'))}, expected true (with "
+               "shape []) or false")
+    if info.get("torch_view") not in _TORCH_VIEWS:
+        c.fail(key(field, "torch_view"), f"is {_show(info.get('torch_view'))}, expected "
+               "null or int8/int16/int32/int64")
+    if "torch_dtype" in info or info.get("torch_view"):  # the view needs the dtype
+        c.text(c.get(info, field, "torch_dtype"), key(field, "torch_dtype"), _TORCH_DTYPE,
+               "a torch dtype name")
+
+
+def _check_arrays(c: _Checker, trees: Any, n_files: int) -> None:
+    def entry(name: str, tree: Any, field: str) -> None:
+        try:
+            arrays_mod.check_tree(tree, n_files)
+        except arrays_mod.TreeError as exc:
+            c.fail(field + exc.path, exc.what)
+
+    c.mapping(trees, "arrays", entry)
+
+
+def validate(manifest: Any, where: str) -> dict[str, Any]:
+    """Check a parsed manifest.json whole; returns it. ``where`` (the file)
+    starts every message."""
+    _check_header(manifest, where)
+    c = _Checker(where)
+    files = c.mapping(c.get(manifest, "", "files"), "files")
+    _check_files(c, files)
+    c.count(c.get(manifest, "", "step"), "step")
+    for name in ("created",):
+        if name in manifest:
+            c.text(manifest[name], name)
+    if "versions" in manifest:
+        c.mapping(manifest["versions"], "versions", lambda n, v, path: c.text(v, path))
+    c.mapping(c.get(manifest, "", "metadata"), "metadata")
+    _check_run_and_rank(c, manifest)
+    _check_pipelines(c, c.get(manifest, "", "pipelines"), files)
+    _check_dynamic(c, c.get(manifest, "", "dynamic"), files)
+    array_files = c.typed(c.get(manifest, "", "array_files"), "array_files", list, "a list")
+    for i, info in enumerate(array_files):
+        _check_array_file(c, info, f"array_files[{i}]", files)
+    _check_arrays(c, c.get(manifest, "", "arrays"), len(array_files))
+    return manifest
