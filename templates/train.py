@@ -9,6 +9,8 @@ import dvc_dali
 
 p = {"data": "data/images", "steps": 100, "checkpoint_every": 10, "batch_size": 16,
      "seed": 0, "lr": 0.1, **(yaml.safe_load(open("params.yaml")) or {}).get("train", {})}
+# The file reader labels <data>/<class>/ folders 0, 1, ... in sorted order.
+classes = len([d for d in os.listdir(p["data"]) if os.path.isdir(os.path.join(p["data"], d))])
 
 
 @pipeline_def
@@ -20,11 +22,15 @@ def images(data):  # <data>/<class>/<file>.jpg|png; every stateful operator name
 
 
 os.makedirs("model", exist_ok=True)
-ck = dvc_dali.Checkpointer("checkpoint")  # resumes from the last checkpoint, if any
+# params: what the run trains with (a finished run rerun with other params
+# starts anew); total_steps: when it is finished. Resumes from the last checkpoint.
+ck = dvc_dali.Checkpointer("checkpoint", params=p, total_steps=p["steps"])
 pipe = ck.pipeline("train", images, batch_size=p["batch_size"], num_threads=2,
                    device_id=None, seed=p["seed"], data=p["data"])
-w = ck.arrays.get("w", np.zeros((16 * 16, 10), np.float32))
+w = ck.arrays.get("w", np.zeros((16 * 16, classes), np.float32))
 live = ck.live()  # dvclive.Live resumed at ck.step
+print(f"{'resuming at step ' + str(ck.step) if ck.resumed else 'starting'}: "
+      f"{p['steps']} steps, {classes} classes", flush=True)
 for step in range(ck.step + 1, p["steps"] + 1):
     x, y = (np.asarray(out.as_tensor()) for out in pipe.run())
     x, y = x.reshape(len(x), -1), y.reshape(-1)
@@ -35,6 +41,7 @@ for step in range(ck.step + 1, p["steps"] + 1):
     prob[np.arange(len(y)), y] -= 1
     w -= np.float32(p["lr"]) * (x.T @ prob) / len(y)
     if step % p["checkpoint_every"] == 0 or step == p["steps"]:
+        print(f"step {step}/{p['steps']}: loss {loss:.4f}", flush=True)
         live.step = step  # log first: the recorded checkpoint holds this step's metrics
         live.log_metric("train/loss", loss)
         live.next_step()

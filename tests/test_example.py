@@ -38,11 +38,23 @@ def test_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
 
 
 def test_apply_older_row_then_rerun_resumes_there(project, uninterrupted):
+    """Nothing changed: refused, as DVC 2 did (the run's later rows hold that
+    training); on purpose (DVC_DALI_RETRAIN=1) it resumes there, exactly."""
     run(["dvc", "exp", "run", "-n", "full"], project)
     run(["dvc", "exp", "apply", "full-step30"], project)
-    out = run(["dvc", "exp", "run", "-n", "again"], project)
+    refused = run(["dvc", "exp", "run", "-n", "again"], project, check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "Nothing to do for an unchanged checkpoint" in said, said
+    assert "full-step40, full-step50, full-step60 already hold that training" in said
+    assert "Traceback" not in said
+    out = run(["dvc", "exp", "run", "-n", "again"], project, env={"DVC_DALI_RETRAIN": "1"})
     assert "resuming from step 30" in out.stdout
     assert model_sha(project) == uninterrupted
+    branch = run(["dvc", "exp", "apply", "full-step30"], project)
+    assert branch.returncode == 0
+    changed = run(["dvc", "exp", "run", "-n", "branch", "-S", "train.lr=0.05"], project)
+    assert "resuming from step 30" in changed.stdout  # a change branches off: allowed
 
 
 def test_pipeline_param_change_on_unfinished_run_is_refused(project):
@@ -81,7 +93,8 @@ def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrup
 def test_stage_without_persist_is_refused_before_training(project):
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace(
-        "          persist: true      # DVC 3 deletes", "          persist: false     # DVC 3 deletes"))
+        "          persist: true      # DVC 3 deletes",
+        "          persist: false     # DVC 3 deletes"))
     run(["git", "commit", "-qam", "break it"], project)
     out = run(["dvc", "exp", "run"], project, check=False)
     assert out.returncode != 0

@@ -1,0 +1,87 @@
+"""`dvc-dali show` and `remove` as pure functions: tables, order, selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from dvc_dali.cli import _message, draw_tree, group_runs, parse_batch, render
+from dvc_dali.errors import DvcDaliError
+from dvc_dali.recording.remove import Removed, select_refs, summarize
+
+B1, B2 = "a" * 40, "b" * 40
+
+
+def row(exp, step, time, sha=None, parent=None, baseline=B1):
+    sha = sha or f"{exp}{step}".ljust(40, "0")
+    return {"name": f"{exp}-step{step}", "ref": f"refs/exps/{baseline[:2]}/{baseline[2:]}/"
+            f"{exp}-step{step}", "sha": sha, "exp": exp, "step": step, "parent": parent,
+            "baseline": baseline, "time": time, "metrics": {}}
+
+
+def chain(exp, steps, times, baseline=B1):
+    rows, parent = [], None
+    for step, time in zip(steps, times):
+        rows.append(row(exp, step, time, parent=parent, baseline=baseline))
+        parent = rows[-1]["sha"]
+    return rows
+
+
+def test_runs_newest_first_steps_in_order_latest_marked():
+    rows = chain("a", [1, 2], [10, 11]) + chain("z", [1], [30]) + chain("m", [3, 1, 2], [20] * 3)
+    groups = group_runs(rows)
+    assert [g[0]["exp"] for g in groups] == ["z", "m", "a"]
+    assert [r["step"] for r in groups[1]] == [1, 2, 3]
+    # times tie: the end of the chain (step 2, recorded last) is the latest
+    assert [r["name"] for g in groups for r in g if r["latest"]] == ["z-step1", "m-step2",
+                                                                     "a-step2"]
+
+
+def test_same_name_on_two_baselines_is_two_runs():
+    groups = group_runs(chain("a", [1], [5]) + chain("a", [1, 2], [9, 9], baseline=B2))
+    assert [(g[0]["baseline"], len(g)) for g in groups] == [(B2, 2), (B1, 1)]
+
+
+def test_tree_draws_steps_in_order_and_a_branch():
+    rows = chain("a", [10, 20, 30], [1, 2, 3])
+    rows.append(row("a", 40, 3, sha="f" * 40, parent=rows[1]["sha"]))  # resumed from step 20
+    rows.append(row("a", 5, 3, sha="e" * 40))  # a second root, equal time
+    lines = draw_tree(group_runs(rows)[0])
+    steps = [line.split("step")[1].split()[0] for line in lines]
+    assert steps == ["5", "10", "20", "40", "30"]  # the branch, then the chain goes on
+    assert lines[3].startswith("│ ├─ step") and lines[3].endswith("← latest")
+
+
+def test_render_says_one_checkpoint_and_where_a_run_resumed_from():
+    a = chain("a", [1, 2], [1, 2])
+    b = [row("b", 3, 5, parent=a[0]["sha"])]
+    text = render(group_runs(a + b), {r["sha"]: r["name"] for r in a + b})
+    assert text[0] == "b  (baseline aaaaaaa, 1 checkpoint, resumed from a-step1)"
+    assert "a  (baseline aaaaaaa, 2 checkpoints)" in text
+
+
+def test_parse_batch():
+    out = (b"1111 blob 5\nhello\n"
+           b"x:dvclive/metrics.json missing\n"
+           b"2222 tree 3\nabc\n"
+           b"3333 blob 0\n\n"
+           b"4444 blob 7\n\xff\nline\n\n")
+    assert parse_batch(out, 5) == [b"hello", None, None, b"", b"\xff\nline\n"]
+
+
+@pytest.mark.parametrize("text", ["dvc_dali: no stage 'x'", "dvc-dali: no stage 'x'",
+                                  "no stage 'x'"])
+def test_message_has_no_prefix_of_its_own(text):
+    assert _message(DvcDaliError(text)) == "no stage 'x'"
+
+
+def test_select_refs_takes_every_row_of_a_run_and_dvcs_own_ref():
+    rows = chain("a", [1, 2], [1, 2]) + chain("a", [3], [3], baseline=B2) + chain("b", [1], [1])
+    own = [(f"refs/exps/{B1[:2]}/{B1[2:]}/a", "c" * 40),
+           (f"refs/exps/{B1[:2]}/{B1[2:]}/b-step1", rows[3]["sha"]),  # a row: not DVC's own
+           (f"refs/exps/{B2[:2]}/{B2[2:]}/c", "d" * 40)]
+    targets = select_refs(rows, ["a"], own)
+    assert [t.ref.rsplit("/", 1)[1] for t in targets] == ["a-step1", "a-step2", "a-step3", "a"]
+    assert [t.row for t in targets] == [True, True, True, False]
+    assert summarize(targets) == [Removed("a", B1, 2, True), Removed("a", B2, 1, False)]
+    assert select_refs(rows, ["b-step1"], own) == []  # a row's name is not a run's
+    assert [t.exp for t in select_refs(rows, ["c"], own)] == ["c"]  # a run without rows
