@@ -103,7 +103,7 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
     now, new = [], []
     for _ in range(3):
         t = perf()
-        a = dali_state._data_digest("file_root", str(root))
+        a = dali_state._data_digest(str(root), "file_root")
         now.append(perf() - t)
         t = perf()
         b = scandir_digest(str(root))

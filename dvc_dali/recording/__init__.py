@@ -29,7 +29,7 @@ from ..errors import RecordError
 from ..log import logger
 from . import commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .cache import CACHE
-from .maintenance import check_stage, checkpoint_outputs, reset_stage
+from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import LINEAGE_KEY, Lineage, list_rows
 
 __all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
@@ -98,11 +98,9 @@ def _locate(ctx: RunContext) -> _Where:
     root = dvc_door.find_root(os.getcwd())
     git_dir, toplevel = rows.git_dirs(root)
     main_git_dir, _ = rows.git_dirs(ctx.dvc_root)
-    if root not in CACHE.repos:
-        CACHE.repos[root] = dvc_door.open_repo(root)
     where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
                    git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
-                   CACHE.repos[root])
+                   repo_at(root))
     if not where.workspace:
         _check_shared_cache(where)
     return where
@@ -187,7 +185,7 @@ def _prepare(where: _Where, ctx: RunContext, args: "_Args", phases: _Phases) -> 
     """What needs no repo lock: the stage (once per process) and, when the
     run's deps and params were taken at its start, hashing its outputs. DVC
     commands of other runs wait for the lock only 3 s: it is held briefly."""
-    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, phases)
+    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, ctx.stage, phases)
     if args.expect_latest is not None:
         outputs.require_latest(stg, args.out, args.expect_latest)
     if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
@@ -204,7 +202,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
     old_entry = lockfile.stage_entry(lock_data, stg.name)
     if not run_start.known_deps():
         _save_stage(where, stg, phases)
-    pinned = run_start.pin(stg, where.toplevel)
+    pinned = run_start.pin(where.toplevel)
     with phases.timed("cache"):
         outputs.cache_outputs(stg)
     with phases.timed("lockfile"):
@@ -258,11 +256,12 @@ def _record(ctx: RunContext, args: _Args) -> RecordResult:
     return dataclasses.replace(result, duration_s=time.perf_counter() - t0)
 
 
-def _find(where: _Where, target: Optional[str], out: Optional[str], phases: _Phases):
+def _find(where: _Where, target: Optional[str], out: Optional[str], env_stage: Optional[str],
+          phases: _Phases):
     from .stage import cached_stage
 
     with phases.timed("stage"):
-        return cached_stage(where.repo, target, out)
+        return cached_stage(where.repo, target, out, env_stage)
 
 
 def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,

@@ -246,11 +246,6 @@ def params_now(dep: Any) -> tuple[Any, dict[str, Any]]:
                           "`dvc params diff` can read it.") from exc
 
 
-def pin_params(dep: Any, hash_info: Any) -> None:
-    """Make the stage record these param values, whatever the file says now."""
-    dep.hash_info = hash_info
-
-
 def checkout_dir(repo: Any, dir_md5: str, dest: str) -> None:
     """Materialize a directory output from the local cache into dest."""
     from dvc_data.hashfile.checkout import checkout

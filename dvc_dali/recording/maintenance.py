@@ -36,7 +36,7 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
             "checkpoint could be recorded. Run training through `dvc exp run` in the "
             "repository, or unset DVC_ROOT to train without recording.")
     repo = repo_at(os.getcwd())
-    stg = find_stage(repo, stage or ctx.stage, checkpoint_path)
+    stg = find_stage(repo, stage or ctx.stage, checkpoint_path, ctx.stage)
     problems, path = stage_problems(stg, checkpoint_path)
     if problems:
         raise RecordError(

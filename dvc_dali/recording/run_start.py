@@ -24,7 +24,6 @@ from .stage import find_stage, output_at
 @dataclass
 class RunStart:
     files: dict[str, Optional[bytes]]  # params file (absolute) -> its bytes at the start
-    hashes: dict[str, Any] = field(default_factory=dict)  # params file -> DVC's hash then
     params: dict[str, Any] = field(default_factory=dict)  # "train.lr" -> value
     warned: bool = False
     deps: dict[str, Any] = field(default_factory=dict)  # dep path -> (hash, meta) at start
@@ -62,7 +61,7 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
     from .maintenance import repo_at
 
     repo = repo_at(os.getcwd())
-    stage = find_stage(repo, ctx.stage, out)
+    stage = find_stage(repo, ctx.stage, out, ctx.stage)
     checkpoint = output_at(stage, out)
     if carry_checkpoint and checkpoint is not None:
         carry(ctx, repo, stage, checkpoint)
@@ -75,8 +74,8 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
         start.deps = dvc_door.dep_hashes(stage)
         for dep in dvc_door.params_deps(stage):
             start.files[dep.fs_path] = _read(dep.fs_path)
-            start.hashes[dep.fs_path], values = dvc_door.params_now(dep)
-            start.deps[dep.fs_path] = (start.hashes[dep.fs_path], dep.meta)
+            hash_info, values = dvc_door.params_now(dep)
+            start.deps[dep.fs_path] = (hash_info, dep.meta)  # what every row records
             prefix = "" if os.path.basename(dep.fs_path) == "params.yaml" else f"{dep.def_path}:"
             start.params.update(_flatten(values, prefix))
     finally:
@@ -85,10 +84,10 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
     return start
 
 
-def pin(stage: Any, toplevel: str) -> dict[str, bytes]:
-    """After the stage was saved: where a params file changed since the run
-    started, record the start values; returns {path relative to toplevel:
-    bytes at the start} for the row's commit."""
+def pin(toplevel: str) -> dict[str, bytes]:
+    """The params files changed since the run started (their values in the
+    row are the start's already: see known_deps), as {path relative to
+    toplevel: bytes at the start}, for the row's commit."""
     start = CACHE.run_start
     if start is None:
         return {}
@@ -98,9 +97,6 @@ def pin(stage: Any, toplevel: str) -> dict[str, bytes]:
                        "workspace?); its rows keep recording the params it started with",
                        ", ".join(os.path.relpath(p) for p in changed))
         start.warned = True
-    for dep in dvc_door.params_deps(stage):
-        if dep.fs_path in changed and dep.fs_path in start.hashes:
-            dvc_door.pin_params(dep, start.hashes[dep.fs_path])
     top = os.path.realpath(toplevel)
     return {os.path.relpath(os.path.realpath(p), top): b for p, b in changed.items()}
 

@@ -65,19 +65,22 @@ def select_stage(stages: list, root_dir: str, target: Optional[str], out: Option
         "`dvc exp run`, which sets DVC_STAGE.")
 
 
-def find_stage(repo: Any, target: Optional[str], out: Optional[str]) -> Any:
+def find_stage(repo: Any, target: Optional[str], out: Optional[str],
+               env_stage: Optional[str] = None) -> Any:
+    """env_stage: DVC_STAGE, to say where a target that matches nothing came from."""
     return select_stage(dvc_door.named_stages(repo), repo.root_dir, target, out,
-                        os.path.realpath(os.getcwd()), os.environ.get("DVC_STAGE"))
+                        os.path.realpath(os.getcwd()), env_stage)
 
 
-def cached_stage(repo: Any, target: Optional[str], out: Optional[str]) -> tuple[Any, list[str]]:
+def cached_stage(repo: Any, target: Optional[str], out: Optional[str],
+                 env_stage: Optional[str] = None) -> tuple[Any, list[str]]:
     """(stage, the paths a commit stages for it), looked up once per process
     and again only when its dvc.yaml or params.yaml change: the lookup parses
     every dvc.yaml and costs more than the rest of a small recording."""
     def load() -> tuple[list[str], Any]:
         watched = [os.path.join(repo.root_dir, "dvc.yaml"),
                    os.path.join(repo.root_dir, "params.yaml")]
-        stg = find_stage(repo, target, out)
+        stg = find_stage(repo, target, out, env_stage)
         watched += [stg.path, os.path.join(os.path.dirname(stg.path), "params.yaml")]
         return watched, (stg, dvc_door.stage_files(repo, stg))
 
