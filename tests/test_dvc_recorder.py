@@ -484,3 +484,16 @@ def test_held_index_lock_does_not_stop_recording(repo, env, tmp_path):
     assert proc.returncode == 0, out
     assert len(held_rows) >= 3 and held_rows[-1] == 6, (held_rows, out)
     check_rows(repo, env, "held", range(1, 7), 0.1, git(repo, "rev-parse", "HEAD"))
+
+
+def test_a_checkpoint_changed_under_the_run_is_not_recorded(repo, stage_env):
+    """Another command (a second `dvc exp run` in this workspace checks the
+    outputs out again before DVC refuses it) replaced the checkpoint the run
+    just wrote: no row holds another step's checkpoint; the next one records."""
+    (repo / "ckpt" / "LATEST").write_text("step-000000002-aaaaaaaa 0\n")  # what DVC put back
+    with pytest.raises(RecordError, match="changed since this run saved its checkpoint"):
+        rec.record(3, out="ckpt", expect_latest="step-000000003-bbbbbbbb 0\n")
+    assert git(repo, "for-each-ref", "refs/exps") == ""
+    (repo / "ckpt" / "LATEST").write_text("step-000000004-cccccccc 0\n")
+    res = rec.record(4, out="ckpt", expect_latest="step-000000004-cccccccc 0\n")
+    assert res.name == "direct-step4"
