@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from . import exit_messages
+from . import distributed, exit_messages
 from .context import SIGNAL_NAME, RunContext, repo_root
 from .errors import SignalError
 from .log import logger
@@ -102,7 +102,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     """
     ctx = ctx or RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
-    exit_messages.install(ctx)
+    exit_messages.install(ctx, sigterm=distributed.world()[1] == 1)
     if ctx.mode == "off":
         _say_not_recording(ctx)
         return

@@ -84,7 +84,9 @@ class Checkpointer:
         # The environment and the retention arguments are checked now, before
         # any training step, not at the first checkpoint.
         self._ctx = RunContext.from_environ()
-        exit_messages.install(self._ctx)  # refusals and Ctrl-C: one line, no traceback
+        # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
+        # process only: torchrun's agent uses it to stop the other ranks)
+        exit_messages.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._keep = self._ctx.retention(keep_last, keep_best)
         self.asynchronous = asynchronous
         self._worker: _Background | None = None  # the one background save in flight

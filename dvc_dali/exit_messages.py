@@ -58,14 +58,15 @@ def _on_sigterm(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def install(ctx: RunContext) -> None:
+def install(ctx: RunContext, sigterm: bool = True) -> None:
     """Once per process, under `dvc exp run` only; a handler the application
-    installed for SIGTERM is left alone."""
+    installed for SIGTERM is left alone, and so is SIGTERM when ``sigterm``
+    is false (torchrun's agent stops the other ranks with it)."""
     global _installed
     if _installed or not ctx.under_exp_run:
         return
     _installed = True
     sys.excepthook = _hook(ctx.debug, sys.excepthook)
-    if (threading.current_thread() is threading.main_thread()
+    if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, _on_sigterm)
