@@ -132,8 +132,9 @@ def dep_hashes(stage: Any) -> dict[str, tuple[Any, Any]]:
     from dvc.dependency.base import DependencyDoesNotExistError
 
     found = {}
+    params = params_deps(stage)
     for dep in stage.deps:
-        if dep in params_deps(stage):
+        if dep in params:
             continue
         try:
             dep.save()

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from ..context import RunContext
 from ..errors import RecordError
 from . import dvc_door, lockfile
+from .outputs import is_checkpoint_dir
 from .cache import CACHE
 from .stage import STAGE_FIX, find_stage, stage_problems
 
@@ -45,10 +46,6 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
             + STAGE_FIX.format(path=path))
 
 
-def _has_checkpoint(out: Any) -> bool:
-    return os.path.isfile(os.path.join(out.fs_path, "LATEST"))
-
-
 def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list[str]:
     """Start over: delete the stage's dvc-dali checkpoint outputs and its
     dvc.lock entry, so the next `dvc exp run` does not check them out again
@@ -66,7 +63,7 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         # a dvc-dali checkpoint, or what a bare make_checkpoint() port persists
         declared = dvc_door.declared_checkpoint_outs(stg)
         outs = [o for o in stg.outs if o.persist and os.path.exists(o.fs_path)
-                and (_has_checkpoint(o) or o.def_path in declared)]
+                and (is_checkpoint_dir(o) or o.def_path in declared)]
         for out in outs:
             if os.path.isdir(out.fs_path):
                 shutil.rmtree(out.fs_path)
@@ -90,5 +87,5 @@ def checkpoint_outputs(root: str) -> list[tuple[str, str]]:
     for stg in dvc_door.named_stages(repo):
         declared = dvc_door.declared_checkpoint_outs(stg)
         found += [(stg.addressing, o.fs_path) for o in stg.outs
-                  if o.def_path in declared or _has_checkpoint(o)]
+                  if o.def_path in declared or is_checkpoint_dir(o)]
     return found
