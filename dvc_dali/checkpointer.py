@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from . import arrays as arrays_mod
-from . import exit_messages
 from . import (
     checkpoint_signal,
     dali_dynamic,
@@ -26,6 +26,8 @@ from . import (
     dali_state,
     dirlock,
     distributed,
+    exit_messages,
+    preemption,
     store,
 )
 from ._version import __version__
@@ -285,14 +287,48 @@ class Checkpointer:
         """:meth:`save`, then signal DVC and wait until it is recorded (see
         :func:`dvc_dali.make_checkpoint`). Asynchronous: returns None once the
         state is captured; publishing and recording go on in the background."""
-        if not self.asynchronous:
+        if not self.asynchronous or preemption.FLAG.signum is not None:
             path = self.save(step, arrays, metadata)
             self._signal(step)
+            self._exit_if_preempted(step)
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
         self._worker = _Background(lambda: (self._write(captured), self._signal(step)))
         return None
+
+    # -- preemption --------------------------------------------------------
+    def should_save(self, step: int, every: int) -> bool:
+        """True when ``step % every == 0``, and at the first step after this
+        process received SIGTERM or SIGUSR1 (see :attr:`preempted`). The
+        :meth:`make_checkpoint` of such a step records the checkpoint, then
+        ends the process with status 128 + the signal's number."""
+        preemption.FLAG.install(ours=(exit_messages.on_sigterm,))
+        return preemption.due(step, every, self.preempted is not None)
+
+    @property
+    def preempted(self) -> signal.Signals | None:
+        """The preemption signal received (SIGTERM or SIGUSR1), else None; with
+        torch.distributed, any rank's (every rank then saves at the same step)."""
+        mine = preemption.FLAG.signum
+        if self.world_size > 1:
+            mine = max(distributed.all_gather(mine or 0)) or None
+        return None if mine is None else signal.Signals(mine)
+
+    def _exit_if_preempted(self, step: int) -> None:
+        """After the checkpoint of a preempted step: one line, then the exit
+        status the signal would have given."""
+        sig = self.preempted
+        if sig is None:
+            return
+        self.wait()
+        if self._ctx.mode == "record":
+            logger.warning(exit_messages.interruption_line(f"preempted ({sig.name})",
+                                                           exit_messages.last_kept()))
+        else:
+            logger.warning("preempted (%s): step %d is saved in %s; run again to resume from it",
+                           sig.name, step, self.path)
+        raise SystemExit(128 + sig.value)
 
     def wait(self) -> None:
         """Wait for the background checkpoint in flight (if any); raise its error."""

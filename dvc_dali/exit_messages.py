@@ -31,6 +31,10 @@ def kept(step: int, row: str) -> None:
     _kept = (step, row)
 
 
+def last_kept() -> Optional[tuple[int, str]]:
+    return _kept
+
+
 def interruption_line(how: str, recorded: Optional[tuple[int, str]]) -> str:
     if recorded is None:
         return (f"{how}: no checkpoint was recorded by this run; `dvc exp run` resumes from the "
@@ -51,7 +55,7 @@ def _hook(debug: bool, previous):
     return excepthook
 
 
-def _on_sigterm(signum: int, _frame) -> None:
+def on_sigterm(signum: int, _frame) -> None:
     logger.warning(interruption_line("terminated (SIGTERM)", _kept))
     # SystemExit unwinds the training loop, so a checkpoint in flight is
     # finished (asynchronous mode) or abandoned whole (its writes are atomic).
@@ -69,4 +73,4 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
     sys.excepthook = _hook(ctx.debug, sys.excepthook)
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)

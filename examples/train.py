@@ -188,7 +188,7 @@ def main(argv=None) -> int:
         x, y = batch_arrays(pipe.run(), gpu, xp)
         loss, acc = sgd_step(weights, x, y, lr, xp)
         meter.add(float(loss), float(acc))
-        if step % every == 0 or step == steps:
+        if ck.should_save(step, every) or step == steps:
             checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: save_model(Path(args.model), weights),
                                 arrays=weights, metadata={"lr": lr_value})

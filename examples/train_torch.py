@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     model.train()
     for step in range(start + 1, steps + 1):
         meter.add(*train_step(model, opt, next_batch(loader)[0], torch_device, world))
-        if step % every == 0 or step == steps:
+        if ck.should_save(step, every) or step == steps:
             checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: rank == 0 and save_model(Path(args.model), model),
                                 arrays={"model": model.state_dict(), "optim": opt.state_dict(),

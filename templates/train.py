@@ -40,7 +40,8 @@ for step in range(ck.step + 1, p["steps"] + 1):
     loss = float(-np.log(prob[np.arange(len(y)), y] + 1e-12).mean())
     prob[np.arange(len(y)), y] -= 1
     w -= np.float32(p["lr"]) * (x.T @ prob) / len(y)
-    if step % p["checkpoint_every"] == 0 or step == p["steps"]:
+    # every checkpoint_every steps, and at once on SIGTERM/SIGUSR1 (then it exits)
+    if ck.should_save(step, p["checkpoint_every"]) or step == p["steps"]:
         print(f"step {step}/{p['steps']}: loss {loss:.4f}", flush=True)
         live.step = step  # log first: the recorded checkpoint holds this step's metrics
         live.log_metric("train/loss", loss)
