@@ -323,8 +323,11 @@ class Checkpointer:
             return
         self.wait()
         if self._ctx.mode == "record":
+            from .recording import push
+
+            pushed = push.settle(self._ctx.push_grace) if self.rank == 0 else ""
             logger.warning(exit_messages.interruption_line(f"preempted ({sig.name})",
-                                                           exit_messages.last_kept()))
+                                                           exit_messages.last_kept(), pushed))
         else:
             logger.warning("preempted (%s): step %d is saved in %s; run again to resume from it",
                            sig.name, step, self.path)

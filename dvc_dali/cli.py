@@ -1,4 +1,4 @@
-"""The `dvc-dali` command: init, show, run, remove, reset, doctor."""
+"""The `dvc-dali` command: init, show, run, remove, push, pull, reset, doctor."""
 
 from __future__ import annotations
 
@@ -283,6 +283,24 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from .recording.share import push_runs
+
+    for moved in push_runs(str(_project_root("push")), args.git_remote, args.exp, args.remote):
+        print(f"pushed {_plural(moved.rows, 'row')} of {moved.exp} to {args.git_remote}, "
+              "with their data")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .recording.share import pull_runs
+
+    for moved in pull_runs(str(_project_root("pull")), args.git_remote, args.exp, args.remote):
+        print(f"pulled {_plural(moved.rows, 'row')} of {moved.exp} from {args.git_remote}, "
+              f"with their data; `dvc exp apply <row>` then `dvc exp run` resumes one")
+    return 0
+
+
 def cmd_reset(args: argparse.Namespace) -> int:
     from .recording import reset_stage
 
@@ -446,6 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "every baseline, and DVC's own experiment of that name (as `dvc exp "
                    "remove`). Only the refs go: the data stays in the DVC cache until `dvc gc`.")
     p.add_argument("exp", nargs="+", help="experiment name(s), as `dvc-dali show` lists them")
+    for name, func, verb in (("push", cmd_push, "to"), ("pull", cmd_pull, "from")):
+        p = _subparser(sub, name, func, f"{name} whole experiment runs, every checkpoint row "
+                       f"with its data, {verb} remotes", f"{name.capitalize()} every checkpoint "
+                       f"row of each named run (and DVC's own experiment of that name) {verb} "
+                       f"the git remote, with the rows' data {verb} the DVC remote (data "
+                       f"first). `dvc exp {name}` moves only a run's final experiment.")
+        p.add_argument("git_remote", help="git remote name or URL, as for `dvc exp push`")
+        p.add_argument("exp", nargs="+", help="experiment run name(s)")
+        p.add_argument("-r", "--remote", help="DVC remote (default: the default remote)")
     p = _subparser(sub, "reset", cmd_reset, "start over: delete the persisted checkpoint and "
                    "its dvc.lock entry (DVC 2's `exp run --reset`)", "Start over: delete the "
                    "persisted checkpoint output and its dvc.lock entry, so the next `dvc exp "

@@ -36,6 +36,12 @@ VARIABLES = {
     "DVC_DALI_SIGNAL_TIMEOUT": "seconds make_checkpoint() waits for DVC 2 or `dvc-dali run` "
                                "to answer (default 3600)",
     "DVC_DALI_SIGNAL_FILE": "set by `dvc-dali run` for its child: where the signal file goes",
+    "DVC_DALI_PUSH_GRACE": "seconds a preempted run waits for its rows' push before it exits "
+                           "(default 20; Kubernetes' default grace period is 30)",
+    "DVC_EXP_AUTO_PUSH": "DVC's: true pushes each row as it is recorded (as "
+                         "`dvc config exp.auto_push true`)",
+    "DVC_EXP_GIT_REMOTE": "DVC's: the git remote rows are pushed to (as `exp.git_remote`; "
+                          "default origin)",
     "DVC_DALI_DEBUG": "1: print tracebacks with errors (as DVC's -v)",
     "DVC_DALI_RETRAIN": "1: train again from an applied row whose run already went on",
 }
@@ -96,6 +102,7 @@ class RunContext:
     keep_best: str | None = None
     debug: bool = False
     retrain: bool = False
+    push_grace: float = 20.0
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
@@ -115,6 +122,8 @@ class RunContext:
             keep_best=keep_best,
             debug=env.get("DVC_DALI_DEBUG", "") not in ("", "0"),
             retrain=env.get("DVC_DALI_RETRAIN", "") not in ("", "0"),
+            push_grace=parse_seconds(env.get("DVC_DALI_PUSH_GRACE"), "DVC_DALI_PUSH_GRACE",
+                                     default=20.0),
         )
 
     @property

@@ -35,12 +35,12 @@ def last_kept() -> Optional[tuple[int, str]]:
     return _kept
 
 
-def interruption_line(how: str, recorded: Optional[tuple[int, str]]) -> str:
+def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "") -> str:
     if recorded is None:
         return (f"{how}: no checkpoint was recorded by this run; `dvc exp run` resumes from the "
                 "last one in the workspace, if any")
     step, row = recorded
-    return f"{how}: step {step} is kept as row {row}; `dvc exp run` resumes from it"
+    return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
 
 
 def _hook(debug: bool, previous):

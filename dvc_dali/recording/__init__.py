@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional
 from ..context import RunContext
 from ..errors import RecordError
 from ..log import logger
-from . import commit, dvc_door, lockfile, outputs, retention, rows, run_start
+from . import commit, dvc_door, lockfile, outputs, push, retention, rows, run_start
 from .cache import CACHE
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import LINEAGE_KEY, Lineage, list_rows
@@ -43,6 +43,7 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     called before the checkpoint is read (a Checkpointer), so a --temp or
     queued run can get the workspace's checkpoint first."""
     check_stage(ctx, out)
+    push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
@@ -71,6 +72,7 @@ class RecordResult:
     lockfile: str  # absolute path of the dvc.lock that was written
     duration_s: float
     phases: dict[str, float]  # seconds per step, for benchmarks
+    objects: tuple = ()  # hash infos of the cached outputs, for the pusher
 
 
 @dataclasses.dataclass
@@ -223,7 +225,8 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
         sha, lineage.step)
     return RecordResult(ref, row, sha, lineage.step, where.exp_name, lineage.parent,
                         where.baseline, where.workspace, lock_path,
-                        time.perf_counter() - t0, dict(phases))
+                        time.perf_counter() - t0, dict(phases),
+                        tuple(dvc_door.cached_out_hashes(stg)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +300,11 @@ def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str]
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,
                  ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
-    retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
-                    result.ref, *keep)
+    pusher = push.pusher()
+    if pusher is not None:
+        pusher.push(result.name, result.ref, result.sha, list(result.objects))
+    for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
+                                result.ref, *keep):
+        if pusher is not None:
+            pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
     return result

@@ -262,3 +262,65 @@ def checkout_dir(repo: Any, dir_md5: str, dest: str) -> None:
             f"the checkpoint to resume ({dir_md5}) is not complete in the DVC cache "
             f"{odb.path} ({type(exc).__name__}: {exc}). Fetch it with `dvc pull` or `dvc exp "
             "pull <remote> <row>`, or start over with `dvc-dali reset`.") from exc
+
+
+def auto_push_remote(repo: Any) -> str | None:
+    """The git remote DVC's experiment auto-push targets, read as DVC reads
+    it (env DVC_EXP_AUTO_PUSH / DVC_EXP_GIT_REMOTE over `exp.auto_push` /
+    `exp.git_remote`, default 'origin'); None when auto-push is off."""
+    from dvc.env import DVC_EXP_AUTO_PUSH, DVC_EXP_GIT_REMOTE
+    from dvc.utils import env2bool
+
+    exp = repo.config.get("exp", {})
+    if not env2bool(DVC_EXP_AUTO_PUSH, exp.get("auto_push", False)):
+        return None
+    return os.getenv(DVC_EXP_GIT_REMOTE, exp.get("git_remote", "origin"))
+
+
+def check_push_remotes(repo: Any, git_remote: str) -> str:
+    """Raise RecordError unless the git remote and the default DVC remote
+    are usable; returns the DVC remote's URL, for messages."""
+    try:
+        repo.scm.validate_git_remote(git_remote)
+        odb = repo.cloud.get_remote_odb(command="push")
+        return odb.fs.unstrip_protocol(odb.path)
+    except Exception as exc:
+        raise RecordError(
+            f"experiment auto-push is on (exp.auto_push / DVC_EXP_AUTO_PUSH) but cannot "
+            f"push rows: {exc}. Fix the git remote '{git_remote}' (`git remote -v`, "
+            "`dvc config exp.git_remote`) and the default DVC remote (`dvc remote list`), "
+            "or turn auto-push off (`dvc config exp.auto_push false`).") from None
+
+
+def cached_out_hashes(stage: Any) -> list[Any]:
+    """The hash infos of the stage's cached outputs, as just recorded."""
+    return [out.hash_info for out in stage.outs if out.use_cache and out.hash_info]
+
+
+def push_objects(repo: Any, objs: list[Any]) -> int:
+    """Copy the objects (a directory's files before its listing) from the
+    local cache to the default DVC remote; returns how many failed. Not
+    `repo.push`: no repo lock (recordings keep going) and no index walk."""
+    from dvc_data.hashfile.tree import Tree
+
+    wanted = list(objs)
+    for obj in objs:
+        if obj.isdir:  # DVC's push asks for a directory's files by name, not by listing
+            wanted.extend(oid for _, _, oid in Tree.load(repo.cache.local, obj))
+    result = repo.cloud.push(wanted)
+    return len(result.failed)
+
+
+def transfer_revs(repo: Any, revs: list[str], direction: str, remote: str | None = None
+                  ) -> None:
+    """`dvc push`/`dvc fetch` of what the commits' dvc.lock files name (every
+    cached output, as DVC's own commands decide), not the workspace's."""
+    try:
+        if direction == "push":
+            repo.push(revs=revs, workspace=False, remote=remote)
+        else:
+            repo.fetch(revs=revs, workspace=False, remote=remote)
+    except Exception as exc:
+        raise RecordError(f"dvc {direction} of {len(revs)} row(s) failed: {exc}. Check the DVC "
+                          "remote (`dvc remote list`) and run the command again; nothing local "
+                          "was changed.") from None

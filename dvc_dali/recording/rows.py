@@ -78,11 +78,12 @@ def git_dirs(path: str) -> tuple[str, str]:
     return CACHE.git_dirs[key]
 
 
-def iter_checkpoint_refs(git_dir: str, cwd: str) -> Iterator[tuple[str, str, int, dict]]:
+def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
+                         ) -> Iterator[tuple[str, str, int, dict]]:
     """(sha, ref, commit time, lineage fields) of every dvc-dali row."""
     fmt = "%(objectname)%00%(refname)%00%(committerdate:unix)%00%(contents)%00%00"
     proc = commit.git(["--git-dir", git_dir, "for-each-ref", f"--format={fmt}",
-                       EXPS_NAMESPACE], cwd=cwd)
+                       namespace], cwd=cwd)
     for rec in proc.stdout.split("\0\0"):
         parts = rec.lstrip("\n").split("\0")
         if len(parts) < 4:
@@ -125,13 +126,14 @@ def _row(sha: str, ref: str, date: int, fields: dict) -> Optional[dict]:
     }
 
 
-def list_rows(dvc_root: str, exp: Optional[str] = None) -> list[dict]:
-    """dvc-dali rows under refs/exps of the repo at dvc_root, sorted by
-    (exp, step, time). Each: name, ref, sha, exp, step, parent, stage, outs,
-    baseline, time."""
+def list_rows(dvc_root: str, exp: Optional[str] = None, namespace: str = EXPS_NAMESPACE
+              ) -> list[dict]:
+    """dvc-dali rows under refs/exps (or ``namespace``, laid out alike) of the
+    repo at dvc_root, sorted by (exp, step, time). Each: name, ref, sha, exp,
+    step, parent, stage, outs, baseline, time."""
     git_dir, _ = git_dirs(dvc_root)
     rows = []
-    for sha, ref, date, fields in iter_checkpoint_refs(git_dir, dvc_root):
+    for sha, ref, date, fields in iter_checkpoint_refs(git_dir, dvc_root, namespace):
         if exp is None or fields.get("exp") == exp:
             row = _row(sha, ref, date, fields)
             if row is not None:

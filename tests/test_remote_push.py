@@ -1,0 +1,171 @@
+"""Rows pushed as they are recorded, whole runs pushed and pulled, resume on
+a fresh clone (issue: preemption-proof training). Real `dvc exp run`, a
+bare git repository as the git remote, a local directory as the DVC remote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from dvc_project import exp_rows, git_init, run
+from test_preemption import preemptible_project, start, trainer_ready, weights
+from test_wrong_results import template_project
+
+
+def with_remotes(project: Path, tmp_path: Path, auto_push: bool = True) -> tuple[Path, Path]:
+    """origin: a bare git repo; the default DVC remote: a directory."""
+    bare, store = tmp_path / "origin.git", tmp_path / "store"
+    run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], tmp_path)
+    run(["git", "remote", "add", "origin", str(bare)], project)
+    run(["dvc", "remote", "add", "-d", "store", str(store)], project)
+    if auto_push:
+        run(["dvc", "config", "exp.auto_push", "true"], project)
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "remotes"], project)
+    run(["git", "push", "-q", "origin", "main"], project)
+    return bare, store
+
+
+def remote_rows(bare: Path) -> dict[str, str]:
+    """row name -> sha of the dvc-dali rows on the git remote."""
+    out = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
+              bare).stdout
+    return {ref.rsplit("/", 1)[1]: sha for sha, ref in (line.split() for line in
+                                                        out.splitlines())
+            if "-step" in ref}
+
+
+def missing_data(bare: Path, store: Path, sha: str) -> list[str]:
+    """The cached files a row's dvc.lock names that the DVC remote lacks."""
+    lock = run(["git", "show", f"{sha}:dvc.lock"], bare).stdout
+    import yaml
+
+    missing = []
+
+    def obj(md5: str) -> Path:
+        return store / "files" / "md5" / md5[:2] / md5[2:]
+
+    for entry in yaml.safe_load(lock)["stages"].values():
+        for out in entry.get("outs", []):
+            if out["path"] not in ("checkpoint", "model"):
+                continue  # metrics and plots are in git (cache: false)
+            if not obj(out["md5"]).exists():
+                missing.append(out["md5"])
+            elif out["md5"].endswith(".dir"):
+                for item in json.loads(obj(out["md5"]).read_text()):
+                    if not obj(item["md5"]).exists():
+                        missing.append(f"{out['path']}/{item['relpath']}")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    project = template_project(tmp_path_factory.mktemp("ref"))
+    run(["dvc", "exp", "run", "-n", "ref"], project)
+    return weights(project)
+
+
+def test_a_killed_run_leaves_complete_rows_on_the_remotes_and_resumes_on_a_new_clone(
+        tmp_path, uninterrupted):
+    project = preemptible_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=5", env={"PREEMPT_AT": "13"})
+    trainer_ready(project, proc)
+    while "a-step10" not in remote_rows(bare):  # pushed while training went on
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine goes away
+    proc.communicate()
+    on_remote = remote_rows(bare)
+    assert set(on_remote) == {"a-step5", "a-step10"}, on_remote
+    for name, sha in on_remote.items():
+        assert missing_data(bare, store, sha) == [], name
+
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    git_init(fresh)  # identity for the rows
+    run(["dvc", "exp", "pull", "origin", "a-step10"], fresh)
+    run(["dvc", "exp", "apply", "a-step10"], fresh)
+    again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], fresh)
+    assert "resuming at step 10" in again.stdout + again.stderr
+    assert weights(fresh) == uninterrupted
+
+
+def test_a_preempted_run_pushes_its_last_row_before_it_exits(tmp_path):
+    project = preemptible_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=1000",
+                 env={"PREEMPT_AT": "6"})
+    trainer_ready(project, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = proc.communicate()[0]
+    assert "step 6 is kept as row a-step6, pushed to origin; `dvc exp run` resumes" in out, out
+    on_remote = remote_rows(bare)
+    assert set(on_remote) == {"a-step6"} and missing_data(bare, store, on_remote["a-step6"]) \
+        == [], out
+
+
+def test_a_remote_that_fails_never_stops_training_and_the_rows_push_later(tmp_path):
+    project = template_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    store.parent.joinpath("store").write_text("not a directory")  # every data push fails
+    out = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    text = out.stdout + out.stderr
+    assert "push of a-step5 to origin failed" in text, text
+    assert "not pushed to origin: a-step5, a-step10, a-step15, a-step20; push them with " \
+           "`dvc-dali push origin a`" in text, text
+    assert {r for r in exp_rows(project) if "-step" in r} == {
+        "a-step5", "a-step10", "a-step15", "a-step20"}  # nothing local lost
+    assert remote_rows(bare) == {}  # no ref without its data
+    store.unlink()
+    pushed = run(["dvc-dali", "push", "origin", "a"], project)
+    assert "pushed 4 rows of a to origin, with their data" in pushed.stdout, pushed.stdout
+    on_remote = remote_rows(bare)
+    assert len(on_remote) == 4
+    for sha in on_remote.values():
+        assert missing_data(bare, store, sha) == []
+
+
+def test_a_misconfigured_remote_is_refused_before_the_first_step(tmp_path):
+    project = template_project(tmp_path)
+    with_remotes(project, tmp_path)
+    run(["dvc", "config", "exp.git_remote", "nosuch"], project)
+    run(["git", "commit", "-qam", "bad remote"], project)
+    out = run(["dvc", "exp", "run", "-n", "a"], project, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "RecordError: experiment auto-push is on (exp.auto_push / DVC_EXP_AUTO_PUSH) but " \
+           "cannot push rows: 'nosuch' is not a valid Git remote" in text, text
+    assert "step 10" not in text and "Traceback" not in text, text
+    assert not [r for r in exp_rows(project) if "-step" in r]
+
+
+def test_retention_prunes_the_remote_rows_too(tmp_path):
+    project = template_project(tmp_path)
+    bare, _ = with_remotes(project, tmp_path)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+        env={"DVC_DALI_KEEP_LAST": "1"})
+    assert set(remote_rows(bare)) == {"a-step20"}
+
+
+def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
+    project = template_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    assert remote_rows(bare) == {}
+    run(["dvc-dali", "push", "origin", "a"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    pulled = run(["dvc-dali", "pull", "origin", "a"], fresh)
+    assert "pulled 4 rows of a from origin" in pulled.stdout, pulled.stdout
+    assert {r for r in exp_rows(fresh) if "-step" in r} == {
+        "a-step5", "a-step10", "a-step15", "a-step20"}
+    store.rename(tmp_path / "store-gone")  # the data came with them
+    run(["dvc", "exp", "apply", "a-step15"], fresh)
+    assert (fresh / "checkpoint").is_dir()
+    nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
+    assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
