@@ -169,3 +169,25 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     assert (fresh / "checkpoint").is_dir()
     nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
     assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
+
+
+def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_path):
+    """DVC's own `dvc exp push` sends the ref before the data: a kill between
+    the two leaves a row whose data is nowhere. Pulling it exits 0 and
+    applying it fails; the run then must not silently start from step 0."""
+    project = template_project(tmp_path)
+    bare, _ = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    ref = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps/*/*/a-step10"],
+              project).stdout.strip()
+    run(["git", "push", "-q", "origin", f"{ref}:{ref}"], project)  # the ref, not the data
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    run(["dvc", "exp", "pull", "origin", "a-step10"], fresh, check=False)
+    run(["dvc", "exp", "apply", "a-step10"], fresh, check=False)
+    out = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], fresh, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "dvc.lock names the checkpoint checkpoint of row a-step10" in text, text
+    assert "`dvc exp pull <git remote> a-step10`" in text and "Traceback" not in text, text
+    assert "starting" not in text and "step 5/" not in text, text

@@ -17,6 +17,7 @@ import os
 from typing import Any, Optional
 
 from ..context import RunContext
+from ..errors import RecordError
 from ..log import logger
 from . import dvc_door, lockfile
 from .rows import git_dirs
@@ -59,7 +60,9 @@ def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     if not ctx.dvc_root or os.path.exists(os.path.join(out.fs_path, "LATEST")):
         return None
     if os.path.samefile(git_dirs(repo.root_dir)[0], git_dirs(ctx.dvc_root)[0]):
-        return None  # a workspace run: DVC checks persisted outputs out itself
+        # a workspace run: DVC checks persisted outputs out itself, when it can
+        _require_cached(ctx, repo, stage, out)
+        return None
     entries = _entries(ctx, repo, stage)
     found = next(((p, e, md5) for p, e in entries if (md5 := _out_md5(e, out.def_path))), None)
     if found is None:
@@ -75,3 +78,25 @@ def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
                 "--temp and queued runs)", out.def_path, os.path.relpath(path, ctx.dvc_root)
                 if path != own else "dvc.lock")
     return md5
+
+
+def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
+    """dvc.lock names a checkpoint that is neither in the workspace nor in the
+    cache (a row pulled without its data, a cache cleaned by `dvc gc`): the
+    run would start from step 0 while dvc.lock says it resumes. Refused."""
+    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
+    md5 = _out_md5(entry, out.def_path)
+    if md5 is None or dvc_door.dir_in_cache(repo, md5):
+        return
+    from .rows import list_rows, outs_digest
+
+    digest = outs_digest(entry)
+    named = [r["name"] for r in list_rows(ctx.dvc_root) if r["outs"] == digest]
+    row = named[-1] if named else None
+    fetch = (f"`dvc exp pull <git remote> {row}` (or `dvc pull {stage.addressing}`)"
+             if row else f"`dvc pull {stage.addressing}`")
+    raise RecordError(
+        f"dvc.lock names the checkpoint {out.def_path} of "
+        f"{'row ' + row if row else 'a recorded run'} ({md5}), but its data is neither in the "
+        f"workspace nor in the DVC cache, so this run would start from step 0. Fetch it with "
+        f"{fetch}, or start over on purpose with `dvc-dali reset`.")

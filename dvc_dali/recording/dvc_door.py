@@ -324,3 +324,16 @@ def transfer_revs(repo: Any, revs: list[str], direction: str, remote: str | None
         raise RecordError(f"dvc {direction} of {len(revs)} row(s) failed: {exc}. Check the DVC "
                           "remote (`dvc remote list`) and run the command again; nothing local "
                           "was changed.") from None
+
+
+def dir_in_cache(repo: Any, dir_md5: str) -> bool:
+    """Whether a directory output and all its files are in the local cache."""
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    odb = repo.cache.local
+    try:
+        tree = Tree.load(odb, HashInfo("md5", dir_md5))
+    except Exception:
+        return False
+    return all(odb.exists(oid.value) for _, _, oid in tree)
