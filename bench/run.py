@@ -16,6 +16,8 @@ ratio measured side by side in this run.
 5. restore vs fresh start, early and late in an epoch of 100,000 files
 6. `dvc exp show` with 10 vs 300 checkpoint rows, and with retention
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks
+8. training throughput with each row pushed to remotes as recorded vs not,
+   and the delay from a row's recording to its ref on the remote
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -48,8 +50,9 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_restore": {5},
     "b_expshow": {6},
     "b_ranks": {7},
+    "b_push": {8},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8}
 
 
 def machine() -> dict[str, str]:

@@ -87,7 +87,7 @@ def _say_not_recording(ctx: RunContext) -> None:
 def make_checkpoint(step: int | None = None, *, out: str | None = None,
                     keep_last: int | None = None, keep_best: str | None = None,
                     ctx: RunContext | None = None, expect_latest: str | None = None,
-                    resumed: bool | None = None) -> None:
+                    resumed: bool | None = None, branched: bool = False) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
 
     A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
@@ -98,7 +98,8 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     DVC_DALI_KEEP_BEST; unset keeps every row) prune older rows of this
     run after recording, sparing the best by a DVCLive metric such as
     "train/acc:max". ``expect_latest`` and ``resumed`` are the
-    Checkpointer's: the LATEST it just wrote, and whether the run resumed.
+    Checkpointer's: the LATEST it just wrote, and whether the run resumed
+    (``branched``: with changed params, so its rows are a run of their own).
     """
     ctx = ctx or RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
@@ -120,7 +121,8 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     write_signal(path)
     try:
         result = recording.record_and_prune(ctx, step, out=out, keep=keep,
-                                            expect_latest=expect_latest, resumed=resumed)
+                                            expect_latest=expect_latest, resumed=resumed,
+                                            branched=branched)
         exit_messages.kept(result.step, result.name)
     finally:
         path.unlink(missing_ok=True)

@@ -111,6 +111,7 @@ class Checkpointer:
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
+        self._branched = False  # a retrained row's rows form a run of their own
         t0 = time.perf_counter()
         snapshot = (store.read_snapshot(self.path, _array_module(), self.rank, self.world_size)
                     if resume else None)
@@ -161,12 +162,14 @@ class Checkpointer:
         """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
         run already went on from, rerun with nothing changed, would train again
         what the later rows hold, under new names."""
-        if self._ctx.mode != "record" or self._ctx.retrain:
+        if self._ctx.mode != "record":
             return
         from . import recording
 
         row, later = recording.superseding_rows(step)
-        if later:
+        # trained again on purpose: a run of its own, beside the one it left
+        self._branched = bool(later)
+        if later and not self._ctx.retrain:
             raise UnchangedCheckpointError(
                 f"{self.path} is row {row} (step {step}), and its run went on from it: "
                 f"{', '.join(later)} already hold that training. Nothing to do for an "
@@ -373,7 +376,9 @@ class Checkpointer:
         if self.rank == 0:
             checkpoint_signal.make_checkpoint(step, out=str(self.path), keep_last=self._keep[0],
                                               keep_best=self._keep[1], ctx=self._ctx,
-                                              expect_latest=self._latest, resumed=self.resumed)
+                                              expect_latest=self._latest, resumed=self.resumed,
+                                              branched=self._branched or bool(
+                                                  self._saved and self._saved.param_changes))
         distributed.barrier()
 
 

@@ -34,7 +34,9 @@ def test_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
     assert "resuming from step 40" in final.stdout
     assert model_sha(project) == uninterrupted
     rows = exp_rows(project)
-    assert {rows[f"c-step{s}"]["step"] for s in (50, 60)} == {50, 60}
+    # the resumed run keeps its name and numbering (DVC 2 did), whatever -n says
+    assert {rows[f"a-step{s}"]["step"] for s in (30, 40, 50, 60)} == {30, 40, 50, 60}
+    assert not [r for r in rows if r.startswith(("b-step", "c-step"))]
 
 
 def test_apply_older_row_then_rerun_resumes_there(project, uninterrupted):
@@ -84,7 +86,7 @@ def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrup
     assert model_sha(project) == done_model == uninterrupted  # nothing left to train
     more = run(["dvc", "exp", "run", "-n", "more", "-S", "train.steps=80"], project)
     assert "resuming from step 60" in more.stdout
-    assert exp_rows(project)["more-step80"]["step"] == 80
+    assert exp_rows(project)["done-step80"]["step"] == 80  # the run goes on, named as it was
     new = run(["dvc", "exp", "run", "-n", "new", "-S", "train.steps=60",
                "-S", "train.batch_size=16"], project)
     assert "finished run" in new.stderr and "train: starting on " in new.stdout  # cpu or gpu

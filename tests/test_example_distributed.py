@@ -36,4 +36,4 @@ def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
     assert resumed.stdout.count("resuming from step 20") == 2  # both ranks
     assert model_sha(work) == model_sha(ref)
     rows = exp_rows(work)
-    assert rows["k-step20"]["step"] == 20 and rows["r-step60"]["step"] == 60
+    assert rows["k-step20"]["step"] == 20 and rows["k-step60"]["step"] == 60  # run k goes on

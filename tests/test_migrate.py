@@ -105,7 +105,7 @@ def test_dvc2_project_migrated_resumes_after_a_kill(tmp_path):
     again = run(["dvc", "exp", "run", "-n", "b"], project)
     assert "starting at step 3" in again.stdout
     assert (project / "checkpoint" / "state.txt").read_text() == str(TOTAL)
-    assert {"a-step1", "a-step2", "b-step3", "b-step4", "b-step5"} <= _rows(project)
+    assert {"a-step1", "a-step2", "a-step3", "a-step4", "a-step5"} <= _rows(project)  # one run
 
 
 def test_dvc_checkpoint_guarded_script_records_after_migrate(tmp_path):
@@ -124,7 +124,7 @@ def test_dvc_checkpoint_guarded_script_records_after_migrate(tmp_path):
     assert {"g-step1", "g-step2", "g-step3"} <= _rows(project)  # one row per signal
     run(["dvc", "exp", "run", "-n", "h"], project)  # resumes from the persisted output
     assert (project / "checkpoint" / "state.txt").read_text() == "6"
-    assert {"h-step4", "h-step5", "h-step6"} <= _rows(project)
+    assert {"g-step4", "g-step5", "g-step6"} <= _rows(project)  # run g goes on
 
 
 @pytest.mark.parametrize("name, content, message", [

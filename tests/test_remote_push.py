@@ -93,6 +93,8 @@ def test_a_killed_run_leaves_complete_rows_on_the_remotes_and_resumes_on_a_new_c
     again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], fresh)
     assert "resuming at step 10" in again.stdout + again.stderr
     assert weights(fresh) == uninterrupted
+    # the run keeps its name and numbering on the new machine (DVC 2 did)
+    assert {"a-step15", "a-step20"} <= set(exp_rows(fresh)), exp_rows(fresh)
 
 
 def test_a_preempted_run_pushes_its_last_row_before_it_exits(tmp_path):

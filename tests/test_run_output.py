@@ -28,18 +28,27 @@ def interrupting_project(tmp_path):
     return project
 
 
-@pytest.mark.parametrize("sig,says", [("SIGINT", "interrupted (Ctrl-C)"),
-                                      ("SIGTERM", "terminated (SIGTERM)")])
-def test_interrupted_run_says_what_is_kept_without_a_traceback(tmp_path, sig, says):
+@pytest.mark.parametrize("sig,plain,says,step", [
+    ("SIGINT", False, "interrupted (Ctrl-C)", 10),
+    # the template's loop asks ck.should_save: SIGTERM checkpoints step 15 first
+    ("SIGTERM", False, "preempted (SIGTERM)", 15),
+    # a loop that does not: the last recorded step is kept
+    ("SIGTERM", True, "terminated (SIGTERM)", 10)])
+def test_interrupted_run_says_what_is_kept_without_a_traceback(tmp_path, sig, plain, says, step):
     project = interrupting_project(tmp_path)
+    if plain:
+        train = project / "train.py"
+        train.write_text(train.read_text().replace(
+            'ck.should_save(step, p["checkpoint_every"])', 'step % p["checkpoint_every"] == 0'))
+        run(["git", "commit", "-qam", "no should_save"], project)
     proc = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"INTERRUPT": sig})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert f"dvc-dali: {says}: step 10 is kept as row a-step10; `dvc exp run` resumes " \
-           "from it" in out, out
+    assert f"dvc-dali: {says}: step {step} is kept as row a-step{step}; `dvc exp run` " \
+           "resumes from it" in out, out
     assert "Traceback" not in out, out
     again = run(["dvc", "exp", "run", "-n", "b"], project)
-    assert "resuming at step 10" in again.stdout + again.stderr
+    assert f"resuming at step {step}" in again.stdout + again.stderr
 
 
 def test_a_refusal_prints_its_message_not_a_traceback(tmp_path):

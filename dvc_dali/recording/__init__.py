@@ -19,6 +19,7 @@ DVC's internals are behind dvc_door.py; per-process lookups live in cache.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -148,17 +149,36 @@ def _relative_paths(paths: list[str], toplevel: str) -> list[str]:
     return out
 
 
+def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
+                    new_entry: dict) -> bool:
+    """Whether the params in dvc.lock differ from the parent row's, as DVC 2
+    branched a resumed checkpoint experiment off when they did."""
+    proc = commit.git(["--git-dir", where.main_git_dir, "show", f"{parent}:{lock_rel}"],
+                      cwd=where.toplevel, check=False)
+    try:
+        old = lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage_name)
+    except Exception:
+        return False  # unreadable: continue the run, as before
+    def canonical(entry: Any) -> str:  # order-insensitive: both are ordered maps
+        return json.dumps((entry or {}).get("params"), sort_keys=True, default=str)
+    return canonical(old) != canonical(new_entry)
+
+
 def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
-             step: Optional[int]) -> Lineage:
+             args: "_Args", lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
     """Where the row hangs: after this process's previous row, else after the
-    recorded row whose outputs this run resumed from."""
+    recorded row whose outputs this run resumed from, in that row's run."""
     key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
     if key not in CACHE.tips:
-        CACHE.tips[key] = (rows.find_resume_parent(
+        parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, rows.outs_digest(old_entry))
-            if old_entry else (None, 0))
-    parent, last_step = CACHE.tips[key]
-    return Lineage(where.exp_name, last_step + 1 if step is None else step, parent,
+            if old_entry else (None, 0, None))
+        branched = args.branched
+        if parent and args.resumed is None:  # a bare port: its params tell
+            branched = _params_changed(where, parent, lock_rel, stage_name, new_entry)
+        CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
+    parent, last_step, run = CACHE.tips[key]
+    return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
                    stage_addr, rows.outs_digest(new_entry))
 
 
@@ -212,18 +232,19 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
         lockfile.write_entry(lock_path, lock_data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if args.resumed is False else old_entry, entry, args.step)
+                           None if args.resumed is False else old_entry, entry, args,
+                           os.path.relpath(lock_path, where.toplevel), stg.name)
         first = args.message.strip() or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}"
         paths = stage_paths + [os.path.join(os.getcwd(), p)
                                for p in dvc_door.take_new_gitignores(where.repo)]
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     with phases.timed("publish"):
-        ref, row = _publish(where, sha, args.name or rows.row_name(where.exp_name, lineage.step),
+        ref, row = _publish(where, sha, args.name or rows.row_name(lineage.exp, lineage.step),
                             bool(args.name))
     CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
-        sha, lineage.step)
-    return RecordResult(ref, row, sha, lineage.step, where.exp_name, lineage.parent,
+        sha, lineage.step, lineage.exp)
+    return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.cached_out_hashes(stg)))
@@ -238,6 +259,7 @@ class _Args:
     out: Optional[str]
     expect_latest: Optional[str]
     resumed: Optional[bool]
+    branched: bool = False  # resumed with changed params: a new run off the row
 
 
 def _record(ctx: RunContext, args: _Args) -> RecordResult:
@@ -270,7 +292,7 @@ def _find(where: _Where, target: Optional[str], out: Optional[str], env_stage: O
 def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
            stage: Optional[str] = None, name: Optional[str] = None, message: str = "",
            out: Optional[str] = None, expect_latest: Optional[str] = None,
-           resumed: Optional[bool] = None) -> RecordResult:
+           resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
     """Record the current stage outputs as one experiment row (see module doc).
 
     step: training step, in the row name and the lineage line; None: one
@@ -282,10 +304,12 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
     expect_latest: the checkpoint's LATEST as the caller just wrote it; a
         directory changed since (by another command) is refused, not recorded.
     resumed: False when the run started fresh (it then has no parent row).
+    branched: the run resumed with changed params; its rows are a new run
+        (named after DVC_EXP_NAME), not the resumed row's run continued.
     """
     ctx = ctx or RunContext.from_environ()
     args = _Args(None if step is None else int(step), stage, name, message, out, expect_latest,
-                 resumed)
+                 resumed, branched)
     with CACHE.lock:  # one recording at a time per process
         return _record(ctx, args)
 
@@ -293,16 +317,17 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
 def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str] = None,
                      keep: tuple[Optional[int], Optional[str]] = (None, None),
                      expect_latest: Optional[str] = None,
-                     resumed: Optional[bool] = None) -> RecordResult:
+                     resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
     """Record one row, log it, then apply retention to its run's rows."""
-    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed)
+    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed,
+                    branched=branched)
     logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,
                  ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
     pusher = push.pusher()
     if pusher is not None:
-        pusher.push(result.name, result.ref, result.sha, list(result.objects))
+        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
     for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
                                 result.ref, *keep):
         if pusher is not None:

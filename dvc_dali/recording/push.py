@@ -77,8 +77,9 @@ class Pusher:
         getattr(threading, "_register_atexit", atexit.register)(self.close)
 
     # -- the training side -------------------------------------------------
-    def push(self, name: str, ref: str, sha: str, objs: list[Any]) -> None:
+    def push(self, name: str, ref: str, sha: str, objs: list[Any], exp: str = "") -> None:
         with self._cond:
+            self.exp_name = exp or self.exp_name  # a resumed run's rows keep its name
             self._todo.append(Job(ref, name, sha, list(objs)))
             self._cond.notify_all()
 

@@ -95,18 +95,25 @@ def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
 
 
 def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str,
-                       digest: str) -> tuple[Optional[str], int]:
-    """(sha, step) of the newest recorded row whose outputs are the ones this
-    run resumed from; (None, 0) when there is none."""
-    best: tuple[int, str, int] = (-1, "", 0)
+                       digest: str) -> tuple[Optional[str], int, Optional[str]]:
+    """(sha, step, run name) of the newest recorded row whose outputs are the
+    ones this run resumed from; (None, 0, None) when there is none."""
+    best: tuple[int, str, int, Optional[str]] = (-1, "", 0, None)
     for sha, _ref, date, fields in iter_checkpoint_refs(main_git_dir, cwd):
         if fields.get("outs") == digest and fields.get("stage") == stage_addr:
             try:
                 step = int(fields["step"])
             except ValueError:
                 continue
-            best = max(best, (date, sha, step))
-    return (best[1] or None), best[2]
+            best = max(best, (date, sha, step, fields["exp"]), key=lambda b: b[:3])
+    return (best[1] or None), best[2], best[3]
+
+
+def run_name(exp_name: str, parent_run: Optional[str], branched: bool) -> str:
+    """The run a row belongs to: a resumed run keeps its name and numbering
+    (as DVC 2's checkpoint experiments did), whatever `dvc exp run` named
+    this invocation; a run that changed params branches off under its own."""
+    return parent_run if parent_run and not branched else exp_name
 
 
 def _row(sha: str, ref: str, date: int, fields: dict) -> Optional[dict]:

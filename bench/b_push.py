@@ -1,0 +1,74 @@
+"""Benchmark 8: training under `dvc exp run` with each row pushed as it is
+recorded (exp.auto_push: a bare git repository and a local-directory DVC
+remote) vs the same run without pushing, side by side, alternating; and
+the delay from a row's recording to its ref on the git remote."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from common import BENCH, DVC3, Row, dvc_project, fmt_s, median, read_log, run, say, \
+    write_jpegs, yes_no
+
+DVC_YAML = """stages:
+  train:
+    cmd: python train.py
+    deps: [train.py, data]
+    outs:
+      - checkpoint:
+          persist: true
+"""
+
+
+def project(tmp: Path, name: str, push: bool) -> Path:
+    path = dvc_project(tmp / name, DVC3, {"dvc.yaml": DVC_YAML})
+    shutil.copy(BENCH / "train_push.py", path / "train.py")
+    shutil.copy(BENCH / "dali_pipes.py", path / "dali_pipes.py")
+    write_jpegs(path / "data", 400)
+    if push:
+        run(["git", "init", "-q", "--bare", "-b", "main", tmp / f"{name}.git"], tmp)
+        run(["git", "remote", "add", "origin", tmp / f"{name}.git"], path)
+        run([*DVC3, "remote", "add", "-d", "store", tmp / f"{name}-store"], path)
+        run([*DVC3, "config", "exp.auto_push", "true"], path)
+    run(["git", "add", "-A"], path)
+    run(["git", "commit", "-qm", "bench"], path)
+    if push:
+        run(["git", "push", "-q", "origin", "main"], path)
+    return path
+
+
+def trial(path: Path, steps: int, every: int, n: int) -> tuple[float, list[float]]:
+    """Loop seconds, and each row's recording-to-remote delays."""
+    logf = path / f"log{n}.jsonl"
+    run([*DVC3, "exp", "run", "-n", f"t{n}"], path, {
+        "BENCH_LOG": str(logf), "BENCH_STEPS": str(steps), "BENCH_EVERY": str(every),
+        "PYTHONPATH": f"{BENCH.parent}:{BENCH}"})
+    run(["dvc-dali", "reset"], path)
+    events = read_log(logf)
+    recorded = {e["key"]: e["at"] for e in events if e["event"] == "recorded"}
+    delays = [e["at"] - recorded[e["key"]] for e in events
+              if e["event"] == "pushed" and e["key"] in recorded]
+    return next(e["seconds"] for e in events if e["event"] == "loop"), delays
+
+
+def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
+    steps, every, reps = (100, 10, 2) if quick else (300, 10, 4)
+    on, off = project(tmp, "on", True), project(tmp, "off", False)
+    t_on, t_off, delays = [], [], []
+    for n in range(reps):
+        say(f"  8 push: trial {n + 1}/{reps}")
+        t, d = trial(on, steps, every, n)
+        t_on.append(t)
+        delays += d
+        t_off.append(trial(off, steps, every, n)[0])
+    ratio = median(t_off) / median(t_on)  # throughput on / off
+    rows = [Row(f"8 training throughput, each row pushed vs not ({steps} steps, a row "
+                f"every {every}, 1 MB)", fmt_s(median(t_on)), fmt_s(median(t_off)),
+                f"{ratio:.2f}", ">= 0.98", yes_no(ratio >= 0.98)),
+            Row("8 delay from a row's recording to its ref on the git remote, median / max",
+                f"{fmt_s(median(delays))} / {fmt_s(max(delays))}", "-", "-")]
+    detail = [f"8: loop s on {[round(x, 2) for x in t_on]}, off "
+              f"{[round(x, 2) for x in t_off]}; {len(delays)} rows pushed"]
+    return rows, detail, {"on_s": t_on, "off_s": t_off, "delays_s": delays}
