@@ -134,6 +134,10 @@ class Pusher:
 
     # -- the worker ----------------------------------------------------------
     def _run(self) -> None:
+        try:  # below the training's priority (Linux: per thread; git inherits it)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         while True:
             with self._cond:
                 while not self._todo and not self._closing:
