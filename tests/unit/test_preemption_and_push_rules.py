@@ -1,0 +1,31 @@
+"""The pure rules behind preemption, pushing and run names, as tables."""
+
+import pytest
+
+from dvc_dali.preemption import due
+from dvc_dali.recording.push import BACKOFF_S, backoff
+from dvc_dali.recording.rows import run_name
+
+
+@pytest.mark.parametrize("step,every,preempted,expected", [
+    (10, 10, False, True), (11, 10, False, False), (11, 10, True, True),
+    (0, 10, False, True), (5, 0, False, False), (5, 0, True, True), (7, 1, False, True)])
+def test_should_save_rule(step, every, preempted, expected):
+    assert due(step, every, preempted) is expected
+
+
+@pytest.mark.parametrize("failures,seconds", [
+    (0, 0.0), (1, 1.0), (2, 2.0), (3, 5.0), (5, 30.0), (50, 30.0)])
+def test_backoff_grows_and_caps(failures, seconds):
+    assert backoff(failures) == seconds
+    assert max(BACKOFF_S) == 30.0
+
+
+@pytest.mark.parametrize("exp,parent_run,branched,expected", [
+    ("lurid-dace", "a", False, "a"),       # resumed: the run keeps its name
+    ("b", "a", True, "b"),                 # changed params: a branch of its own
+    ("b", None, False, "b"),               # fresh start
+    ("b", None, True, "b"),
+    ("a", "a", False, "a")])
+def test_run_name(exp, parent_run, branched, expected):
+    assert run_name(exp, parent_run, branched) == expected
