@@ -156,7 +156,30 @@ class Checkpointer:
         # "resuming ..." is said once the checkpoint proved usable (a pipeline
         # restored, or a save), never before a refusal that contradicts it.
         self._pending_message = decision.message if decision.action == RESUME else ""
-        return _Saved(snapshot, decision.changes) if decision.action == RESUME else None
+        if decision.action != RESUME:
+            return None
+        saved = _Saved(snapshot, decision.changes)
+        if self._ctx.mode == "record":
+            saved.explain_data = self._data_changes
+        return saved
+
+    def _data_changes(self, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+        """'<dir>: added ..., changed ...' for each data location whose digest
+        changed, as far as the recorded rows tell."""
+        from . import recording
+
+        lines = []
+        for key, digest in (new.get("data") or {}).items():
+            if (old.get("data") or {}).get(key) == digest:
+                continue
+            op, _, arg = key.rpartition(".")
+            value = new["operators"].get(op, {}).get("args", {}).get(arg)
+            for path in value if isinstance(value, list) else [value]:
+                if isinstance(path, str) and os.path.isdir(path):
+                    found = recording.data_changes(self._ctx, path)
+                    if found:
+                        lines.append(f"{key} ({path}): " + ", ".join(found))
+        return lines
 
     def _refuse_unchanged_rerun(self, step: int) -> None:
         """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
@@ -392,6 +415,7 @@ class _Saved:
     def __init__(self, snapshot: store.Snapshot, param_changes: tuple[str, ...]) -> None:
         self.snapshot = snapshot
         self.param_changes = param_changes  # named in a mismatch, which they may explain
+        self.explain_data = lambda old, new: []  # the files behind a changed data digest
         self.manifest_path = snapshot.path / store.MANIFEST
 
     def state_file(self, name: str) -> Path:
@@ -412,6 +436,7 @@ class _Saved:
                                          "description; start over with `dvc-dali reset`.")
         diff = dali_state.differences(old, description)
         if diff:
+            diff += self.explain_data(old, description)
             raise PipelineMismatchError(
                 f"{self.manifest_path}: pipeline {name!r} differs from the one that wrote the "
                 "checkpoint, and DALI would restore into it silently, producing other "

@@ -48,6 +48,21 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
+def data_changes(ctx: RunContext, data_path: str) -> list[str]:
+    """The first files added, removed or changed in ``data_path`` since the row
+    the workspace's dvc.lock names ([] when that cannot be told)."""
+    from . import changed_files
+    from .stage import find_stage
+
+    try:
+        repo = repo_at(os.getcwd())
+        stage = find_stage(repo, ctx.stage, None, ctx.stage)
+        return changed_files.describe(repo, stage, ctx.dvc_root, data_path)
+    except Exception as exc:  # only an explanation: never hide the refusal it explains
+        logger.debug("cannot tell which files of %s changed: %s", data_path, exc)
+        return []
+
+
 def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
     """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
     that its run went on from: (that row's name, the later rows' names)."""

@@ -337,3 +337,25 @@ def dir_in_cache(repo: Any, dir_md5: str) -> bool:
     except Exception:
         return False
     return all(odb.exists(oid.value) for _, _, oid in tree)
+
+
+def tree_listing(repo: Any, dir_md5: str) -> dict[str, str] | None:
+    """{relative path: md5} of a directory object in the local cache; None
+    when it is not there."""
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.tree import Tree
+
+    try:
+        tree = Tree.load(repo.cache.local, HashInfo("md5", dir_md5))
+    except Exception:
+        return None
+    return {"/".join(key): oid.value for key, _, oid in tree}
+
+
+def dir_listing(repo: Any, path: str) -> dict[str, str]:
+    """{relative path: md5} of a directory now (DVC's state spares the
+    files it hashed before)."""
+    from dvc_data.hashfile.build import build
+
+    _, _, tree = build(repo.cache.local, path, repo.fs, "md5", state=repo.state)
+    return {"/".join(key): oid.value for key, _, oid in tree}
