@@ -132,16 +132,20 @@ def test_a_remote_that_fails_never_stops_training_and_the_rows_push_later(tmp_pa
         assert missing_data(bare, store, sha) == []
 
 
-def test_a_misconfigured_remote_is_refused_before_the_first_step(tmp_path):
+@pytest.mark.parametrize("breakage,says", [
+    (["dvc", "config", "exp.git_remote", "nosuch"], "'nosuch' is not a valid Git remote"),
+    (["git", "remote", "set-url", "origin", "/nonexistent/origin.git"],
+     "'origin' is not a valid Git remote or URL"),
+    (["dvc", "remote", "remove", "store"], "no remote specified")])
+def test_a_misconfigured_remote_is_refused_before_the_first_step(tmp_path, breakage, says):
     project = template_project(tmp_path)
     with_remotes(project, tmp_path)
-    run(["dvc", "config", "exp.git_remote", "nosuch"], project)
-    run(["git", "commit", "-qam", "bad remote"], project)
+    run(breakage, project)
+    run(["git", "commit", "-qam", "bad remote", "--allow-empty"], project)
     out = run(["dvc", "exp", "run", "-n", "a"], project, check=False)
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "RecordError: experiment auto-push is on (exp.auto_push / DVC_EXP_AUTO_PUSH) but " \
-           "cannot push rows: 'nosuch' is not a valid Git remote" in text, text
+    assert "RecordError: experiment auto-push is on" in text and says in text, text
     assert "step 10" not in text and "Traceback" not in text, text
     assert not [r for r in exp_rows(project) if "-step" in r]
 
