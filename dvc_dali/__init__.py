@@ -27,10 +27,16 @@ from .errors import (
     UnsupportedPipelineError,
 )
 from .checkpoint_signal import make_checkpoint
+from .history import best_row, rows
+from .load import Loaded, load
 
 __all__ = [
     "Checkpointer",
     "make_checkpoint",
+    "load",
+    "Loaded",
+    "rows",
+    "best_row",
     "DvcDaliError",
     "CheckpointCorruptError",
     "CheckpointFormatError",

@@ -263,3 +263,11 @@ def snapshot(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(snapshot(v) for v in value)
     return value  # scalars, NumPy scalars and JAX arrays are immutable
+
+
+def leaf_indexes(tree: Any, n_leaves: int) -> list[int]:
+    """The array files a value's tree uses (checked first, as unflatten does)."""
+    check_tree(tree, n_leaves)
+    found: list[int] = []
+    _build(tree, found.append)
+    return found

@@ -15,6 +15,7 @@ from typing import Callable
 
 from ._version import __version__
 from .errors import DvcDaliError
+from .history import best_row, parse_batch, read_blobs, rows as history_rows  # noqa: F401
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -64,66 +65,6 @@ def cmd_init(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------
 
 
-def _flatten(node: object, prefix: str = "") -> dict[str, float]:
-    """{"train/acc": 0.9, ...}: a DVCLive metrics file's numbers but the step."""
-    flat: dict[str, float] = {}
-    for key, value in (node.items() if isinstance(node, dict) else []):
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)) and key != "step":
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def parse_batch(out: bytes, count: int) -> list[bytes | None]:
-    """The ``count`` answers of `git cat-file --batch`: a blob's bytes, or None
-    for an object that is missing, ambiguous or not a blob."""
-    found: list[bytes | None] = []
-    pos = 0
-    for _ in range(count):
-        end = out.index(b"\n", pos)
-        header = out[pos:end].split()
-        pos = end + 1
-        if len(header) == 3 and header[2].isdigit():  # <oid> <type> <size>, then the bytes
-            size = int(header[2])
-            found.append(out[pos:pos + size] if header[1] == b"blob" else None)
-            pos += size + 1
-        else:  # "<name> missing" / "<name> ambiguous"
-            found.append(None)
-    return found
-
-
-def read_blobs(root: str, specs: list[str]) -> list[bytes | None]:
-    """Every "<sha>:<path>" in ``specs`` read by one git process (one
-    `git show` per row took seconds for a thousand rows)."""
-    if not specs:
-        return []
-    try:
-        proc = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True,
-                              input="".join(f"{s}\n" for s in specs).encode(), check=False)
-    except OSError as exc:
-        raise DvcDaliError(f"cannot run git in {root}: {exc}") from None
-    if proc.returncode != 0:
-        raise DvcDaliError(f"`git cat-file --batch` failed in {root} (exit {proc.returncode}): "
-                           f"{proc.stderr.decode(errors='replace').strip()}")
-    return parse_batch(proc.stdout, len(specs))
-
-
-def _rows_with_metrics(root: str, exp: str | None, metrics_file: str) -> list[dict]:
-    from .recording import list_rows
-    from .recording.remove import exp_refs
-
-    exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
-    rows = list_rows(root, exp)
-    blobs = read_blobs(root, [f"{row['sha']}:{metrics_file}" for row in rows])
-    for row, blob in zip(rows, blobs, strict=True):
-        try:
-            row["metrics"] = _flatten(json.loads(blob)) if blob is not None else {}
-        except ValueError:  # a metrics file cut short or not JSON: show the row anyway
-            row["metrics"] = {}
-    return rows
-
-
 def _by_step(row: dict) -> tuple:
     # Step first: rows recorded within the same second keep their step order.
     return row["step"], row["time"], row["name"]
@@ -162,7 +103,8 @@ def draw_tree(rows: list[dict]) -> list[str]:
         while node is not None:
             kids = sorted(children.get(node["sha"], []), key=_by_step)
             metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
-            mark = "  ← latest" if node.get("latest") else ""
+            mark = ("  ← latest" if node.get("latest") else "") + (
+                "  ★ best" if node.get("best") else "")
             lines.append(f"{'│ ' * depth}├─ step {node['step']:>7}  {node['name']:<28} "
                          f"{node['sha'][:7]}  {metrics}".rstrip() + mark)
             for branch in kids[1:]:
@@ -192,7 +134,10 @@ def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
-    rows = _rows_with_metrics(root, args.exp, args.metrics_file)
+    rows = history_rows(args.exp, root, args.metrics_file)
+    best = best_row(rows, args.best) if args.best else None
+    if best is not None:
+        best["best"] = True
     if not rows and args.exp:
         print(f"dvc-dali show: no checkpoints recorded for an experiment named {args.exp!r}; "
               "`dvc-dali show` lists those recorded", file=sys.stderr)
@@ -204,6 +149,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("no dvc-dali checkpoints recorded yet")
     else:
         print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
+    if args.best and not args.json:
+        metric = args.best.rpartition(":")[0]
+        print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
+              f"{best['metrics'][metric]:.4g}); load it with dvc_dali.load(rev="
+              f"{best['name']!r})" if best else f"best by {args.best}: no row has {metric}")
     return 0
 
 
@@ -447,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "row marked.")
     p.add_argument("exp", nargs="?", help="only this experiment")
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    p.add_argument("--best", metavar="METRIC:max|min",
+                   help="mark and print the best row by a DVCLive metric, e.g. train/acc:max")
     p.add_argument("--metrics-file", default=DEFAULT_METRICS,
                    help=f"metrics file to show (default: {DEFAULT_METRICS})")
     p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "

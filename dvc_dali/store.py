@@ -490,13 +490,38 @@ def _check_rank(manifest: dict[str, Any], where: Path, rank: int, world_size: in
             "`dvc exp apply`, or start over with `dvc-dali reset`.")
 
 
-def _read_arrays(snap: _SnapshotFiles, out: Snapshot, array_module) -> None:
+class _Leaves:
+    """The array files, each read (and checked) the first time it is used."""
+
+    def __init__(self, snap: _SnapshotFiles, infos: list[dict[str, Any]],
+                 files: dict[str, Any]) -> None:
+        self._snap, self._infos, self._files = snap, infos, files
+        self._read: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index not in self._read:
+            info = self._infos[index]
+            self._read[index] = self._snap.array(info["file"], self._files[info["file"]], info)
+        return self._read[index]
+
+
+def _read_arrays(snap: _SnapshotFiles, out: Snapshot, array_module,
+                 names: list[str] | None = None) -> None:
+    """The arrays ``names`` (default: all), reading only their files."""
     manifest, files = out.manifest, out.manifest["files"]
-    infos = manifest["array_files"]
-    leaves = [snap.array(info["file"], files[info["file"]], info) for info in infos]
+    leaves = _Leaves(snap, manifest["array_files"], files)
+    if names is None:  # every file checked, used or not, as a resume always did
+        for i in range(len(leaves)):
+            leaves[i]
     for aname, tree in manifest["arrays"].items():
+        if names is not None and aname not in names:
+            continue
         try:
-            out.arrays[aname] = arrays_mod.unflatten(tree, leaves, infos, array_module)
+            out.arrays[aname] = arrays_mod.unflatten(tree, leaves, manifest["array_files"],
+                                                     array_module)
         except ValueError as exc:
             raise CheckpointCorruptError(
                 f"{snap.path / MANIFEST}: field {manifest_schema.key('arrays', aname)!r} "
@@ -540,6 +565,42 @@ def read_snapshot(root: Path, array_module=None, rank: int = 0,
         _read_arrays(snap, out, array_module)
         _read_dynamic(snap, out)
     return out
+
+
+def read_arrays(root: Path, names: list[str] | None = None, array_module=None,
+                rank: int = 0) -> Snapshot:
+    """For reading without resuming: the manifest and the arrays ``names``
+    (default all) of ``rank``'s latest snapshot, only their files read, every
+    check of read_snapshot applied to what is read. No pipeline state."""
+    entries = latest(root)
+    if entries is None:
+        raise CheckpointCorruptError(f"{root}: holds no dvc-dali checkpoint (no {LATEST}); "
+                                     "pass the checkpoint output's path, or a row as rev=")
+    if not 0 <= rank < len(entries):
+        raise RankMismatchError(f"{root / LATEST}: saved by {len(entries)} process(es); "
+                                f"there is no rank {rank}")
+    rel, md5 = entries[rank]
+    with _SnapshotFiles(root, rel) as snap:
+        out = Snapshot(snap.path, snap.manifest(md5))
+        unknown = sorted(set(names or ()) - set(out.manifest["arrays"]))
+        if unknown:
+            from .errors import ConfigError
+
+            raise ConfigError(f"{snap.path / MANIFEST}: no arrays named {unknown}; it holds "
+                              f"{sorted(out.manifest['arrays'])}")
+        _read_arrays(snap, out, array_module, names)
+    return out
+
+
+def needed_files(manifest: dict[str, Any], names: list[str] | None) -> list[str]:
+    """The member files reading the arrays ``names`` (default all) opens."""
+    infos = manifest["array_files"]
+    chosen = [t for n, t in manifest["arrays"].items() if names is None or n in names]
+    try:
+        used = sorted({i for tree in chosen for i in arrays_mod.leaf_indexes(tree, len(infos))})
+    except ValueError:
+        return [info["file"] for info in infos]  # let the read name what is wrong
+    return [infos[i]["file"] for i in used]
 
 
 def file_digests(root: Path) -> dict[Path, str]:
