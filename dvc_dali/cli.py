@@ -103,8 +103,10 @@ def draw_tree(rows: list[dict]) -> list[str]:
         while node is not None:
             kids = sorted(children.get(node["sha"], []), key=_by_step)
             metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
+            same = ", ".join(node.get("dvc_experiments") or [])
             mark = ("  ← latest" if node.get("latest") else "") + (
-                "  ★ best" if node.get("best") else "")
+                "  ★ best" if node.get("best") else "") + (
+                f"  (= DVC's experiment {same})" if same else "")
             lines.append(f"{'│ ' * depth}├─ step {node['step']:>7}  {node['name']:<28} "
                          f"{node['sha'][:7]}  {metrics}".rstrip() + mark)
             for branch in kids[1:]:

@@ -89,14 +89,15 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     """The recorded checkpoint rows of the repository at ``repo`` (default:
     the one around the working directory), of run ``exp`` or all: each a
     dict with name, exp, step, parent (sha), sha, baseline, time, metrics
-    (flattened DVCLive metrics) and params (the row's params.yaml, flattened
-    "train.lr")."""
+    (flattened DVCLive metrics), params (the row's params.yaml, flattened
+    "train.lr") and dvc_experiments (DVC's own experiments holding the same
+    outputs: the ref `dvc exp run` commits when it ends)."""
     from .context import repo_root
     from .recording import list_rows
     from .recording.remove import exp_refs
 
     root = str(Path(repo) if repo is not None else (repo_root() or Path.cwd()))
-    exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
+    refs = exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
     found = list_rows(root, exp)
     blobs = read_blobs(root, [f"{r['sha']}:{p}" for r in found
                               for p in (metrics_file, "params.yaml")])
@@ -107,7 +108,38 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
         except ValueError:  # a metrics file cut short or not JSON: list the row anyway
             row["metrics"] = {}
         row["params"] = _params(params)
+    mark_dvc_duplicates(root, found, refs)
     return found
+
+
+def _lock_outs(blob: bytes | None) -> set[str]:
+    """The outs digests (as rows' lineage records them) of a dvc.lock's stages."""
+    from ruamel.yaml import YAML
+
+    from .recording.rows import outs_digest
+
+    try:
+        data = YAML(typ="safe", pure=True).load(blob.decode()) if blob else None
+        return {outs_digest(entry) for entry in (data.get("stages") or {}).values()
+                if isinstance(entry, dict) and entry.get("outs")}
+    except Exception:  # not a dvc.lock we can read: no match
+        return set()
+
+
+def mark_dvc_duplicates(root: str, found: list[dict[str, Any]],
+                        refs: list[tuple[str, str]]) -> None:
+    """DVC's own experiment of an invocation (`dvc exp run -n NAME` commits it
+    when the run ends) holds the same outputs as the run's last row: name it
+    on that row ("dvc_experiments"), so the two are not taken for two states."""
+    shas = {r["sha"] for r in found}
+    theirs = [(ref, sha) for ref, sha in refs if sha not in shas]
+    blobs = read_blobs(root, [f"{sha}:dvc.lock" for _, sha in theirs])
+    by_outs: dict[str, list[str]] = {}
+    for (ref, _), blob in zip(theirs, blobs, strict=True):
+        for digest in _lock_outs(blob):
+            by_outs.setdefault(digest, []).append(ref.rsplit("/", 1)[-1])
+    for row in found:
+        row["dvc_experiments"] = sorted(set(by_outs.get(row.get("outs") or "", [])))
 
 
 def best_row(found: list[dict[str, Any]], spec: str) -> dict[str, Any] | None:

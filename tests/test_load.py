@@ -131,5 +131,10 @@ def test_rows_and_show_best(finished, monkeypatch):
     out = run(["dvc-dali", "show", "--best", "train/loss:min"], finished).stdout
     assert f"best by train/loss:min: {best['name']} (step {best['step']}" in out, out
     assert "★ best" in out and f"dvc_dali.load(rev='{best['name']}')" in out
+    # DVC's own experiment `a` (committed when `dvc exp run` ended) is the last
+    # row's state, marked as such rather than shown as another state
+    assert [r["dvc_experiments"] for r in found] == [[], [], [], ["a"]]
+    assert "a-step20" in out and "(= DVC's experiment a)" in out.split("a-step20")[1].split(
+        "\n")[0], out
     bad = run(["dvc-dali", "show", "--best", "loss"], finished, check=False)
     assert bad.returncode == 1 and "'<metric>:max' or '<metric>:min'" in bad.stderr
