@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from b_checkpoint import OURS_YAML, run_exp
-from common import DVC3, PY, Row, fmt_s, median, run, say, write_jpegs
+from common import DVC3, PY, Row, fmt_s, median, run, say, write_jpegs, yes_no
 
 perf = time.perf_counter
 
@@ -58,6 +58,7 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
         rows.append(Row(f"6 dvc exp show warm (cached), {label}", fmt_s(med[key]),
                         fmt_s(med["10"]), f"{med[key] / med['10']:.2f}x", "-", "n/a",
                         {"warm_s": warm[key], "ref_warm_s": warm["10"]}))
+    rows.append(_dvc_dali_show(tmp, images, 300 if quick else 1000, repeats))
     times = {"cold": cold, "warm": warm}
     notes = []
     for name in (str(many), f"{many}-keep10"):
@@ -78,3 +79,21 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
         "(checkpoints + the run's own)")
     return rows, notes, {"times": times, "refs": refs,
                          "blocked": {k: [e["blocked"] for e in v] for k, v in logs.items()}}
+
+
+def _dvc_dali_show(tmp: Path, images: Path, n: int, repeats: int) -> Row:
+    """`dvc-dali show` (the command, as a person runs it) on a run of ``n``
+    rows vs one of 10."""
+    say(f"[6] dvc exp run with {n} checkpoints, for dvc-dali show")
+    run_exp(tmp, f"show{n}", images, plan=[(1024, n)], dvc=DVC3, yaml=OURS_YAML,
+            script="train_ckpt.py", stage_python=PY, pipe=False)
+    took: dict[str, list[float]] = {"n": [], "10": []}
+    for _ in range(repeats + 1):
+        for key, repo in (("n", tmp / f"show{n}"), ("10", tmp / "rows10")):
+            t = perf()
+            run([PY, "-m", "dvc_dali.cli", "show"], repo)
+            took[key].append(perf() - t)
+    big, small = median(took["n"][1:]), median(took["10"][1:])
+    return Row(f"6 `dvc-dali show`, {n} vs 10 rows (the whole command)", fmt_s(big),
+               fmt_s(small), f"{big / small:.2f}x", "<= 0.3 s at 1,000 rows",
+               yes_no(big <= 0.3) if n >= 1000 else "n/a", {"show_s": took})
