@@ -9,8 +9,9 @@
         ckpt.make_checkpoint(step + 1, arrays={"w": weights})
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .checkpointer import Checkpointer
 from .errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
@@ -26,9 +27,27 @@ from .errors import (
     UnnamedOperatorWarning,
     UnsupportedPipelineError,
 )
-from .checkpoint_signal import make_checkpoint
-from .history import best_row, rows
-from .load import Loaded, load
+
+# The rest on first use: `dvc-dali show` and `dvc_dali.load` need neither
+# NumPy's import nor the Checkpointer's (a third of a short command's time).
+_LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "checkpoint_signal",
+         "rows": "history", "best_row": "history", "load": "read_only", "Loaded": "read_only"}
+
+if TYPE_CHECKING:
+    from .checkpoint_signal import make_checkpoint
+    from .checkpointer import Checkpointer
+    from .history import best_row, rows
+    from .read_only import Loaded, load
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dvc_dali' has no attribute {name!r}")
 
 __all__ = [
     "Checkpointer",

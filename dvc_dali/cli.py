@@ -136,7 +136,7 @@ def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
-    rows = history_rows(args.exp, root, args.metrics_file)
+    rows = history_rows(args.exp, root, args.metrics_file, params=args.json)
     best = best_row(rows, args.best) if args.best else None
     if best is not None:
         best["best"] = True

@@ -85,13 +85,14 @@ def _params(blob: bytes | None) -> dict[str, Any]:
 
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
-         metrics_file: str = DEFAULT_METRICS) -> list[dict[str, Any]]:
+         metrics_file: str = DEFAULT_METRICS, params: bool = True) -> list[dict[str, Any]]:
     """The recorded checkpoint rows of the repository at ``repo`` (default:
     the one around the working directory), of run ``exp`` or all: each a
     dict with name, exp, step, parent (sha), sha, baseline, time, metrics
     (flattened DVCLive metrics), params (the row's params.yaml, flattened
-    "train.lr") and dvc_experiments (DVC's own experiments holding the same
-    outputs: the ref `dvc exp run` commits when it ends)."""
+    "train.lr"; ``params=False`` skips reading them) and dvc_experiments
+    (DVC's own experiments holding the same outputs: the ref `dvc exp run`
+    commits when it ends)."""
     from .context import repo_root
     from .recording import list_rows
     from .recording.remove import exp_refs
@@ -99,15 +100,16 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     root = str(Path(repo) if repo is not None else (repo_root() or Path.cwd()))
     refs = exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
     found = list_rows(root, exp)
-    blobs = read_blobs(root, [f"{r['sha']}:{p}" for r in found
-                              for p in (metrics_file, "params.yaml")])
+    files = (metrics_file, "params.yaml") if params else (metrics_file,)
+    blobs = read_blobs(root, [f"{r['sha']}:{p}" for r in found for p in files])
     for i, row in enumerate(found):
-        metrics, params = blobs[2 * i], blobs[2 * i + 1]
+        metrics = blobs[len(files) * i]
         try:
             row["metrics"] = flatten_metrics(json.loads(metrics)) if metrics is not None else {}
         except ValueError:  # a metrics file cut short or not JSON: list the row anyway
             row["metrics"] = {}
-        row["params"] = _params(params)
+        if params:
+            row["params"] = _params(blobs[len(files) * i + 1])
     mark_dvc_duplicates(root, found, refs)
     return found
 
