@@ -18,6 +18,8 @@ ratio measured side by side in this run.
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
+9. restore of a 1 GB torch state (Checkpointer, dvc_dali.load) vs torch.load,
+   warm and cold page cache, and the memory each adds
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -51,8 +53,9 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_expshow": {6},
     "b_ranks": {7},
     "b_push": {8},
+    "b_bigrestore": {9},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9}
 
 
 def machine() -> dict[str, str]:

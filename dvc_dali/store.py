@@ -360,6 +360,7 @@ class _SnapshotFiles:
     def __init__(self, root: Path, rel: str) -> None:
         self.root, self.path = Path(root), Path(root) / rel
         self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
         try:  # the root is the user's own path: it may be a symlink
             fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -395,8 +396,9 @@ class _SnapshotFiles:
     def open(self, rel: str, **kw):
         """``rel`` (a manifest or member path) opened as _open_file does."""
         sub, _, name = rel.rpartition("/")
-        if sub not in self._fds:
-            self._fds[sub] = self._subdir(os.dup(self._fds[""]), sub, self.path / sub)
+        with self._lock:  # files may be opened from several threads (_Leaves.read_all)
+            if sub not in self._fds:
+                self._fds[sub] = self._subdir(os.dup(self._fds[""]), sub, self.path / sub)
         return _open_file(self.path / rel, name, self._fds[sub], **kw)
 
     def manifest(self, md5: str) -> dict[str, Any]:
@@ -501,6 +503,20 @@ class _Leaves:
     def __len__(self) -> int:
         return len(self._infos)
 
+    def read_all(self) -> None:
+        """Every file, several at once: reading one overlaps hashing another
+        (both release the GIL); each still goes straight into its array."""
+        workers = min(4, os.cpu_count() or 1, len(self))
+        if workers < 2:
+            for i in range(len(self)):
+                self[i]
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="dvc-dali-read") as pool:
+            for _ in pool.map(self.__getitem__, range(len(self))):
+                pass  # the first error is raised here
+
     def __getitem__(self, index: int) -> np.ndarray:
         if index not in self._read:
             info = self._infos[index]
@@ -514,8 +530,7 @@ def _read_arrays(snap: _SnapshotFiles, out: Snapshot, array_module,
     manifest, files = out.manifest, out.manifest["files"]
     leaves = _Leaves(snap, manifest["array_files"], files)
     if names is None:  # every file checked, used or not, as a resume always did
-        for i in range(len(leaves)):
-            leaves[i]
+        leaves.read_all()
     for aname, tree in manifest["arrays"].items():
         if names is not None and aname not in names:
             continue
