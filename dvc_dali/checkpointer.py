@@ -24,6 +24,7 @@ from . import (
     dali_dynamic,
     dali_iterators,
     dali_state,
+    dali_tf,
     dirlock,
     distributed,
     exit_messages,
@@ -100,6 +101,7 @@ class Checkpointer:
         self.total_steps = total_steps
         self._pipelines: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (pipe, description)
         self._iterators: list[Any] = []
+        self._tf: dict[str, tuple[dali_tf.Stream, dict[str, Any]]] = {}  # name -> (stream, desc)
         self._dynamic: dict[str, Any] = {}
         self.rank, self.world_size = distributed.world()
         if self._ctx.mode == "record":
@@ -244,8 +246,7 @@ class Checkpointer:
         (batch_size, num_threads, device_id, seed and its own arguments), or
         an unbuilt ``Pipeline``. Returns the built pipeline.
         """
-        if name in self._pipelines:
-            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
+        self._check_new_name(name)
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe)
@@ -258,6 +259,38 @@ class Checkpointer:
         self._pipelines[name] = (pipe, description)
         self._announce()
         return pipe
+
+    def _check_new_name(self, name: str) -> None:
+        if name in self._pipelines or name in self._tf:
+            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
+
+    def tf_dataset(self, name: str, source: Any, *, output_dtypes: Any,
+                   output_shapes: Any = None, transform: Any = None, **kwargs: Any) -> Any:
+        """A TensorFlow ``DALIDataset`` over pipeline ``name``, restored from
+        the checkpoint when resuming and saved with it.
+
+        ``source`` and ``kwargs`` are as for :meth:`pipeline` (the pipeline's
+        batch_size, num_threads, device_id and seed are the dataset's too);
+        ``output_dtypes``/``output_shapes`` as for ``DALIDataset``.
+        ``transform`` (``lambda ds: ds.map(...)``) is applied inside, so the
+        returned dataset is still the one whose position is saved: feed it to
+        ``model.fit`` or ``iter()`` as it is. Every iterator made from it
+        continues where the previous one stopped; the first starts at the
+        saved position.
+        """
+        self._check_new_name(name)
+        pipe = dali_state.prepare(source, kwargs)
+        dali_state.check_restorable(pipe, name)
+        description = dali_state.describe(pipe)
+        saved, where = None, ""
+        if self._saved is not None:
+            saved = self._saved.pipeline_state(name, description, kind=dali_tf.KIND)
+            where = str(self._saved.state_file(name))
+        stream = dali_tf.Stream(saved, where)
+        dataset = dali_tf.dataset(pipe, stream.started, output_dtypes, output_shapes, transform)
+        self._tf[name] = (stream, description)
+        self._announce()
+        return dataset
 
     def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
         """A framework iterator (``DALIGenericIterator``,
@@ -290,6 +323,28 @@ class Checkpointer:
             where = str(self._saved.snapshot.path) if self._saved else ""
             self._dynamic[name] = dali_dynamic.checkpoint(name, saved, where)
         return self._dynamic[name]
+
+    def keras_callback(self, every: int, live: Any = None,
+                       on_checkpoint: Any = None) -> Any:
+        """A Keras 3 callback that checkpoints ``model.fit`` every ``every``
+        steps, at the end, and at once on preemption (:meth:`should_save`).
+
+        The model's and optimizer's variables are saved as arrays with the
+        positions of the :meth:`tf_dataset` datasets; a resumed fit gets them
+        back and starts at the saved epoch. Train with
+        ``cb.fit(model, ds, epochs=E, steps_per_epoch=S)``, which also resumes
+        in the middle of an epoch (``model.fit(..., callbacks=[cb])`` refuses
+        that). ``live`` (:meth:`live`) gets the step's Keras logs as
+        ``train/<name>`` before each checkpoint; ``on_checkpoint(step,
+        logs)`` is called then too (to write the model file a stage outputs).
+        """
+        try:
+            from .keras_callback import DaliCheckpoint
+        except ImportError as exc:
+            raise ConfigError(f"Checkpointer.keras_callback() needs Keras 3 ({exc}): install "
+                              "the tf extra, pip install \"dvc-dali[tf]\".") from None
+
+        return DaliCheckpoint(self, every, self._tf, live, on_checkpoint)
 
     def live(self, dir: str = "dvclive", **kwargs: Any) -> Any:
         """A ``dvclive.Live`` resumed in step with this checkpoint: history
@@ -371,7 +426,8 @@ class Checkpointer:
         self._announce()
         return {
             "step": step,
-            "pipelines": _pipeline_entries(self._pipelines, self._iterators),
+            "pipelines": {**_pipeline_entries(self._pipelines, self._iterators),
+                          **_tf_entries(self._tf)},
             "arrays": dict(arrays or {}),
             "metadata": dict(metadata or {}),
             "versions": _versions(),
@@ -421,8 +477,11 @@ class _Saved:
     def state_file(self, name: str) -> Path:
         return self.snapshot.path / self.snapshot.manifest["pipelines"][name]["file"]
 
-    def pipeline_state(self, name: str, description: dict[str, Any]) -> bytes:
-        """Pipeline ``name``'s saved state, checked; refused for another pipeline."""
+    def pipeline_state(self, name: str, description: dict[str, Any],
+                       kind: str = dali_state.KIND) -> bytes:
+        """Pipeline ``name``'s saved state, checked; refused for another
+        pipeline, or one built another way (``kind``: a DALI pipeline, a
+        TensorFlow DALIDataset)."""
         saved = self.snapshot.manifest["pipelines"]
         if name not in saved:
             raise PipelineMismatchError(
@@ -430,6 +489,12 @@ class _Saved:
                 f"{sorted(saved) or 'none'}), so {name!r} cannot resume where the others do. "
                 "Register the pipelines under the names they were saved with, or start over "
                 "with `dvc-dali reset`.")
+        saved_kind = saved[name].get("kind", dali_state.KIND)
+        if saved_kind != kind:
+            raise PipelineMismatchError(
+                f"{self.manifest_path}: pipeline {name!r} was saved from {_BUILT_BY[saved_kind]}"
+                f", and is now built with {_BUILT_BY[kind]}; their states do not carry over. "
+                "Build it the way it was saved to resume, or start over with `dvc-dali reset`.")
         old = saved[name].get("description")
         if not isinstance(old, dict):
             raise CheckpointCorruptError(f"{self.manifest_path}: pipeline {name!r} has no "
@@ -445,7 +510,10 @@ class _Saved:
                 + "\nRun with the saved settings to resume, or start over with "
                 "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
         state = self.snapshot.pipeline_states[name]
-        dali_state.read_state(state, str(self.state_file(name)))  # names the file if damaged
+        if kind == dali_tf.KIND:
+            dali_tf.unpack(state, str(self.state_file(name)))  # names the file if damaged
+        else:
+            dali_state.read_state(state, str(self.state_file(name)))
         return state
 
     def dynamic_state(self, name: str) -> str:
@@ -456,6 +524,10 @@ class _Saved:
                 f"{sorted(saved) or 'none'}); use the saved name, or start over with "
                 "`dvc-dali reset`.")
         return saved[name]
+
+
+_BUILT_BY = {dali_state.KIND: "Checkpointer.pipeline() (a DALI pipeline)",
+             dali_tf.KIND: "Checkpointer.tf_dataset() (a TensorFlow DALIDataset)"}
 
 
 def _versions() -> dict[str, str]:
@@ -485,6 +557,15 @@ def _pipeline_entries(pipes: dict[str, tuple[Any, dict[str, Any]]],
             "epoch_idx": info["epoch_idx"],
         }
     return entries
+
+
+def _tf_entries(streams: dict[str, tuple[dali_tf.Stream, dict[str, Any]]]
+                ) -> dict[str, dict[str, Any]]:
+    """Each TensorFlow dataset's iterator state now and its manifest fields."""
+    return {name: {"state": stream.state(), "kind": dali_tf.KIND,
+                   "fingerprint": dali_state.fingerprint(description),
+                   "description": description}
+            for name, (stream, description) in streams.items()}
 
 
 def _publish_one(path: Path, captured: dict[str, Any]) -> Path:

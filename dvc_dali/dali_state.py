@@ -32,6 +32,7 @@ from .errors import (
 
 # Arguments DALI adds for its own bookkeeping (source line numbers, display
 # names): they change when the script is edited, not when the data does.
+KIND = "dali"  # the manifest's "kind" of a pipeline saved with pipe.checkpoint()
 _IGNORED_ARG_PREFIX = "_"
 _IGNORED_ARGS = {"preserve_name", "device_id", "num_threads"}
 _DATA_LOCATION_ARGS = {"file_root", "file_list", "annotations_file", "manifest_filepaths"}

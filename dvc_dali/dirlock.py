@@ -37,6 +37,8 @@ class DirLock:
         self._lock = lock
 
     def release(self) -> None:
+        if _HELD is None:  # interpreter teardown (module globals cleared): the OS releases it
+            return
         held = _HELD.get(self._lock)
         if held is None:
             return

@@ -189,6 +189,9 @@ def _check_pipelines(c: _Checker, pipelines: Any, files: dict) -> None:
         _check_description(c, c.get(info, field, "description"), key(field, "description"))
         if "fingerprint" in info:
             c.text(info["fingerprint"], key(field, "fingerprint"))
+        # how the state was taken: pipe.checkpoint(), or a TF iterator's checkpoint
+        if info.get("kind", "dali") not in ("dali", "tensorflow"):
+            c.fail(key(field, "kind"), f"is {_show(info['kind'])}, expected dali or tensorflow")
         for counter in ("iter", "epoch_idx"):  # DALI's counters: any int
             if counter in info:
                 c.typed(info[counter], key(field, counter), int, "an integer")

@@ -42,8 +42,9 @@ def read_params(path: Path) -> dict:
         sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
     if params["device"] not in ("auto", "cpu", "gpu"):
         sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
-    if params["framework"] not in ("numpy", "torch"):
-        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy or torch")
+    if params["framework"] not in ("numpy", "torch", "keras"):
+        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy, torch or "
+                 "keras")
     for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
         if int(params[key]) < 1:
             sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")

@@ -4,8 +4,8 @@
     python examples/train.py             # or: dvc exp run (see templates/dvc.yaml)
 
 Reads params.yaml `train`: steps, checkpoint_every, batch_size, seed, lr,
-hidden, device (auto|cpu|gpu), data, framework (numpy|torch: torch runs
-examples/train_torch.py). Writes checkpoint/ (resume state),
+hidden, device (auto|cpu|gpu), data, framework (numpy|torch|keras: torch runs
+examples/train_torch.py, keras examples/train_keras.py). Writes checkpoint/ (resume state),
 model/model.npz and dvclive/. Run it again after an interruption and it
 resumes from the last checkpoint, producing byte for byte the model an
 uninterrupted run produces. Changing `lr` on resume is allowed; changing
@@ -140,11 +140,12 @@ def main(argv=None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
 
     p = read_params(Path(args.params))
-    if p["framework"] == "torch":
-        # The same job with PyTorch: examples/train_torch.py, a script of its
-        # own (run, not imported: neither example imports the other).
-        torch_job = runpy.run_path(str(Path(__file__).with_name("train_torch.py")))
-        return torch_job["main"](argv)
+    if p["framework"] in ("torch", "keras"):
+        # The same job with PyTorch or Keras: examples/train_torch.py or
+        # train_keras.py, scripts of their own (run, not imported: no example
+        # imports another).
+        job = runpy.run_path(str(Path(__file__).with_name(f"train_{p['framework']}.py")))
+        return job["main"](argv)
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
     lr_value = float(p["lr"])
     kill_at = int(os.environ.get(KILL_ENV, "0") or 0)

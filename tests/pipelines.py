@@ -44,11 +44,13 @@ def make_data(root: Path) -> Path:
 
 
 @pipeline_def
-def rotate_pipe(data, shuffle=True, device="cpu", shard_id=0, num_shards=1):
+def rotate_pipe(data, shuffle=True, device="cpu", shard_id=0, num_shards=1, pad=False):
     """The DALI checkpointing notebook's pipeline (decode, random angle,
-    rotate) plus a random crop."""
+    rotate) plus a random crop. ``pad``: an epoch's last batch is padded with
+    its last sample (the reader's pad_last_batch), not filled from the next."""
     jpegs, labels = fn.readers.file(file_root=f"{data}/images", random_shuffle=shuffle,
-                                    shard_id=shard_id, num_shards=num_shards, name="reader")
+                                    shard_id=shard_id, num_shards=num_shards, name="reader",
+                                    pad_last_batch=pad)
     images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu",
                                output_type=types.RGB)
     angle = fn.random.uniform(range=(-45.0, 45.0), name="angle")

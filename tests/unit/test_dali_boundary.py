@@ -19,7 +19,14 @@ ALLOWED = frozenset({
     "dali_state.py",      # pipelines: build, restore, describe, capture, read state bytes
     "dali_iterators.py",  # framework iterators (PyTorch, JAX)
     "dali_dynamic.py",    # dynamic mode's checkpoint.Checkpoint
+    "dali_tf.py",         # the TF plugin's DALIDataset and its iterators' state
 })
+
+#: Each framework behind its own door too: {top-level module: the modules that may import it}.
+FRAMEWORK_DOORS = {
+    "tensorflow": frozenset({"dali_tf.py"}),
+    "keras": frozenset({"keras_callback.py"}),
+}
 
 #: Attributes of DALI objects that only the allowed modules may use: DALI's
 #: private ones, and the iterator's checkpoints(). Reached on ``self``/``cls``
@@ -82,6 +89,29 @@ def test_only_the_allowed_modules_touch_dali():
             found += violations(path.read_text(encoding="utf-8"), f"dvc_dali/{rel}")
     assert not found, ("DALI is reached outside " + ", ".join(sorted(ALLOWED))
                        + ": go through them instead\n  " + "\n  ".join(found))
+
+
+def _imported_tops(source: str, filename: str) -> dict[str, int]:
+    tops = {}
+    for node in ast.walk(ast.parse(source, filename)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        for name in names:
+            tops.setdefault(name.split(".")[0], node.lineno)
+    return tops
+
+
+def test_tensorflow_and_keras_are_reached_through_their_doors():
+    found = []
+    for path in _modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for top, line in _imported_tops(path.read_text(encoding="utf-8"), rel).items():
+            if top in FRAMEWORK_DOORS and rel not in FRAMEWORK_DOORS[top]:
+                found.append(f"dvc_dali/{rel}:{line}: imports {top}")
+    assert not found, "go through dali_tf.py / keras_callback.py:\n  " + "\n  ".join(found)
+    for top, doors in FRAMEWORK_DOORS.items():  # the checker is not blind
+        for door in doors:
+            assert top in _imported_tops((PACKAGE / door).read_text(encoding="utf-8"), door)
 
 
 def test_the_allowed_modules_do_touch_dali():
