@@ -102,7 +102,8 @@ def _restore_iterator(iterator: Any, blob: bytes, where: str) -> None:
         try:
             tf.train.Checkpoint(iterator=iterator).read(
                 str(Path(tmp) / _PREFIX)).assert_consumed()
-        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+        except (tf.errors.OpError, AssertionError, ValueError, IndexError, TypeError,
+                KeyError) as exc:  # what TF raised on damaged bundles in fuzzing
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointCorruptError(
                 f"{where}: TensorFlow could not restore the DALIDataset iterator from it "

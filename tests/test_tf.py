@@ -117,6 +117,13 @@ def rewrite_member(snap, member, data: bytes, store) -> None:
         latest.read_text().split()[-1], hashlib.md5(text).hexdigest()))
 
 
+def test_damaged_tf_bytes_past_the_digests_restore_or_are_typed_errors(data_dir, tmp_path):
+    counts, proc = runner({"mode": "damaged", "seed": 1, "cases": 60}, data_dir, tmp_path / "ck",
+                          tmp_path / "c.npz")
+    assert int(counts["other"]) == 0, proc.stdout[-3000:]
+    assert int(counts["typed"]) > 30  # TensorFlow's own checksums see most damage
+
+
 @pytest.mark.parametrize("blob,why", [
     (b"", "header"),
     (b"garbage", "header"),

@@ -108,10 +108,48 @@ def keras_fit(cfg, data, ckpt) -> dict:
     return {v.path.replace("/", "__"): np.asarray(v) for v in model.variables}
 
 
+def damaged(cfg, data, ckpt) -> dict:
+    """Restore states with random bytes changed, cut or flipped in the TF
+    files (past the store's digests, as an attacker could): each restores or
+    raises CheckpointCorruptError; anything else is counted as a failure."""
+    import random
+
+    from dvc_dali import dali_tf
+    from dvc_dali.errors import CheckpointCorruptError
+
+    ck = dvc_dali.Checkpointer(ckpt)
+    ds = dataset(ck, {**cfg, "mode": "stream"}, data)
+    it = iter(ds)
+    next(it)
+    files = dali_tf.unpack(dali_tf._save_iterator(it), "saved")
+    rng = random.Random(cfg["seed"])
+    counts = {"restored": 0, "typed": 0, "other": 0}
+    for _ in range(cfg["cases"]):
+        name = rng.choice(sorted(files))
+        raw = bytearray(files[name])
+        how = rng.randrange(3)
+        if how == 0:
+            for _ in range(rng.randint(1, 4)):
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+        elif how == 1:
+            raw = raw[:rng.randrange(len(raw))]
+        else:
+            raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        try:
+            dali_tf._restore_iterator(iter(ds), dali_tf.pack({**files, name: bytes(raw)}), "x")
+            counts["restored"] += 1
+        except CheckpointCorruptError:
+            counts["typed"] += 1
+        except Exception as exc:  # noqa: BLE001 (the test's point: none may escape)
+            print(f"tf_runner: {type(exc).__name__}: {exc}", flush=True)
+            counts["other"] += 1
+    return {k: np.array(v) for k, v in counts.items()}
+
+
 def main() -> None:
     cfg, data, ckpt, out = json.loads(sys.argv[1]), *sys.argv[2:5]
-    results = stream(cfg, data, ckpt) if cfg["mode"] == "stream" else keras_fit(cfg, data, ckpt)
-    np.savez(out, **results)
+    run = {"stream": stream, "keras": keras_fit, "damaged": damaged}[cfg["mode"]]
+    np.savez(out, **run(cfg, data, ckpt))
 
 
 if __name__ == "__main__":
