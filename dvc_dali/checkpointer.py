@@ -587,6 +587,9 @@ def _publish_ranks(path: Path, captured: dict[str, Any], rank: int, world_size: 
         store.remove_leftovers(path, keep="")
     distributed.barrier()
     store.remove_leftovers(path / rank_dir, keep=name)
+    # Rank 0 records next, hashing every rank's directory: none may still be
+    # deleting its old snapshot then (the row's .dir would list files gone).
+    distributed.barrier()
     return path / rank_dir / name
 
 
