@@ -20,6 +20,10 @@ ratio measured side by side in this run.
    and the delay from a row's recording to its ref on the remote
 9. restore of a 1 GB torch state (Checkpointer, dvc_dali.load) vs torch.load,
    warm and cold page cache, and the memory each adds
+10. per-checkpoint cost with a stage deps directory of 10k and 100k files vs 10
+11. per-checkpoint cost with 10k and 100k git-tracked files vs 10
+12. 1 GB torch state save (durable) vs torch.save + fsync, DCP and the disk floor
+13. the same saved and recorded under `dvc exp run` vs torch.save + fsync
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -54,8 +58,10 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_ranks": {7},
     "b_push": {8},
     "b_bigrestore": {9},
+    "b_scale": {10, 11},
+    "b_bigstate": {12, 13},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
 
 
 def machine() -> dict[str, str]:

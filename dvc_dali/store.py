@@ -34,6 +34,7 @@ import stat
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,13 +178,21 @@ def _flatten_arrays(arrays: dict[str, Any]) -> tuple[dict[str, Any], list]:
     return trees, leaves
 
 
+_WRITERS = 4  # member files written (and fsynced) at once
+
+
 def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list,
                    dynamic: dict[str, str], files: dict[str, Any]) -> dict[str, Any]:
     """Write every member file into ``tmp`` (md5 and size into ``files``);
-    the manifest's pipelines, array_files and dynamic fields."""
+    the manifest's pipelines, array_files and dynamic fields.
+
+    Files are written on up to _WRITERS threads: one file's fsync waits on
+    the disk while others are copied and hashed (the GIL is released for
+    all three), which one file after another left idle."""
+    work: dict[str, list] = {}
+
     def put(rel: str, parts: list) -> None:
-        (tmp / rel).parent.mkdir(exist_ok=True)
-        files[rel] = _write_hashed(tmp / rel, parts)
+        work[rel] = parts
 
     out: dict[str, Any] = {"pipelines": {}, "array_files": [], "dynamic": {}}
     for i, (pname, info) in enumerate(sorted(pipelines.items())):
@@ -200,6 +209,14 @@ def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list
         rel = f"dynamic/{i:05d}.json"
         put(rel, [text.encode()])
         out["dynamic"][dname] = {"file": rel}
+    for sub in {rel.split("/")[0] for rel in work}:
+        (tmp / sub).mkdir()
+    if len(work) <= 1:
+        files.update((rel, _write_hashed(tmp / rel, parts)) for rel, parts in work.items())
+        return out
+    with ThreadPoolExecutor(min(_WRITERS, len(work)), thread_name_prefix="dvc-dali-write") as pool:
+        done = {rel: pool.submit(_write_hashed, tmp / rel, parts) for rel, parts in work.items()}
+    files.update((rel, future.result()) for rel, future in done.items())  # raises the first error
     return out
 
 

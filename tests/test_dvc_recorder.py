@@ -497,3 +497,43 @@ def test_a_checkpoint_changed_under_the_run_is_not_recorded(repo, stage_env):
     (repo / "ckpt" / "LATEST").write_text("step-000000004-cccccccc 0\n")
     res = rec.record(4, out="ckpt", expect_latest="step-000000004-cccccccc 0\n")
     assert res.name == "direct-step4"
+
+
+def test_tracked_files_changed_between_rows_are_in_the_next_row(repo, stage_env, monkeypatch):
+    """Rows hold `git add -u` as at their own step, though only the first
+    compares the whole work tree: later ones look at what inotify saw change
+    (and compare everything again once a watched directory is gone)."""
+    pkg = repo / "src" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("v1")
+    (pkg / "keep.py").write_text("same")
+    git(repo, "add", "src")
+    git(repo, "commit", "-qm", "a package")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", git(repo, "rev-parse", "HEAD"))
+    rec.CACHE.clear()
+
+    def files(sha: str) -> dict[str, str]:
+        names = git(repo, "ls-tree", "-r", "--name-only", sha, "src").split()
+        return {n: git(repo, "show", f"{sha}:{n}") for n in names}
+
+    (pkg / "mod.py").write_text("v2 before the first row")
+    first = rec.record(1)
+    assert files(first.sha) == {"src/pkg/mod.py": "v2 before the first row",
+                                "src/pkg/keep.py": "same"}
+    (pkg / "mod.py").write_text("v3")  # another size: any stat would see it; inotify must
+    (repo / "progress.txt").write_text("step 9")
+    (pkg / "new.py").write_text("untracked: git add -u leaves it out")
+    second = rec.record(2)
+    assert files(second.sha) == {"src/pkg/mod.py": "v3", "src/pkg/keep.py": "same"}
+    assert git(repo, "show", f"{second.sha}:progress.txt") == "step 9"
+    (pkg / "mod.py").unlink()
+    assert files(rec.record(3).sha) == {"src/pkg/keep.py": "same"}
+    (pkg / "mod.py").write_text("back")
+    assert files(rec.record(4).sha) == {"src/pkg/mod.py": "back", "src/pkg/keep.py": "same"}
+    for p in pkg.iterdir():
+        p.unlink()
+    pkg.rmdir()  # the watched directory itself: from now on, whole comparisons
+    assert files(rec.record(5).sha) == {}
+    (pkg).mkdir()
+    (pkg / "keep.py").write_text("restored")
+    assert files(rec.record(6).sha) == {"src/pkg/keep.py": "restored"}

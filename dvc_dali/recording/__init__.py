@@ -214,7 +214,7 @@ def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
     outputs as they are now (the checkpoint just written)."""
     with phases.timed("save"):
         outputs.seed_digests(where.repo, stage)
-        dvc_door.save_stage(stage, run_start.known_deps())
+        dvc_door.save_stage(stage, run_start.known_deps(), CACHE.untracked_outs)
         outputs.require_persisted(stage)
 
 

@@ -42,6 +42,10 @@ class ProcessCache:
     # lineage tip per (main git dir, experiment, stage): (commit sha, step)
     tips: dict[tuple, tuple[Optional[str], int]] = field(default_factory=dict)
     run_start: Any = None  # run_start.RunStart: the params this run trains with
+    untracked_outs: set = field(default_factory=set)  # outputs found not tracked by git
+    # git work tree -> commit._Seen: the tracked paths that may differ from
+    # the index (changed at the first row, or named by inotify since)
+    start_changes: dict = field(default_factory=dict)
     _from_files: dict[Any, _Stamped] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one recording at a time
 
@@ -62,6 +66,7 @@ class ProcessCache:
     def forget_files(self) -> None:
         """After a failed recording: look everything up afresh next time."""
         self._from_files.clear()
+        self.untracked_outs.clear()
 
     def clear(self) -> None:
         """Everything, lineage tips included (a new process, for tests)."""
@@ -71,6 +76,10 @@ class ProcessCache:
         self.main_cache_dirs.clear()
         self.tips.clear()
         self.run_start = None
+        self.untracked_outs.clear()
+        for seen in self.start_changes.values():
+            seen.watcher.close()
+        self.start_changes.clear()
 
 
 CACHE = ProcessCache()

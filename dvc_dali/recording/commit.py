@@ -9,6 +9,7 @@ never written, and neither HEAD nor any branch moves.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -21,6 +22,8 @@ from typing import Optional
 import pygit2
 
 from ..errors import RecordError
+from . import watch
+from .cache import CACHE
 
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
 _REPOS: dict[str, pygit2.Repository] = {}
@@ -87,8 +90,8 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
     try:
         index = repo.index
         index.read(True)  # the index on disk now; changed in memory only
-        changed = list(index.diff_to_workdir().deltas)  # what git add -u would stage
-        if _filtered(repo, toplevel, [d.new_file.path for d in changed] + paths):
+        changed = _tracked_changes(index, toplevel)
+        if _filtered(repo, toplevel, [path for path, _ in changed] + paths):
             return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
         _stage_in_memory(repo, index, changed, paths, pinned)
         when = _next_row_time()
@@ -100,18 +103,67 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
     return str(oid)
 
 
-def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index, changed: list,
-                     paths: list[str], pinned: dict[str, bytes]) -> None:
+def _tracked_changes(index: pygit2.Index, toplevel: str) -> list[tuple[str, bool]]:
+    """[(path, deleted)]: what `git add -u` would stage.
+
+    The first row compares the whole work tree with the index (a stat of
+    every tracked file: 0.2-0.4 s at 10^5), with inotify watching their
+    directories from just before; later rows look only at the paths changed
+    then or named by an event since. Without a usable watcher (no inotify,
+    too many directories, a queue overflow) every row compares everything."""
+    seen = CACHE.start_changes.get(toplevel)
+    if seen is not None and seen.watcher.usable:
+        named = seen.watcher.changed()
+        if named is not None:
+            seen.paths |= named
+            return [(path, not os.path.lexists(os.path.join(toplevel, path)))
+                    for path in sorted(seen.paths) if path in index]
+    first = seen is None
+    watcher = (watch.Watcher(toplevel, watch.dirs_of(entry.path for entry in index)) if first
+               else seen.watcher)
+    changed = [(d.new_file.path, d.status_char() == "D") for d in index.diff_to_workdir().deltas]
+    if first:
+        CACHE.start_changes[toplevel] = _Seen(watcher, {path for path, _ in changed})
+    return changed
+
+
+@dataclasses.dataclass
+class _Seen:
+    watcher: watch.Watcher
+    paths: set[str]  # tracked paths changed at the first row or named by an event since
+
+
+def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index,
+                     changed: list[tuple[str, bool]], paths: list[str],
+                     pinned: dict[str, bytes]) -> None:
     """git add -u, git add -A -- paths, then the pinned blobs, in memory."""
-    for delta in changed:
-        if delta.status_char() == "D":
-            index.remove(delta.new_file.path)
+    for path, deleted in changed:
+        if deleted:
+            if path in index:
+                index.remove(path)
         else:
-            index.add(delta.new_file.path)
-    if paths:
-        index.add_all(paths)  # new files too; ignored ones are skipped
+            index.add(path)
+    for rel in _files_under(repo, index, repo.workdir, paths):
+        index.add(rel)
     for rel, data in pinned.items():
         index.add(pygit2.IndexEntry(rel, repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB))
+
+
+def _files_under(repo: pygit2.Repository, index: pygit2.Index, toplevel: str,
+                 paths: list[str]) -> list[str]:
+    """What `git add -A -- paths` adds: the files at or under paths, but not
+    ignored ones unless already tracked. Walked here: libgit2's add_all
+    walks the whole work tree (0.4 s at 10^5 files) to match a pathspec."""
+    out = []
+    for rel in paths:
+        full = os.path.join(toplevel, rel)
+        if os.path.isdir(full) and not os.path.islink(full):
+            found = [os.path.relpath(os.path.join(d, f), toplevel).replace(os.sep, "/")
+                     for d, _, names in os.walk(full) for f in names]
+        else:
+            found = [rel.replace(os.sep, "/")]
+        out += [f for f in found if f in index or not repo.path_is_ignored(f)]
+    return out
 
 
 def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
