@@ -152,17 +152,24 @@ def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index,
 def _files_under(repo: pygit2.Repository, index: pygit2.Index, toplevel: str,
                  paths: list[str]) -> list[str]:
     """What `git add -A -- paths` adds: the files at or under paths, but not
-    ignored ones unless already tracked. Walked here: libgit2's add_all
-    walks the whole work tree (0.4 s at 10^5 files) to match a pathspec."""
+    ignored ones unless already tracked (those, in ignored directories too,
+    are `git add -u`'s). Walked here: libgit2's add_all walks the whole work
+    tree (0.4 s at 10^5 files) to match a pathspec."""
+    def wanted(rel: str) -> bool:
+        return rel in index or not repo.path_is_ignored(rel)
+
     out = []
-    for rel in paths:
+    for rel in (p.replace(os.sep, "/") for p in paths):
         full = os.path.join(toplevel, rel)
-        if os.path.isdir(full) and not os.path.islink(full):
-            found = [os.path.relpath(os.path.join(d, f), toplevel).replace(os.sep, "/")
-                     for d, _, names in os.walk(full) for f in names]
-        else:
-            found = [rel.replace(os.sep, "/")]
-        out += [f for f in found if f in index or not repo.path_is_ignored(f)]
+        if not (os.path.isdir(full) and not os.path.islink(full)):
+            out += [rel] if wanted(rel) else []
+            continue
+        if repo.path_is_ignored(rel + "/"):  # a data directory: nothing to add
+            continue
+        for top, dirs, names in os.walk(full):
+            at = os.path.relpath(top, toplevel).replace(os.sep, "/")
+            dirs[:] = [d for d in dirs if not repo.path_is_ignored(f"{at}/{d}/")]
+            out += [f"{at}/{n}" for n in names if wanted(f"{at}/{n}")]
     return out
 
 

@@ -37,7 +37,7 @@ def repo(tmp_path) -> Path:
     git(tmp_path, "init", "-q", "-b", "main")
     git(tmp_path, "config", "user.email", "t@example.com")
     git(tmp_path, "config", "user.name", "t")
-    (tmp_path / ".gitignore").write_text("*.log\n/out\n")
+    (tmp_path / ".gitignore").write_text("*.log\n/out\ntmp/\n")
     for rel, text in {"a.txt": "a", "src/m.py": "m", "src/deep/n.py": "n",
                       "plots/old.tsv": "o"}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -64,6 +64,8 @@ def test_rows_are_the_trees_git_would_write(repo):
     (repo / "plots" / "new" / "x.tsv").parent.mkdir(parents=True)
     (repo / "plots" / "new" / "x.tsv").write_text("x")
     (repo / "plots" / "skip.log").write_text("ignored, untracked: left out")
+    (repo / "plots" / "tmp").mkdir()
+    (repo / "plots" / "tmp" / "z.tsv").write_text("in an ignored directory: left out")
     (repo / "out").mkdir()
     (repo / "out" / "model.bin").write_text("ignored directory")
     check()
