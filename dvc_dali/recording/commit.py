@@ -9,7 +9,6 @@ never written, and neither HEAD nor any branch moves.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import re
@@ -17,12 +16,12 @@ import shutil
 import subprocess
 import time
 import uuid
-from typing import Optional
+from typing import Any, Optional
 
 import pygit2
 
 from ..errors import RecordError
-from . import watch
+from . import row_tree, watch
 from .cache import CACHE
 
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
@@ -88,19 +87,40 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
     repo = _repo(toplevel)
     pinned = pinned or {}
     try:
-        index = repo.index
-        index.read(True)  # the index on disk now; changed in memory only
-        changed = _tracked_changes(index, toplevel)
-        if _filtered(repo, toplevel, [path for path, _ in changed] + paths):
-            return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
-        _stage_in_memory(repo, index, changed, paths, pinned)
+        tree = _later_row_tree(repo, toplevel, paths, pinned)
+        if tree is None:
+            index = repo.index
+            index.read(True)  # the index on disk now; changed in memory only
+            stamp = row_tree.index_stamp(repo)
+            tracked = frozenset(entry.path for entry in index)
+            changed = _tracked_changes(index, toplevel)
+            if _filtered(repo, toplevel, [path for path, _ in changed] + paths):
+                return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
+            files = _stage_in_memory(repo, index, changed, paths, pinned)
+            tree = index.write_tree()
+            seen = CACHE.start_changes[toplevel]
+            seen.tracked, seen.index_stamp, seen.tree = tracked, stamp, tree
+            seen.stage_files = frozenset(files)
         when = _next_row_time()
         oid = repo.create_commit(None, _signature(toplevel, "AUTHOR", when),
                                  _signature(toplevel, "COMMITTER", when), message,
-                                 index.write_tree(), [pygit2.Oid(hex=parent)])
+                                 tree, [pygit2.Oid(hex=parent)])
     except pygit2.GitError:
+        CACHE.start_changes.pop(toplevel, None)
         return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
     return str(oid)
+
+
+def _later_row_tree(repo: pygit2.Repository, toplevel: str, paths: list[str],
+                    pinned: dict[str, bytes]) -> Optional[pygit2.Oid]:
+    """A row after the first: its tree from the last row's (row_tree.py), or
+    None to build it from the index."""
+    seen = CACHE.start_changes.get(toplevel)
+    if seen is None or seen.tree is None or _filtered(repo, toplevel, [*seen.paths, *paths]):
+        return None
+    tracked = seen.tracked
+    files = _files_under(repo, tracked, toplevel, paths)
+    return row_tree.next_tree(repo, seen, files, pinned)
 
 
 def _tracked_changes(index: pygit2.Index, toplevel: str) -> list[tuple[str, bool]]:
@@ -123,33 +143,30 @@ def _tracked_changes(index: pygit2.Index, toplevel: str) -> list[tuple[str, bool
                else seen.watcher)
     changed = [(d.new_file.path, d.status_char() == "D") for d in index.diff_to_workdir().deltas]
     if first:
-        CACHE.start_changes[toplevel] = _Seen(watcher, {path for path, _ in changed})
+        CACHE.start_changes[toplevel] = row_tree.Seen(watcher, {path for path, _ in changed})
     return changed
-
-
-@dataclasses.dataclass
-class _Seen:
-    watcher: watch.Watcher
-    paths: set[str]  # tracked paths changed at the first row or named by an event since
 
 
 def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index,
                      changed: list[tuple[str, bool]], paths: list[str],
-                     pinned: dict[str, bytes]) -> None:
-    """git add -u, git add -A -- paths, then the pinned blobs, in memory."""
+                     pinned: dict[str, bytes]) -> list[str]:
+    """git add -u, git add -A -- paths, then the pinned blobs, in memory;
+    the files added for paths."""
     for path, deleted in changed:
         if deleted:
             if path in index:
                 index.remove(path)
         else:
             index.add(path)
-    for rel in _files_under(repo, index, repo.workdir, paths):
+    files = _files_under(repo, index, repo.workdir, paths)
+    for rel in files:
         index.add(rel)
     for rel, data in pinned.items():
         index.add(pygit2.IndexEntry(rel, repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB))
+    return files
 
 
-def _files_under(repo: pygit2.Repository, index: pygit2.Index, toplevel: str,
+def _files_under(repo: pygit2.Repository, index: Any, toplevel: str,
                  paths: list[str]) -> list[str]:
     """What `git add -A -- paths` adds: the files at or under paths, but not
     ignored ones unless already tracked (those, in ignored directories too,
