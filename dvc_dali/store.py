@@ -211,13 +211,26 @@ def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list
         out["dynamic"][dname] = {"file": rel}
     for sub in {rel.split("/")[0] for rel in work}:
         (tmp / sub).mkdir()
-    if len(work) <= 1:
-        files.update((rel, _write_hashed(tmp / rel, parts)) for rel, parts in work.items())
-        return out
-    with ThreadPoolExecutor(min(_WRITERS, len(work)), thread_name_prefix="dvc-dali-write") as pool:
-        done = {rel: pool.submit(_write_hashed, tmp / rel, parts) for rel, parts in work.items()}
-    files.update((rel, future.result()) for rel, future in done.items())  # raises the first error
+    files.update(_write_files(tmp, work))
     return out
+
+
+def _write_files(tmp: Path, work: dict[str, list]) -> dict[str, dict[str, Any]]:
+    """{rel: md5 and size} of each file written, on up to _WRITERS threads."""
+    if len(work) > 1:
+        pool = ThreadPoolExecutor(min(_WRITERS, len(work)), thread_name_prefix="dvc-dali-write")
+        try:
+            done = {rel: pool.submit(_write_hashed, tmp / rel, parts)
+                    for rel, parts in work.items()}
+        except RuntimeError:
+            # The interpreter is exiting (an asynchronous save in flight is
+            # finished then): concurrent.futures takes no new work; this thread does.
+            done = {}
+        finally:
+            pool.shutdown(wait=True)
+        if done:
+            return {rel: future.result() for rel, future in done.items()}  # the first error
+    return {rel: _write_hashed(tmp / rel, parts) for rel, parts in work.items()}
 
 
 def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
