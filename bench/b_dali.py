@@ -1,7 +1,9 @@
 """Benchmark 4: DALI throughput with checkpointing on vs off, and with a
 checkpoint every K steps vs never, synchronous (Checkpointer.save) and
 asynchronous (make_checkpoint with asynchronous=True); ~2000 small JPEGs,
-on the CPU or (run.py --gpu) decoded on GPU 0."""
+on the CPU or (run.py --gpu) decoded on GPU 0. The floor beside them: the
+same 1 MB alone written and fsynced on a background thread every K steps.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ def trial(mode: str, root: Path, steps: int, warmup: int, ckdir: Path
     else:
         ck = dvc_dali.Checkpointer(ckdir, resume=False, asynchronous=mode.endswith("async"))
         pipe = ck.pipeline("train", decode_crop, root=str(root), **PIPE_ARGS)
-    every = int(mode[1:].removesuffix("async")) if mode.startswith("K") else 0
+    every = (int(mode[1:].removesuffix("async").removesuffix("floor")) if mode.startswith("K")
+             else 0)
     save = ck.make_checkpoint if mode.endswith("async") else getattr(ck, "save", None)
+    if mode.endswith("floor"):
+        save = _floor_saver(ckdir)
     w = np.random.default_rng(0).standard_normal(WEIGHTS).astype(np.float32)
     for _ in range(warmup):
         pipe.run()
@@ -60,8 +65,8 @@ def trial(mode: str, root: Path, steps: int, warmup: int, ckdir: Path
                 save(step, arrays={"w": w})
                 saves.append(perf() - t)
                 per_save.append((len(fsyncs) - before, sum(fsyncs[before:])))
-        if ck is not None:
-            ck.wait()  # an asynchronous save in flight is part of the trial
+        if ck is not None or mode.endswith("floor"):
+            (ck or save).wait()  # an asynchronous save in flight is part of the trial
         elapsed = perf() - t0
     finally:
         os.fsync = real_fsync
@@ -70,11 +75,41 @@ def trial(mode: str, root: Path, steps: int, warmup: int, ckdir: Path
     return steps / elapsed, saves, per_save
 
 
+class _floor_saver:
+    """The floor of an asynchronous checkpoint: the same weights made durable
+    (one new file written and fsynced, the previous one removed) on a
+    background thread, nothing else; ck.wait() as for ours."""
+
+    def __init__(self, ckdir: Path) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        ckdir.mkdir(parents=True)
+        self.dir, self.pool, self.future, self.n = ckdir, ThreadPoolExecutor(1), None, 0
+
+    def __call__(self, step: int, arrays: dict) -> None:
+        self.wait()
+        data = arrays["w"].copy()  # what the asynchronous capture copies
+        self.n += 1
+        self.future = self.pool.submit(self._write, data, self.n)
+
+    def _write(self, data, n: int) -> None:
+        with open(self.dir / f"{n}.npy", "wb") as fh:
+            fh.write(memoryview(data).cast("B"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        (self.dir / f"{n - 1}.npy").unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()
+        self.future = None
+
+
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
     n_images, steps, rounds = (2000, 500, 2) if quick else (2000, 1000, 5)
     say(f"[4] writing {n_images} JPEGs")
     root = write_jpegs(tmp / "jpegs", n_images, classes=8)
-    modes = ["off", "on", "never", "K10", "K100", "K500", "K10async", "K100async"]
+    modes = ["off", "on", "never", "K10", "K100", "K500", "K10async", "K100async", "K10floor"]
     rates: dict[str, list[float]] = {m: [] for m in modes}
     saves: dict[str, list[float]] = {m: [] for m in modes}
     fsyncs: dict[str, list[tuple[int, float]]] = {m: [] for m in modes}
@@ -90,18 +125,26 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
     rows = []
     labels = {"on": "checkpointing on vs off"}
     for mode in modes[3:]:
-        k = mode[1:].removesuffix("async")
+        k = mode[1:].removesuffix("async").removesuffix("floor")
         labels[mode] = (f"async make_checkpoint every {k} steps vs never" if mode.endswith("async")
+                        else f"the floor: the 1 MB alone written + fsynced on a thread every {k} "
+                        "steps vs never" if mode.endswith("floor")
                         else f"Checkpointer.save every {k} steps vs never")
     for mode, label in labels.items():
         ref = "off" if mode == "on" else "never"
         # each round's pair ran back to back: the median of the paired ratios
         # is less exposed to a load change during the run than a ratio of medians
         paired = median(a / b for a, b in zip(rates[mode], rates[ref]))
+        goal = 0.95 if mode == "K10async" else 0.98  # issue 19: >= 0.95 at K = 10
         rows.append(Row(f"4 DALI batches/s, {label}", f"{med[mode]:.1f}/s", f"{med[ref]:.1f}/s",
-                        f"{paired:.3f}", ">= 0.98", yes_no(paired >= 0.98),
+                        f"{paired:.3f}", "-" if mode.endswith("floor") else f">= {goal}",
+                        "n/a" if mode.endswith("floor") else yes_no(paired >= goal),
                         {"ours": rates[mode], "ref": rates[ref], "paired_ratio": paired,
                          "ratio_of_medians": med[mode] / med[ref]}))
+    vs_floor = median(a / b for a, b in zip(rates["K10async"], rates["K10floor"]))
+    rows.append(Row("4 async make_checkpoint every 10 steps vs the floor",
+                    f"{med['K10async']:.1f}/s", f"{med['K10floor']:.1f}/s", f"{vs_floor:.3f}",
+                    values={"paired_ratio": vs_floor}))
     sync_saves = saves["K10"] + saves["K100"] + saves["K500"]
     fs = fsyncs["K10"] + fsyncs["K100"] + fsyncs["K500"]
     step_s = 1 / med["never"]

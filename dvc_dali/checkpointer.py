@@ -433,6 +433,9 @@ class Checkpointer:
             "versions": _versions(),
             "run": {"params": self.params, "total_steps": self.total_steps},
             "dynamic": {name: dali_dynamic.serialize(ckpt) for name, ckpt in self._dynamic.items()},
+            # md5 is what DVC caches by: computed while writing, it is handed to
+            # DVC when this process records; elsewhere the cheaper crc32 serves
+            "digest": "md5" if self._ctx.mode == "record" else "crc32",
         }
 
     def _write(self, captured: dict[str, Any]) -> Path:

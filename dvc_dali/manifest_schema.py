@@ -20,12 +20,18 @@ from . import arrays as arrays_mod
 from .errors import CheckpointCorruptError, CheckpointFormatError
 
 FORMAT = "dvc-dali-checkpoint"
-FORMAT_VERSION = 1
+# 2: a member file's digest may be "crc32" (written outside DVC recording,
+# where nothing needs DVC's md5) as well as "md5"; 1: md5 only.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
        "`dvc-dali reset`")
 MEMBER_PATH = re.compile(r"^(pipelines/[0-9]{5}\.dali|arrays/[0-9]{5}\.npy|"
                          r"dynamic/[0-9]{5}\.json)$")
 MD5 = re.compile(r"^[0-9a-f]{32}$")
+# A member file's digest: the manifest holds exactly one of these per file.
+DIGESTS = {"md5": (MD5, "32 lowercase hex digits"),
+           "crc32": (re.compile(r"^[0-9a-f]{8}$"), "8 lowercase hex digits")}
 # What np.dtype(...).str gives: byte order, kind, item size, datetime unit.
 DTYPE = re.compile(r"^[<>|][biufcmMSUV][0-9]{1,10}(\[[A-Za-z0-9]{1,8}\])?$")
 _TORCH_DTYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -126,17 +132,29 @@ def _check_header(manifest: Any, where: str) -> None:
         raise CheckpointFormatError(f"{where}: format_version {version!r} is newer than this "
                                     f"dvc-dali reads ({FORMAT_VERSION}); upgrade dvc-dali "
                                     "(pip install -U dvc-dali)")
-    if type(version) is not int or version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise ManifestError(where, "format_version", f"is {_show(version)}, expected "
-                            f"{FORMAT_VERSION}")
+                            f"one of {READABLE_VERSIONS}")
 
 
-def _check_files(c: _Checker, files: Any) -> None:
+def digest_name(info: dict[str, Any]) -> str:
+    """Which digest a validated ``files`` entry holds ("md5" or "crc32")."""
+    return "md5" if "md5" in info else "crc32"
+
+
+def _check_files(c: _Checker, files: Any, version: int) -> None:
+    allowed = ("md5",) if version == 1 else tuple(DIGESTS)
+
     def entry(name: str, info: Any, field: str) -> None:
         if not MEMBER_PATH.match(name):
             c.fail(field, "is not a file this format writes (paths stay inside the snapshot)")
         c.mapping(info, field)
-        c.text(c.get(info, field, "md5"), key(field, "md5"), MD5, "32 lowercase hex digits")
+        present = [d for d in DIGESTS if d in info]
+        if len(present) != 1 or present[0] not in allowed:
+            c.fail(field, f"holds digest(s) {present or 'none'}, expected exactly one of "
+                   f"{list(allowed)}")
+        pattern, what = DIGESTS[present[0]]
+        c.text(info[present[0]], key(field, present[0]), pattern, what)
         c.count(c.get(info, field, "size"), key(field, "size"))
 
     c.mapping(files, "files", entry)
@@ -259,7 +277,7 @@ def validate(manifest: Any, where: str) -> dict[str, Any]:
     _check_header(manifest, where)
     c = _Checker(where)
     files = c.mapping(c.get(manifest, "", "files"), "files")
-    _check_files(c, files)
+    _check_files(c, files, manifest["format_version"])
     c.count(c.get(manifest, "", "step"), "step")
     for name in ("created",):
         if name in manifest:

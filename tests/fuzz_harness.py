@@ -276,9 +276,11 @@ def cached_checkpoint_step(project: Path, md5: str) -> int:
                 continue
             assert f"{name}/{rel}" in entries, f"cached checkpoint {md5}: no {name}/{rel}"
             data = cache_path(project, entries[f"{name}/{rel}"]).read_bytes()
-            algo = "md5" if "md5" in want else "sha256"
-            assert (len(data) == want["size"]
-                    and getattr(hashlib, algo)(data).hexdigest() == want[algo]), \
+            # recorded under dvc exp run: md5, DVC's own (handed to it, not re-read)
+            assert "md5" in want, f"cached checkpoint {md5}: {name}/{rel} has no md5: {want}"
+            assert want["md5"] == entries[f"{name}/{rel}"], \
+                f"cached checkpoint {md5}: DVC cached {name}/{rel} under another md5"
+            assert (len(data) == want["size"] and hashlib.md5(data).hexdigest() == want["md5"]), \
                 f"cached checkpoint {md5}: {name}/{rel} does not match its manifest"
         steps.add(manifest["step"])
     assert len(steps) == 1, f"cached checkpoint {md5}: LATEST names steps {sorted(steps)}"

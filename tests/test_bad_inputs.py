@@ -101,8 +101,34 @@ def test_same_size_corruption_fails_digest(saved, data_dir, rel):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(dvc_dali.CheckpointCorruptError, match="do not match the md5"):
+    with pytest.raises(dvc_dali.CheckpointCorruptError, match="do not match the crc32 in"):
         resume(saved, data_dir)
+
+
+def test_a_format_1_checkpoint_still_resumes_and_is_checked(saved, data_dir, tmp_path):
+    """dvc-dali 0.1 wrote format 1: md5 digests only. A checkpoint as it
+    wrote it resumes to the same batches; damage is still caught by md5."""
+    ref = save_rotate(tmp_path / "ref", data_dir)
+    expect = np.asarray(resume(ref, data_dir).run()[0].as_tensor())
+
+    def as_format_1(m):
+        m["format_version"] = 1
+        for rel, info in m["files"].items():
+            assert set(info) == {"crc32", "size"}  # written outside dvc exp run
+            info.pop("crc32")
+            info["md5"] = hashlib.md5((snapshot_dir(saved) / rel).read_bytes()).hexdigest()
+    edit_manifest(saved, as_format_1)
+    ck = dvc_dali.Checkpointer(saved)
+    assert ck.step == 3 and ck.arrays["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    pipe = ck.pipeline("train", pipelines.rotate_pipe,
+                       **pipelines.make("rotate", str(data_dir))["train"][1])
+    assert np.array_equal(np.asarray(pipe.run()[0].as_tensor()), expect)
+    path = snapshot_dir(saved) / ARRAY
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(dvc_dali.CheckpointCorruptError, match="do not match the md5 in"):
+        dvc_dali.Checkpointer(saved)
 
 
 def test_garbage_state_with_valid_digest(saved, data_dir):
@@ -135,7 +161,9 @@ def test_pickled_array_is_refused_not_loaded(saved, data_dir):
 # -- the manifest ----------------------------------------------------------
 def test_edited_manifest_is_noticed(saved):
     path = snapshot_dir(saved) / store.MANIFEST
-    path.write_text(path.read_text().replace('"step": 3', '"step": 30'))
+    text = path.read_text()
+    assert '"step":3,' in text
+    path.write_text(text.replace('"step":3,', '"step":30,'))
     with pytest.raises(dvc_dali.CheckpointCorruptError, match="manifest.json: does not match "
                        "the md5 recorded in .*LATEST"):
         dvc_dali.Checkpointer(saved)

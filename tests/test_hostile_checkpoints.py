@@ -687,7 +687,7 @@ def test_manifest_nested_300_levels_in_the_arrays_tree(ckpt):
 
 
 FIELDS = ["step", "format_version", "files", "files.arrays/00000.npy",
-          "files.arrays/00000.npy.size", "files.arrays/00000.npy.md5", "pipelines",
+          "files.arrays/00000.npy.size", "files.arrays/00000.npy.crc32", "pipelines",
           "pipelines.train", "pipelines.train.file", "pipelines.train.description",
           "pipelines.train.description.operators", "pipelines.train.iter", "array_files",
           "array_files.0", "array_files.0.file", "array_files.0.shape",

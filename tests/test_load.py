@@ -114,7 +114,9 @@ def test_load_of_some_names_reads_only_their_files(tmp_path):
 def test_load_refuses_a_hostile_checkpoint_with_a_typed_error(tmp_path):
     ck = two_arrays(tmp_path)
     manifest = next(ck.glob("step-*/manifest.json"))
-    manifest.write_text(manifest.read_text().replace('"step": 3', '"step": -3'))
+    text = manifest.read_text()
+    assert '"step":3,' in text
+    manifest.write_text(text.replace('"step":3,', '"step":-3,'))
     with pytest.raises(CheckpointCorruptError, match="manifest.json"):
         dvc_dali.load(ck)
     with pytest.raises(CheckpointCorruptError, match="holds no dvc-dali checkpoint"):

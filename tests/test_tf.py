@@ -104,12 +104,14 @@ def rewrite_member(snap, member, data: bytes, store) -> None:
     """Replace a member and fix its digest, the manifest's and LATEST's: what
     a hostile writer can do."""
     import hashlib
+    import zlib
 
     member.write_bytes(data)
     manifest = json.loads((snap / store.MANIFEST).read_text())
     rel = member.relative_to(snap).as_posix()
-    manifest["files"][rel] = {**manifest["files"][rel], "size": len(data),
-                              "md5": hashlib.md5(data).hexdigest()}
+    digest = ({"md5": hashlib.md5(data).hexdigest()} if "md5" in manifest["files"][rel]
+              else {"crc32": f"{zlib.crc32(data):08x}"})
+    manifest["files"][rel] = {"size": len(data), **digest}
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     (snap / store.MANIFEST).write_bytes(text)
     latest = snap.parent / store.LATEST

@@ -200,12 +200,42 @@ def test_paths_cannot_leave_the_snapshot():
 
 
 @pytest.mark.parametrize("version,error", [
-    (2, CheckpointFormatError), (0, CheckpointCorruptError), ("1", CheckpointCorruptError),
+    (3, CheckpointFormatError), (0, CheckpointCorruptError), ("1", CheckpointCorruptError),
     (True, CheckpointCorruptError), (1.0, CheckpointCorruptError),
     (None, CheckpointCorruptError)])
 def test_format_version(version, error):
     with pytest.raises(error, match="format_version"):
         check(edited("format_version", version))
+
+
+def _with_digests(version: int, entry: dict) -> dict:
+    manifest = copy.deepcopy(TODAY)
+    manifest["format_version"] = version
+    manifest["files"]["pipelines/00000.dali"] = {"size": 347, **entry}
+    return manifest
+
+
+@pytest.mark.parametrize("version,entry,bad", [
+    (2, {"crc32": "0badcafe"}, None),  # format 2: crc32 where nothing records
+    (2, {"md5": "e3d79e0dc6a3dad098af9bc84bb0f969"}, None),  # md5 where DVC records
+    (1, {"crc32": "0badcafe"}, "expected exactly one of ['md5']"),  # format 1 had md5 only
+    (2, {}, "holds digest(s) none"),
+    (2, {"crc32": "0badcafe", "md5": "e3d79e0dc6a3dad098af9bc84bb0f969"}, "exactly one"),
+    (2, {"crc32": "0BADCAFE"}, "8 lowercase hex digits"),
+    (2, {"crc32": "badcafe"}, "8 lowercase hex digits"),
+    (2, {"crc32": 195951310}, "8 lowercase hex digits"),
+    (2, {"sha256": "0" * 64}, "holds digest(s) none"),
+])
+def test_member_digests(version, entry, bad):
+    manifest = _with_digests(version, entry)
+    if bad is None:
+        check(manifest)
+        assert manifest_schema.digest_name(manifest["files"]["pipelines/00000.dali"]) == (
+            next(iter(entry)))
+        return
+    with pytest.raises(CheckpointCorruptError, match=re.escape(bad)) as info:
+        check(manifest)
+    assert "files['pipelines/00000.dali']" in str(info.value)
 
 
 @pytest.mark.parametrize("manifest", [[], None, 0, "x", {"format": "orbax"}])
