@@ -92,10 +92,11 @@ class _Crc32:
         return f"{self.value:08x}"
 
 
-# A member file's digest. md5 is DVC's own: computed while writing, it is
-# handed to DVC when the checkpoint is recorded, and DVC does not read the
-# files again. Where nothing records (plain saves, DVC 2), crc32 catches the
-# same accidental damage at ~8x md5's speed (an attacker recomputes either).
+# A member file's digests. Reads check the CRC-32: it catches the same
+# accidental damage as md5 at ~8x its speed (a forger recomputes either).
+# Under dvc exp run the md5 is computed too, while writing: it is DVC's own
+# hash, handed to DVC when the checkpoint is recorded, so DVC does not read
+# the files again. (Format 1 files have only an md5, which reads then check.)
 HASHERS: dict[str, Callable[[], Any]] = {"md5": hashlib.md5, "crc32": _Crc32}
 
 
@@ -120,30 +121,39 @@ def _libc_sync_file_range() -> Callable[..., int] | None:
 _sync_file_range = _libc_sync_file_range()
 
 
+def _write_all(fd: int, parts: list, crc: _Crc32) -> None:
+    for x in parts:
+        view = memoryview(x).cast("B")
+        for start in range(0, len(view), _CHUNK):
+            chunk = view[start:start + _CHUNK]
+            crc.update(chunk)  # while the chunk is in the CPU's cache
+            while chunk:
+                chunk = chunk[os.write(fd, chunk):]
+
+
 def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str, Any]]:
     """Write parts (bytes-like) to a new file at path, not yet fsynced; its
-    open descriptor, and its digest and size.
+    open descriptor, and its size and digests: a CRC-32 always (what a read
+    checks), and with ``digest="md5"`` the md5 too (handed to DVC).
 
-    The digest is of the bytes in memory, so nothing is read back."""
-    hasher = HASHERS[digest]()
+    The digests are of the bytes in memory, so nothing is read back."""
+    crc = _Crc32()
+    md5 = hashlib.md5() if digest == "md5" else None
     size = sum(len(x) for x in parts)
 
-    def hash_all() -> None:
+    def hash_md5() -> None:
         for x in parts:
-            hasher.update(x)
+            md5.update(x)
 
-    helper = (threading.Thread(target=hash_all)
-              if digest == "md5" and size >= PARALLEL_HASH_BYTES else None)
-    if helper is None:
-        hash_all()
-    else:
+    helper = (threading.Thread(target=hash_md5)
+              if md5 is not None and size >= PARALLEL_HASH_BYTES else None)
+    if helper is not None:
         helper.start()
+    elif md5 is not None:
+        hash_md5()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        for x in parts:
-            view = memoryview(x).cast("B")
-            while view:
-                view = view[os.write(fd, view[:_CHUNK]):]
+        _write_all(fd, parts, crc)
         _start_writeback(fd)
     except BaseException:
         os.close(fd)
@@ -151,7 +161,10 @@ def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str
     finally:
         if helper is not None:
             helper.join()
-    return fd, {digest: hasher.hexdigest(), "size": size}
+    info = {"size": size, "crc32": crc.hexdigest()}
+    if md5 is not None:
+        info["md5"] = md5.hexdigest()
+    return fd, info
 
 
 def _write_hashed(path: Path, parts: list, digest: str = "md5") -> dict[str, Any]:
@@ -358,7 +371,8 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
     ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
     ``arrays`` a name to an array or a nest of them (see arrays.py);
     ``dynamic`` a name to a DALI dynamic-mode checkpoint (JSON text);
-    ``digest`` the member files' ("md5" where DVC will cache them).
+    ``digest``: "md5" to give the member files an md5 besides their CRC-32
+    (where DVC will cache them).
     """
     _check_step(step, (run or {}).get("total_steps"))
     meta_text = _meta_text(metadata, run)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import psutil
@@ -276,8 +277,11 @@ def cached_checkpoint_step(project: Path, md5: str) -> int:
                 continue
             assert f"{name}/{rel}" in entries, f"cached checkpoint {md5}: no {name}/{rel}"
             data = cache_path(project, entries[f"{name}/{rel}"]).read_bytes()
-            # recorded under dvc exp run: md5, DVC's own (handed to it, not re-read)
-            assert "md5" in want, f"cached checkpoint {md5}: {name}/{rel} has no md5: {want}"
+            # recorded under dvc exp run: md5, DVC's own (handed to it, not re-read),
+            # and the CRC-32 that reads check
+            assert {"md5", "crc32"} <= set(want), f"cached checkpoint {md5}: {name}/{rel}: {want}"
+            assert f"{zlib.crc32(data):08x}" == want["crc32"], \
+                f"cached checkpoint {md5}: {name}/{rel} does not match its CRC-32"
             assert want["md5"] == entries[f"{name}/{rel}"], \
                 f"cached checkpoint {md5}: DVC cached {name}/{rel} under another md5"
             assert (len(data) == want["size"] and hashlib.md5(data).hexdigest() == want["md5"]), \
