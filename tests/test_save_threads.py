@@ -74,20 +74,31 @@ def test_a_threaded_save_that_cannot_write_keeps_the_previous_checkpoint(tmp_pat
     assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".tmp-")]
 
 
+FORK_AND_SAVE = """
+import os, sys, numpy as np, dvc_dali
+big = {"w": np.linspace(0, 1, 600_000), "b": np.full((500, 1000), 3, dtype=np.float32)}
+ck = dvc_dali.Checkpointer(sys.argv[1] + "/parent")
+ck.save(1, arrays=big)  # the parent's pool exists now; its threads are not in a child
+pid = os.fork()
+if pid == 0:  # the child saves, then leaves without the parent's exit handlers
+    code = 1
+    try:
+        dvc_dali.Checkpointer(sys.argv[1] + "/child").save(5, arrays=big)
+        code = 0
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)  # a child stuck on the parent's pool never returns
+ck.save(2, arrays=big)  # and the parent's pool still works
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
 def test_a_forked_child_saves_with_its_own_writer_threads(tmp_path):
-    ck = dvc_dali.Checkpointer(tmp_path / "parent")
-    ck.save(1, arrays=BIG)  # the parent's pool exists now, its threads are not in a child
-    pid = os.fork()
-    if pid == 0:  # the child: save, then leave without running the parent's exit handlers
-        code = 1
-        try:
-            dvc_dali.Checkpointer(tmp_path / "child").save(5, arrays=BIG)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)  # a child stuck on the parent's pool would never return
-    assert os.waitstatus_to_exitcode(status) == 0
+    """In a fresh interpreter (a fork of pytest, which has other tests'
+    threads, is not what a user's training script is)."""
+    out = subprocess.run([sys.executable, "-c", FORK_AND_SAVE, str(tmp_path)], text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "child 0" in out.stdout, out.stderr
     back = dvc_dali.Checkpointer(tmp_path / "child")
     assert back.step == 5 and np.array_equal(back.arrays["b"], BIG["b"])
-    ck.save(2, arrays=BIG)  # and the parent's pool still works
     assert dvc_dali.Checkpointer(tmp_path / "parent").step == 2
