@@ -151,12 +151,14 @@ def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str
         helper.start()
     elif md5 is not None:
         hash_md5()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
+    fd = -1
+    try:  # the helper is joined whatever fails, the open included
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         _write_all(fd, parts, crc)
         _start_writeback(fd)
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
     finally:
         if helper is not None:
