@@ -260,6 +260,34 @@ def _writers() -> ThreadPoolExecutor:
     return _pool[1]
 
 
+def _each(fn: Callable[..., Any], calls: list[tuple], threaded: bool
+          ) -> tuple[list[Any], BaseException | None]:
+    """fn(*args) for each of ``calls``, on the writer pool when ``threaded``;
+    every call started is finished before this returns. The results (None
+    where a call failed or was not made) and the first error."""
+    futures = []
+    if threaded and len(calls) > 1:
+        try:
+            pool = _writers()
+            for args in calls:
+                futures.append(pool.submit(fn, *args))
+        except RuntimeError:
+            pass  # The interpreter is exiting (an asynchronous save in flight is
+            # finished then): concurrent.futures takes no new work; this thread does the rest.
+    results: list[Any] = []
+    error = None
+    for i, args in enumerate(calls):
+        if error is not None and i >= len(futures):
+            results.append(None)  # not started: nothing more is tried after a failure
+            continue
+        try:
+            results.append(futures[i].result() if i < len(futures) else fn(*args))
+        except BaseException as exc:
+            results.append(None)
+            error = error or exc
+    return results, error
+
+
 def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list,
                    dynamic: dict[str, str], batch: _Batch) -> dict[str, Any]:
     """Write every member file into ``tmp`` (into ``batch``); the manifest's
@@ -306,25 +334,13 @@ class _Batch:
 
     def write_all(self, tmp: Path, work: dict[str, list]) -> None:
         self._threads = sum(len(x) for parts in work.values() for x in parts) >= _THREADS_FROM
-        pool = _writers() if self._threads and len(work) > 1 else None
-        done = {}
-        try:
-            for rel, parts in work.items() if pool else ():
-                done[rel] = pool.submit(_write_unsynced, tmp / rel, parts, self.digest)
-        except RuntimeError:
-            pass  # The interpreter is exiting (an asynchronous save in flight is
-            # finished then): concurrent.futures takes no new work; this thread does the rest.
-        error = None
-        for rel, future in done.items():  # every file waited for, so every fd is closed
-            try:
-                self._take(rel, future.result())
-            except BaseException as exc:
-                error = error or exc
+        written, error = _each(_write_unsynced, [(tmp / rel, parts, self.digest)
+                                                 for rel, parts in work.items()], self._threads)
+        for rel, result in zip(work, written):
+            if result is not None:  # taken so that close() closes it, also after an error
+                self._take(rel, result)
         if error is not None:
             raise error
-        for rel, parts in work.items():
-            if rel not in done:
-                self._take(rel, _write_unsynced(tmp / rel, parts, self.digest))
 
     def write(self, tmp: Path, rel: str, data: bytes, digest: str) -> dict[str, Any]:
         self._take(rel, _write_unsynced(tmp / rel, [data], digest))
@@ -343,17 +359,9 @@ class _Batch:
         for path in self.dirs:
             self._fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
         self.dirs = []
-        pool = _writers() if self._threads and len(self._fds) > 1 else None
-        futures = []
-        try:
-            for fd in self._fds if pool else ():
-                futures.append(pool.submit(os.fsync, fd))
-        except RuntimeError:
-            pass  # exiting: as in write_all
-        for future in futures:
-            future.result()
-        for fd in self._fds[len(futures):]:
-            os.fsync(fd)
+        _, error = _each(os.fsync, [(fd,) for fd in self._fds], self._threads)
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         for fd in self._fds:
