@@ -63,6 +63,16 @@ def clone_project(dest: Path) -> Path:
     return dest
 
 
+def queue_worker_logs(project: Path, tail: int = 4000) -> str:
+    """The end of each `dvc queue` worker's own log (celery's): where a queued
+    run that failed before its stage started says why (`dvc queue logs` has
+    only the stage's output)."""
+    found = sorted((project / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.out"))
+    return "".join(f"--- {p.name}:\n" + "\n".join(
+        ln for ln in p.read_text(errors="replace").splitlines() if "DEBUG/" not in ln)[-tail:]
+        + "\n" for p in found) or "no queue worker logs"
+
+
 def model_sha(path: Path) -> str:
     """The example's final model, as a digest to compare runs bit for bit."""
     return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()

@@ -14,15 +14,17 @@ runs with equal params give equal models step by step, whichever executor
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
-from dvc_project import clone_project, run
+from dvc_project import clone_project, queue_worker_logs, run
 from fuzz_harness import dvc_env, reset
 from fuzz_harness import (
     ExpRun,
@@ -30,6 +32,7 @@ from fuzz_harness import (
     check_row_data,
     exp_refs,
     git,
+    is_train,
     model_digest,
     show,
     stale_files,
@@ -104,37 +107,87 @@ def queue_status(project: Path) -> dict[str, str] | None:
 MODELS: dict[str, dict[int, str]] = {}
 
 
+def queued_trainers(project: Path) -> list[psutil.Process]:
+    """The training processes of queued runs (in DVC's temporary copies)."""
+    tmp = str(project / ".dvc" / "tmp" / "exps") + os.sep
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if is_train(p) and p.cwd().startswith(tmp):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_queue(project: Path, until, what: str) -> dict[str, str]:
+    """Wait for until(status), status being `dvc queue status` as last asked
+    (every 2 s: it takes a second); stop at a failed run."""
+    deadline = time.monotonic() + 480  # a cap for a stuck queue, not a timing
+    status: dict[str, str] = {}
+    asked = 0.0
+    while not until(status):
+        if time.monotonic() - asked >= 2:
+            polled, asked = queue_status(project), time.monotonic()
+            status = status if polled is None else polled
+            assert "Failed" not in status.values(), (status, queue_logs(project))
+            assert asked < deadline, (f"no {what}", status, queue_logs(project))
+        time.sleep(0.05)
+    return status
+
+
+def queue_logs(project: Path) -> str:
+    return "".join(run(["dvc", "queue", "logs", f"q{k}"], project, check=False).stdout[-3000:]
+                   for k in LRS) + queue_worker_logs(project)
+
+
 def test_two_queued_experiments_run_in_parallel(project, record_property):
     before = git(project, "status", "--porcelain")
     head = git(project, "rev-parse", "HEAD")
     for key, lr in LRS.items():
         run(["dvc", "exp", "run", "--queue", "-n", f"q{key}", *params(lr)], project)
     t0 = time.monotonic()
-    # The workers inherit the stdout of `dvc queue start`: a file, never a pipe.
-    starter = ExpRun(project, ["-j", "2"], project.parent / "logs" / "queue.log",
-                     cmd=("dvc", "queue", "start"))
+    logs = project.parent / "logs"
+
+    def start_workers(jobs: str) -> None:
+        # The workers inherit the stdout of `dvc queue start`: a file, never a pipe.
+        starter = ExpRun(project, ["-j", jobs], logs / f"queue{jobs}.log",
+                         cmd=("dvc", "queue", "start"))
+        try:
+            assert starter.wait(120) == 0, starter.output()
+        finally:
+            starter.close()
+
+    paused: list[psutil.Process] = []
+
+    def pause_new_trainer() -> bool:
+        new = [p for p in queued_trainers(project) if p not in paused]
+        for p in new:
+            p.suspend()
+        paused.extend(new)
+        return bool(new)
+
     try:
-        assert starter.wait(120) == 0, starter.output()
-        deadline = time.monotonic() + 480
-        failed_polls, status = 0, {}
-        while True:
-            polled = queue_status(project)
-            if polled is None:
-                failed_polls += 1
-            else:
-                status = polled
-                if all(status.get(f"q{k}") in ("Success", "Failed") for k in LRS):
-                    break
-            assert time.monotonic() < deadline, f"queue still at {status}"
-            time.sleep(2)
+        # One worker, then the second once the first run's training started:
+        # DVC sets up two queued runs at once with a race of its own that can
+        # fail one before its stage starts (treeverse/dvc#10673). Each
+        # training process is paused (SIGSTOP) as soon as it exists and both
+        # are let go together, so the two surely record at the same time,
+        # which is what this test is about.
+        start_workers("1")
+        try:
+            wait_queue(project, lambda _: pause_new_trainer(), "training of the first run")
+            start_workers("2")
+            wait_queue(project, lambda _: pause_new_trainer(), "training of the second run")
+        finally:
+            for p in paused:
+                p.resume()
+        status = wait_queue(project, lambda st: all(st.get(f"q{k}") in ("Success", "Failed")
+                                                    for k in LRS), "end of both runs")
     finally:
-        starter.close()
         run(["dvc", "queue", "stop"], project, check=False)
     record_property("queue_seconds", round(time.monotonic() - t0, 1))
-    record_property("queue_status_failures", failed_polls)
-    assert status == {"qa": "Success", "qb": "Success"}, (
-        status, run(["dvc", "queue", "logs", "qa"], project, check=False).stdout[-3000:],
-        run(["dvc", "queue", "logs", "qb"], project, check=False).stdout[-3000:])
+    assert status == {"qa": "Success", "qb": "Success"}, (status, queue_logs(project))
     for key, lr in LRS.items():
         MODELS[f"q{key}"] = check_experiment(project, f"q{key}", lr)
     # The two ran at the same time (-j 2): their rows interleave in time.
