@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +63,38 @@ def clone_project(dest: Path) -> Path:
     git_init(dest)
     commit_all(dest)
     return dest
+
+
+def queue_status(project: Path) -> dict[str, str] | None:
+    """{name: status} from `dvc queue status`; None when it fails, as it
+    sometimes does while workers run (DVC reads a JSON file of a running
+    task while it is being written: "Expecting value: line 1 column 1"):
+    asked again, as a user would."""
+    proc = run(["dvc", "queue", "status"], project, check=False)
+    if proc.returncode != 0:
+        return None
+    found = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^\s*\S+\s+(\S+)\s+.*?\b(Queued|Running|Success|Failed|Unknown)\b", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def wait_queue(project: Path, until, what: str, report) -> dict[str, str]:
+    """Wait for until(status), status being `dvc queue status` as last asked
+    (every 2 s: it takes a second); stop at a failed run with report(status)."""
+    deadline = time.monotonic() + 480  # a cap for a stuck queue, not a timing
+    status: dict[str, str] = {}
+    asked = 0.0
+    while not until(status):
+        if time.monotonic() - asked >= 2:
+            polled, asked = queue_status(project), time.monotonic()
+            status = status if polled is None else polled
+            assert "Failed" not in status.values(), report(status)
+            assert asked < deadline, f"no {what}: {report(status)}"
+        time.sleep(0.05)
+    return status
 
 
 def queue_worker_logs(project: Path, tail: int = 4000) -> str:

@@ -15,7 +15,6 @@ runs with equal params give equal models step by step, whichever executor
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from dvc_project import clone_project, queue_worker_logs, run
+from dvc_project import clone_project, queue_worker_logs, run, wait_queue
 from fuzz_harness import dvc_env, reset
 from fuzz_harness import (
     ExpRun,
@@ -87,23 +86,6 @@ def row_times(project: Path, exp: str) -> tuple[int, int]:
     return min(times), max(times)
 
 
-def queue_status(project: Path) -> dict[str, str] | None:
-    """{name: status} from `dvc queue status`; None when it fails, as it
-    sometimes does while workers run (DVC reads a JSON file of a running
-    task while it is being written: "Expecting value: line 1 column 1"):
-    asked again, as a user would."""
-    proc = run(["dvc", "queue", "status"], project, check=False)
-    if proc.returncode != 0:
-        return None
-    out = proc.stdout
-    found = {}
-    for line in out.splitlines():
-        m = re.match(r"^\s*\S+\s+(\S+)\s+.*?\b(Queued|Running|Success|Failed|Unknown)\b", line)
-        if m:
-            found[m.group(1)] = m.group(2)
-    return found
-
-
 MODELS: dict[str, dict[int, str]] = {}
 
 
@@ -118,22 +100,6 @@ def queued_trainers(project: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def wait_queue(project: Path, until, what: str) -> dict[str, str]:
-    """Wait for until(status), status being `dvc queue status` as last asked
-    (every 2 s: it takes a second); stop at a failed run."""
-    deadline = time.monotonic() + 480  # a cap for a stuck queue, not a timing
-    status: dict[str, str] = {}
-    asked = 0.0
-    while not until(status):
-        if time.monotonic() - asked >= 2:
-            polled, asked = queue_status(project), time.monotonic()
-            status = status if polled is None else polled
-            assert "Failed" not in status.values(), (status, queue_logs(project))
-            assert asked < deadline, (f"no {what}", status, queue_logs(project))
-        time.sleep(0.05)
-    return status
 
 
 def queue_logs(project: Path) -> str:
@@ -160,6 +126,9 @@ def test_two_queued_experiments_run_in_parallel(project, record_property):
 
     paused: list[psutil.Process] = []
 
+    def report(status: dict) -> str:
+        return f"{status}\n{queue_logs(project)}"
+
     def pause_new_trainer() -> bool:
         new = [p for p in queued_trainers(project) if p not in paused]
         for p in new:
@@ -176,14 +145,16 @@ def test_two_queued_experiments_run_in_parallel(project, record_property):
         # which is what this test is about.
         start_workers("1")
         try:
-            wait_queue(project, lambda _: pause_new_trainer(), "training of the first run")
+            wait_queue(project, lambda _: pause_new_trainer(), "training of the first run",
+                       report)
             start_workers("2")
-            wait_queue(project, lambda _: pause_new_trainer(), "training of the second run")
+            wait_queue(project, lambda _: pause_new_trainer(), "training of the second run",
+                       report)
         finally:
             for p in paused:
                 p.resume()
         status = wait_queue(project, lambda st: all(st.get(f"q{k}") in ("Success", "Failed")
-                                                    for k in LRS), "end of both runs")
+                                                    for k in LRS), "end of both runs", report)
     finally:
         run(["dvc", "queue", "stop"], project, check=False)
     record_property("queue_seconds", round(time.monotonic() - t0, 1))

@@ -20,7 +20,7 @@ import pytest
 PKG_ROOT = Path(__file__).resolve().parents[1]
 
 
-from dvc_project import queue_worker_logs  # noqa: E402
+from dvc_project import queue_worker_logs, wait_queue  # noqa: E402
 
 from dvc_dali import recording as rec  # noqa: E402
 from dvc_dali.context import RunContext  # noqa: E402
@@ -268,16 +268,6 @@ def test_temp_run_records_into_main_repo(repo, env):
     assert (repo / "ckpt" / "state.txt").read_text().startswith("2 lr=0.5 ")
 
 
-def _queue_states(repo, env) -> dict[str, str] | None:
-    """{name: status} of the queued runs qa and qb; None when `dvc queue
-    status` fails, as it sometimes does while a worker writes its JSON."""
-    proc = dvc(repo, "queue", "status", env=env, check=False)
-    if proc.returncode != 0:
-        return None
-    rows = [ln.split() for ln in proc.stdout.splitlines()]  # "<task> <name> ... <status>"
-    return {r[1]: r[-1] for r in rows if len(r) >= 3 and r[1] in ("qa", "qb")}
-
-
 def _queue_report(repo, env, states) -> str:
     """What a failed queued run left: its log and the workers' own logs."""
     logs = "".join(dvc(repo, "queue", "logs", n, env=env, check=False).stdout
@@ -285,23 +275,6 @@ def _queue_report(repo, env, states) -> str:
     rec_log = Path(env["REC_LOG"])
     return (f"{states}\n{logs}\n{queue_worker_logs(repo)}\nrows logged:\n"
             + (rec_log.read_text() if rec_log.exists() else "none"))
-
-
-def _wait_queue(repo, env, until, what: str) -> None:
-    """Wait for until(states), states being `dvc queue status` (asked every
-    2 s, None between); give up with the logs when a queued run fails."""
-    deadline = time.monotonic() + 300  # a cap for a stuck queue, not a timing
-    asked = 0.0
-    while True:
-        states = None
-        if time.monotonic() - asked >= 2:
-            states, asked = _queue_states(repo, env), time.monotonic()
-            report = states or {}
-            assert "Failed" not in report.values(), _queue_report(repo, env, report)
-            assert asked < deadline, f"no {what}: " + _queue_report(repo, env, report)
-        if until(states):
-            return
-        time.sleep(0.1)
 
 
 def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
@@ -321,6 +294,9 @@ def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
                        env=workers_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=True)
 
+    def report(status: dict) -> str:
+        return _queue_report(repo, env, status)
+
     try:
         # One worker first, the second once the first run trains: DVC sets up
         # two queued runs at once with a race of its own that can fail one
@@ -328,12 +304,12 @@ def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
         # is recording, so both runs then record steps 2 and 3 at once: each
         # waits at step 2 until both have recorded step 1.
         start_workers("1")
-        _wait_queue(repo, env, lambda _: logged(1), "first row")
+        wait_queue(repo, lambda _: logged(1), "first row", report)
         start_workers("2")
-        _wait_queue(repo, env, lambda _: logged(1) == {"qa", "qb"}, "first row of both runs")
+        wait_queue(repo, lambda _: logged(1) == {"qa", "qb"}, "first row of both runs", report)
         gate.touch()
-        _wait_queue(repo, env, lambda st: st == {"qa": "Success", "qb": "Success"},
-                    "end of both runs")
+        wait_queue(repo, lambda st: st == {"qa": "Success", "qb": "Success"}, "end of both runs",
+                   report)
     finally:
         dvc(repo, "queue", "stop", env=env, check=False)
 
