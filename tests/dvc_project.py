@@ -81,20 +81,32 @@ def queue_status(project: Path) -> dict[str, str] | None:
     return found
 
 
-def wait_queue(project: Path, until, what: str, report) -> dict[str, str]:
+def wait_queue(project: Path, until, what: str, report, ask: bool = True) -> dict[str, str]:
     """Wait for until(status), status being `dvc queue status` as last asked
-    (every 2 s: it takes a second); stop at a failed run with report(status)."""
+    (every 2 s: it takes a second; ask=False: not asked while waiting, for
+    waits that must see what they wait for at once); stop at a failed run
+    with report(status)."""
     deadline = time.monotonic() + 480  # a cap for a stuck queue, not a timing
     status: dict[str, str] = {}
     asked = 0.0
     while not until(status):
-        if time.monotonic() - asked >= 2:
-            polled, asked = queue_status(project), time.monotonic()
+        now = time.monotonic()
+        if (ask and now - asked >= 2) or now > deadline:
+            polled, asked = queue_status(project), now
             status = status if polled is None else polled
             assert "Failed" not in status.values(), report(status)
-            assert asked < deadline, f"no {what}: {report(status)}"
+            assert now < deadline, f"no {what}: {report(status)}"
         time.sleep(0.05)
     return status
+
+
+def queue_report(project: Path, status: dict[str, str]) -> str:
+    """Why queued runs did not end well: the status, each run's own log
+    (`dvc queue logs`) and the workers' logs."""
+    logs = "".join(f"--- {name} ({state}):\n"
+                   + run(["dvc", "queue", "logs", name], project, check=False).stdout[-3000:]
+                   for name, state in status.items())
+    return f"{status}\n{logs}\n{queue_worker_logs(project)}"
 
 
 def queue_worker_logs(project: Path, tail: int = 4000) -> str:

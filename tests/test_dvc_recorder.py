@@ -20,7 +20,7 @@ import pytest
 PKG_ROOT = Path(__file__).resolve().parents[1]
 
 
-from dvc_project import queue_worker_logs, wait_queue  # noqa: E402
+from dvc_project import queue_report, wait_queue  # noqa: E402
 
 from dvc_dali import recording as rec  # noqa: E402
 from dvc_dali.context import RunContext  # noqa: E402
@@ -268,15 +268,6 @@ def test_temp_run_records_into_main_repo(repo, env):
     assert (repo / "ckpt" / "state.txt").read_text().startswith("2 lr=0.5 ")
 
 
-def _queue_report(repo, env, states) -> str:
-    """What a failed queued run left: its log and the workers' own logs."""
-    logs = "".join(dvc(repo, "queue", "logs", n, env=env, check=False).stdout
-                   for n, s in states.items() if s == "Failed")
-    rec_log = Path(env["REC_LOG"])
-    return (f"{states}\n{logs}\n{queue_worker_logs(repo)}\nrows logged:\n"
-            + (rec_log.read_text() if rec_log.exists() else "none"))
-
-
 def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
     baseline = git(repo, "rev-parse", "HEAD")
     dvc(repo, "exp", "run", "--queue", "-n", "qa", "-S", "lr=0.01", env=env)
@@ -294,8 +285,10 @@ def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
                        env=workers_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=True)
 
-    def report(status: dict) -> str:
-        return _queue_report(repo, env, status)
+    def report(status: dict) -> str:  # with the rows the runs logged
+        rec_log = Path(env["REC_LOG"])
+        return (queue_report(repo, status) + "\nrows logged:\n"
+                + (rec_log.read_text() if rec_log.exists() else "none"))
 
     try:
         # One worker first, the second once the first run trains: DVC sets up
