@@ -63,6 +63,8 @@ def project(tmp: Path, kind: str, n: int) -> Path:
 def one_run(path: Path, name: str, checkpoints: int) -> tuple[list[float], list[dict]]:
     """Blocking seconds of each checkpoint after the first of one `dvc exp run`."""
     log = path.parent / f"{path.name}-{name}.jsonl"
+    # each round a new run: a finished one rerun unchanged is refused
+    run([PY, "-m", "dvc_dali.cli", "reset"], path)
     run([*DVC3, "exp", "run", "-n", name], path,
         {"BENCH_LOG": str(log), "BENCH_PLAN": f"1024:{checkpoints}", "BENCH_PIPE": "0"},
         timeout=3600)

@@ -24,6 +24,8 @@ ratio measured side by side in this run.
 11. per-checkpoint cost with 10k and 100k git-tracked files vs 10
 12. 1 GB torch state save (durable) vs torch.save + fsync, DCP and the disk floor
 13. the same saved and recorded under `dvc exp run` vs torch.save + fsync
+14. per-checkpoint cost with a stage deps directory committed to git of
+    2,000 (and, full run only, 100,000) files vs 10
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -60,8 +62,9 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_bigrestore": {9},
     "b_scale": {10, 11},
     "b_bigstate": {12, 13},
+    "b_trackeddeps": {14},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
 
 
 def machine() -> dict[str, str]:

@@ -31,12 +31,13 @@ from .errors import (
 # The rest on first use: `dvc-dali show` and `dvc_dali.load` need neither
 # NumPy's import nor the Checkpointer's (a third of a short command's time).
 _LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "checkpoint_signal",
-         "rows": "history", "best_row": "history", "load": "read_only", "Loaded": "read_only"}
+         "rows": "history", "best_row": "history", "current_row": "history",
+         "load": "read_only", "Loaded": "read_only"}
 
 if TYPE_CHECKING:
     from .checkpoint_signal import make_checkpoint
     from .checkpointer import Checkpointer
-    from .history import best_row, rows
+    from .history import best_row, current_row, rows
     from .read_only import Loaded, load
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "Loaded",
     "rows",
     "best_row",
+    "current_row",
     "DvcDaliError",
     "CheckpointCorruptError",
     "CheckpointFormatError",
@@ -71,3 +73,9 @@ __all__ = [
     "UnsupportedPipelineError",
     "__version__",
 ]
+
+# Inside a DVC 3 `dvc exp run` stage with a `checkpoint: true` output: what
+# DVC 2 did before running it, before the script reads anything (stage_start).
+from .stage_start import on_import as _on_import  # noqa: E402
+
+_on_import()

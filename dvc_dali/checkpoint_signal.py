@@ -101,6 +101,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     Checkpointer's: the LATEST it just wrote, and whether the run resumed
     (``branched``: with changed params, so its rows are a run of their own).
     """
+    exit_messages.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
     ctx = ctx or RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
     exit_messages.install(ctx, sigterm=distributed.world()[1] == 1)
@@ -115,7 +116,10 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     from . import recording
 
     if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
-        recording.start_run(ctx, out)
+        if resumed is None:  # a bare script (the Checkpointer started its run itself)
+            branched = recording.start_bare_run(ctx, out) or branched
+        else:
+            recording.start_run(ctx, out)
         _started.add(True)
     remove_stale(path)
     write_signal(path)

@@ -29,6 +29,7 @@ from . import (
     distributed,
     exit_messages,
     preemption,
+    rng_state,
     store,
 )
 from ._version import __version__
@@ -40,7 +41,7 @@ from .errors import (
     UnchangedCheckpointError,
 )
 from .log import logger
-from .resume import RESUME, decide
+from .resume import NOTHING, RESUME, ResumeDecision, decide
 
 
 def _array_module():
@@ -77,15 +78,20 @@ class Checkpointer:
 
     ``keep_last``/``keep_best`` prune the experiment's checkpoint rows after
     each recording (see :func:`dvc_dali.make_checkpoint`); default: keep all.
+
+    ``rng`` (default: ``DVC_DALI_RNG``, on): every checkpoint holds the global
+    random generators (``random``, NumPy's, torch's: :mod:`dvc_dali.rng_state`),
+    set back once a resumed loop first reads :attr:`arrays` or :attr:`step`.
     """
 
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
                  params: dict[str, Any] | None = None, total_steps: int | None = None,
                  keep_last: int | None = None, keep_best: str | None = None,
-                 asynchronous: bool = False) -> None:
+                 asynchronous: bool = False, rng: bool | None = None) -> None:
         self.path = Path(path)
         # The environment and the retention arguments are checked now, before
         # any training step, not at the first checkpoint.
+        exit_messages.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
         self._ctx = RunContext.from_environ()
         # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
         # process only: torchrun's agent uses it to stop the other ranks)
@@ -119,6 +125,10 @@ class Checkpointer:
                     if resume else None)
         self.timings["restore_s"] = time.perf_counter() - t0
         self._saved = self._resume_from(snapshot)
+        # the global random generators (rng_state): saved with each checkpoint;
+        # restored once, when the loop first reads the checkpoint (.step, .arrays)
+        self._rng = self._ctx.rng if rng is None else bool(rng)
+        self._rng_pending = self._rng and self._saved is not None
 
     def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
                             ) -> None:
@@ -151,6 +161,10 @@ class Checkpointer:
         decision = decide(snapshot.step, snapshot.manifest.get("run"), self.params,
                           self.total_steps, checkpoint=str(self.path),
                           manifest=str(snapshot.path / store.MANIFEST))
+        if decision.action == NOTHING:
+            if self._ctx.mode == "record":  # each rerun would add an experiment, training nothing
+                raise UnchangedCheckpointError(decision.message + ".")
+            decision = ResumeDecision(RESUME)  # a plain script: its loop has no step left
         if decision.action != RESUME and decision.message:
             logger.info(decision.message)
         if decision.action == RESUME and not decision.changes:
@@ -226,12 +240,24 @@ class Checkpointer:
     @property
     def step(self) -> int:
         """The step saved in the checkpoint, 0 for a fresh start."""
+        self._restore_rng()
         return self._saved.snapshot.step if self._saved else 0
 
     @property
     def arrays(self) -> dict[str, Any]:
         """The arrays saved with the checkpoint (empty for a fresh start)."""
-        return dict(self._saved.snapshot.arrays) if self._saved else {}
+        self._restore_rng()
+        return ({k: v for k, v in self._saved.snapshot.arrays.items() if k != rng_state.KEY}
+                if self._saved else {})
+
+    def _restore_rng(self) -> None:
+        """The generators' saved states, set once, at the loop's first read of
+        the checkpoint: after the model's seeded initialisation, before step 1."""
+        if self._rng_pending:
+            self._rng_pending = False
+            saved = self._saved.snapshot.arrays.get(rng_state.KEY)
+            if saved is not None:
+                rng_state.restore(saved, str(self._saved.manifest_path))
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -346,6 +372,26 @@ class Checkpointer:
 
         return DaliCheckpoint(self, every, self._tf, live, on_checkpoint)
 
+    def lightning_callback(self, every: int, live: Any = None,
+                           on_checkpoint: Any = None) -> Any:
+        """A PyTorch Lightning callback that checkpoints ``Trainer.fit`` every
+        ``every`` optimizer steps, at the end, and at once on preemption:
+        model, optimizers, LR schedulers, loop progress and callbacks' states
+        as arrays and JSON (no pickle), with the DALI pipelines' positions.
+        Train with ``cb.fit(trainer, model, iterator)`` (``iterator`` from
+        :meth:`iterator`), which resumes mid-epoch from the checkpoint; or
+        ``trainer.fit(model, cb.loader(iterator), ckpt_path=cb.ckpt_path)``.
+        ``live`` and ``on_checkpoint(step, metrics)`` as for :meth:`keras_callback`.
+        """
+        try:
+            from .lightning_callback import DaliCheckpoint as LightningCheckpoint
+        except ImportError as exc:
+            raise ConfigError(f"Checkpointer.lightning_callback() needs PyTorch Lightning ({exc})"
+                              ": install the lightning extra, pip install "
+                              "\"dvc-dali[lightning]\".") from None
+
+        return LightningCheckpoint(self, every, live, on_checkpoint)
+
     def live(self, dir: str = "dvclive", **kwargs: Any) -> Any:
         """A ``dvclive.Live`` resumed in step with this checkpoint: history
         after :attr:`step` dropped, ``live.step == self.step``."""
@@ -428,7 +474,7 @@ class Checkpointer:
             "step": step,
             "pipelines": {**_pipeline_entries(self._pipelines, self._iterators),
                           **_tf_entries(self._tf)},
-            "arrays": dict(arrays or {}),
+            "arrays": _with_rng(arrays, self._rng),
             "metadata": dict(metadata or {}),
             "versions": _versions(),
             "run": {"params": self.params, "total_steps": self.total_steps},
@@ -540,6 +586,15 @@ def _versions() -> dict[str, str]:
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
+
+
+def _with_rng(arrays: dict[str, Any] | None, rng: bool) -> dict[str, Any]:
+    """The user's arrays, and the global generators' states under rng_state.KEY."""
+    out = dict(arrays or {})
+    rng_state.check_names(out)
+    if rng:
+        out[rng_state.KEY] = rng_state.capture()
+    return out
 
 
 def _pipeline_entries(pipes: dict[str, tuple[Any, dict[str, Any]]],

@@ -10,6 +10,7 @@ import signal as signals
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +48,8 @@ def _project_root(cmd: str) -> Path:
 def cmd_init(args: argparse.Namespace) -> int:
     dest = Path(args.dir)
     existing = [name for name in TEMPLATES if (dest / name).exists()]
+    if args.digits and (dest / "data" / "images").exists():
+        existing.append("data/images")  # the user's own images are never mixed with samples
     if existing and not args.force:
         print(f"dvc-dali init: {', '.join(str(dest / n) for n in existing)} already exist; "
               "nothing written. Use --force to overwrite them.", file=sys.stderr)
@@ -56,7 +59,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     for name in TEMPLATES:
         shutil.copyfile(source / name, dest / name)
         print(f"wrote {dest / name}")
-    print("next: put images in data/images/<class>/, commit, then `dvc exp run`")
+    if args.digits:
+        from .sample_images import write_digits
+
+        images = dest / "data" / "images"
+        print(f"wrote {write_digits(images)} sample images to {images}/<digit>/")
+        print("next: `git add . && git commit -m start && dvc exp run`")
+    else:
+        print("next: put images in data/images/<class>/ (or `dvc-dali init --digits` for "
+              "samples), then `git add . && git commit -m start && dvc exp run`")
     return 0
 
 
@@ -90,13 +101,14 @@ def group_runs(rows: list[dict]) -> list[list[dict]]:
 
 def draw_tree(rows: list[dict]) -> list[str]:
     """A run's checkpoints as a tree by step, oldest first; a branch where a
-    run resumed from an older checkpoint of its own."""
+    run resumed from an older checkpoint of its own. The last row of the run,
+    and of each branch, is drawn with └─."""
     by_sha = {r["sha"]: r for r in rows}
     children: dict[str | None, list[dict]] = {}
     for r in rows:
         parent = r["parent"] if r["parent"] in by_sha else None
         children.setdefault(parent, []).append(r)
-    lines: list[str] = []
+    drawn: list[tuple[int, str]] = []  # (depth, the row's text)
 
     def chain(start: dict, depth: int) -> None:
         node: dict | None = start
@@ -107,14 +119,19 @@ def draw_tree(rows: list[dict]) -> list[str]:
             mark = ("  ← latest" if node.get("latest") else "") + (
                 "  ★ best" if node.get("best") else "") + (
                 f"  (= DVC's experiment {same})" if same else "")
-            lines.append(f"{'│ ' * depth}├─ step {node['step']:>7}  {node['name']:<28} "
-                         f"{node['sha'][:7]}  {metrics}".rstrip() + mark)
+            drawn.append((depth, f"step {node['step']:>7}  {node['name']:<28} "
+                                 f"{node['sha'][:7]}  {metrics}".rstrip() + mark))
             for branch in kids[1:]:
                 chain(branch, depth + 1)
             node = kids[0] if kids else None
 
     for root in sorted(children.get(None, []), key=_by_step):
         chain(root, 0)
+    lines = []
+    for i, (depth, text) in enumerate(drawn):
+        # the last of its level: no later row at this depth before one nearer the root
+        after = next((d for d, _ in drawn[i + 1:] if d <= depth), -1)
+        lines.append(f"{'│ ' * depth}{'├─' if after == depth else '└─'} {text}")
     return lines
 
 
@@ -153,9 +170,13 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
     if args.best and not args.json:
         metric = args.best.rpartition(":")[0]
+        known = sorted({m for r in rows for m in r.get("metrics", {})})
         print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
               f"{best['metrics'][metric]:.4g}); load it with dvc_dali.load(rev="
-              f"{best['name']!r})" if best else f"best by {args.best}: no row has {metric}")
+              f"{best.get('ref') or best['name']!r})" if best else
+              f"best by {args.best}: no row has {metric} "
+              f"(their metrics: {', '.join(known) or 'none'}; nested names take '/', as "
+              "train/acc)")
     return 0
 
 
@@ -183,7 +204,7 @@ def _remove_stale(sig: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import recording
-    from .context import SIGNAL_NAME, RunContext
+    from .context import RECORDS_ITSELF, SIGNAL_NAME, RunContext
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -197,7 +218,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return subprocess.call(command)
     keep = ctx.retention(args.keep_last, args.keep_best)  # refused before the child starts
     checkpoint = Path(args.checkpoint)
-    recording.check_stage(ctx, str(checkpoint))
+    # before the child reads its checkpoint: carried into a --temp/queued run,
+    # an unchanged rerun of an applied row refused
+    branched = recording.start_bare_run(ctx, str(checkpoint))
     root = _project_root("run")
     sig = root / ".dvc" / "tmp" / SIGNAL_NAME
     _remove_stale(sig)
@@ -205,13 +228,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # so parallel --temp/queued runs each watch their own signal file.
     env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
            "DVC_DALI_SIGNAL_FILE": str(sig)}
+    env.pop(RECORDS_ITSELF, None)  # this process records, not the child
     child = subprocess.Popen(command, env=env)
     for sig_num in (signals.SIGINT, signals.SIGTERM):
         signals.signal(sig_num, lambda n, _f: child.send_signal(n))
 
     def record() -> None:  # record_and_prune logs the row it recorded
         recording.record_and_prune(ctx, _checkpoint_step(checkpoint), out=str(checkpoint),
-                                   keep=keep)
+                                   keep=keep, branched=branched)
         sig.unlink(missing_ok=True)
 
     while child.poll() is None:
@@ -382,17 +406,24 @@ def _subparser(sub: "argparse._SubParsersAction", name: str,
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dvc-dali", description="DALI pipeline state as "
-                                     "DVC experiment checkpoints.")
-    parser.add_argument("--version", action="version", version=f"dvc-dali {__version__}")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def _init_parser(sub: "argparse._SubParsersAction") -> None:
     p = _subparser(sub, "init", cmd_init, "write a dvc.yaml stage, params.yaml and a training "
                    "script to start from", "Write dvc.yaml, params.yaml and train.py: a stage "
                    "that trains on data/images/<class>/ and records a checkpoint every few "
                    "steps. Refuses to overwrite existing files without --force.")
     p.add_argument("dir", nargs="?", default=".", help="where to write them (default: .)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--digits", action="store_true",
+                   help="also write sample images to data/images: scikit-learn's 1,797 "
+                        "handwritten digits as PNG files (needs scikit-learn)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dvc-dali", description="DALI pipeline state as "
+                                     "DVC experiment checkpoints.")
+    parser.add_argument("--version", action="version", version=f"dvc-dali {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _init_parser(sub)
     p = _subparser(sub, "show", cmd_show, "recorded checkpoints as a tree per experiment, "
                    "by step", "Recorded checkpoint rows per experiment run, the run with the "
                    "newest row first; each run as a tree by step with its metrics, its newest "
@@ -413,10 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, help="keep only the last N checkpoint rows")
     p.add_argument("--keep-best", help="also keep the best row by a metric, e.g. train/acc:max")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
-    p = _subparser(sub, "remove", cmd_remove, "delete whole experiment runs: every checkpoint "
-                   "row of each", "Delete every checkpoint row of each named experiment run, on "
-                   "every baseline, and DVC's own experiment of that name (as `dvc exp "
-                   "remove`). Only the refs go: the data stays in the DVC cache until `dvc gc`.")
+    p = _subparser(sub, "remove", cmd_remove, "delete whole experiment runs: all their "
+                   "checkpoint rows and DVC's own experiment", "Delete every checkpoint row of "
+                   "each named experiment run, on every baseline, and DVC's own experiment "
+                   "of that name (as `dvc exp remove`). Only the refs go: the data stays in "
+                   "the DVC cache until `dvc gc`.")
     p.add_argument("exp", nargs="+", help="experiment name(s), as `dvc-dali show` lists them")
     for name, func, verb in (("push", cmd_push, "to"), ("pull", cmd_pull, "from")):
         p = _subparser(sub, name, func, f"{name} whole experiment runs, every checkpoint row "
@@ -458,11 +490,12 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _closed_pipe()
-    except DvcDaliError as exc:
+    except (DvcDaliError, OSError) as exc:  # OSError: git or DVC missing, a file unreadable
+        from .context import debug_requested
+
+        if debug_requested():  # DVC_DALI_DEBUG=1: the traceback too, as DVC's -v
+            traceback.print_exc()
         print(f"dvc-dali {args.cmd}: {_message(exc)}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # git or DVC missing, a file it cannot read: say which
-        print(f"dvc-dali {args.cmd}: {exc}", file=sys.stderr)
         return 1
 
 

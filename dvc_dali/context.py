@@ -19,6 +19,9 @@ from typing import Mapping
 from .errors import ConfigError
 
 SIGNAL_NAME = "DVC_CHECKPOINT"
+# Set with DVC_CHECKPOINT when dvc-dali set it (stage_start.py) for a DVC 2
+# script: this process records its rows itself, nobody watches the signal.
+RECORDS_ITSELF = "DVC_DALI_RECORDS_ITSELF"
 DEFAULT_WAIT_S = 3600.0
 
 #: name -> what it means, for README's table and `dvc-dali doctor`.
@@ -36,6 +39,8 @@ VARIABLES = {
     "DVC_DALI_SIGNAL_TIMEOUT": "seconds make_checkpoint() waits for DVC 2 or `dvc-dali run` "
                                "to answer (default 3600)",
     "DVC_DALI_SIGNAL_FILE": "set by `dvc-dali run` for its child: where the signal file goes",
+    RECORDS_ITSELF: "set by dvc-dali with DVC_CHECKPOINT=1 for a DVC 2 script under DVC 3: "
+                    "the process records its rows itself",
     "DVC_DALI_PUSH_GRACE": "seconds a preempted run waits for its rows' push before it exits "
                            "(default 20; Kubernetes' default grace period is 30)",
     "DVC_EXP_AUTO_PUSH": "DVC's: true pushes each row as it is recorded (as "
@@ -44,6 +49,8 @@ VARIABLES = {
                           "default origin)",
     "DVC_DALI_DEBUG": "1: print tracebacks with errors (as DVC's -v)",
     "DVC_DALI_RETRAIN": "1: train again from an applied row whose run already went on",
+    "DVC_DALI_RNG": "0: do not save and restore the global random generators (random, NumPy's, "
+                    "torch's) with checkpoints (default 1; Checkpointer(rng=...) wins)",
 }
 
 
@@ -86,6 +93,33 @@ def parse_seconds(value: str | None, name: str, default: float = DEFAULT_WAIT_S)
     return seconds
 
 
+def parse_switch(value: str | None, name: str, default: bool = True) -> bool:
+    """'1' or '0' (unset or empty: ``default``)."""
+    if value is None or value == "":
+        return default
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name}={value!r}: must be 1 (on) or 0 (off); unset it for the "
+                          f"default {int(default)}")
+    return value == "1"
+
+
+def parse_signal_file(value: str | None) -> str | None:
+    """DVC_DALI_SIGNAL_FILE: an absolute file path (`dvc-dali run` sets one for its child)."""
+    if value is None or value == "":
+        return None
+    if not os.path.isabs(value) or os.path.isdir(value):
+        raise ConfigError(f"DVC_DALI_SIGNAL_FILE={value!r}: must be the absolute path of a "
+                          "file, the signal file `dvc-dali run` watches (it sets this for its "
+                          "child); unset it to use .dvc/tmp/DVC_CHECKPOINT")
+    return value
+
+
+def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """DVC_DALI_DEBUG=1, read without refusing anything: the exit hook asks it
+    for an error that may be the refusal of this very variable."""
+    return (os.environ if environ is None else environ).get("DVC_DALI_DEBUG") == "1"
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What the environment says about this run, validated."""
@@ -103,6 +137,7 @@ class RunContext:
     debug: bool = False
     retrain: bool = False
     push_grace: float = 20.0
+    rng: bool = True  # DVC_DALI_RNG: save and restore the global random generators
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
@@ -113,17 +148,18 @@ class RunContext:
             stage=env.get("DVC_STAGE") or None,
             exp_name=env.get("DVC_EXP_NAME") or None,
             baseline_rev=env.get("DVC_EXP_BASELINE_REV") or None,
-            watched=bool(env.get(SIGNAL_NAME)),
-            signal_file=env.get("DVC_DALI_SIGNAL_FILE") or None,
+            watched=bool(env.get(SIGNAL_NAME)) and not env.get(RECORDS_ITSELF),
+            signal_file=parse_signal_file(env.get("DVC_DALI_SIGNAL_FILE")),
             signal_timeout=parse_seconds(env.get("DVC_DALI_SIGNAL_TIMEOUT"),
                                          "DVC_DALI_SIGNAL_TIMEOUT"),
             lock_timeout=parse_seconds(env.get("DVC_DALI_LOCK_TIMEOUT"), "DVC_DALI_LOCK_TIMEOUT"),
             keep_last=parse_keep_last(env.get("DVC_DALI_KEEP_LAST"), "DVC_DALI_KEEP_LAST"),
             keep_best=keep_best,
-            debug=env.get("DVC_DALI_DEBUG", "") not in ("", "0"),
-            retrain=env.get("DVC_DALI_RETRAIN", "") not in ("", "0"),
+            debug=parse_switch(env.get("DVC_DALI_DEBUG"), "DVC_DALI_DEBUG", default=False),
+            retrain=parse_switch(env.get("DVC_DALI_RETRAIN"), "DVC_DALI_RETRAIN", default=False),
             push_grace=parse_seconds(env.get("DVC_DALI_PUSH_GRACE"), "DVC_DALI_PUSH_GRACE",
                                      default=20.0),
+            rng=parse_switch(env.get("DVC_DALI_RNG"), "DVC_DALI_RNG"),
         )
 
     @property

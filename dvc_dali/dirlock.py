@@ -11,7 +11,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import CheckpointLockedError
 
@@ -94,3 +96,16 @@ def holder(path: Path, rank: int = 0) -> str | None:
     finally:
         os.close(fd)  # closing releases a shared lock just taken
     return None
+
+
+@contextmanager
+def exclusive(lock_file: str) -> Iterator[None]:
+    """Wait for, then hold, an exclusive lock on ``lock_file`` for a short
+    step that the processes of one run must take one at a time."""
+    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -3,10 +3,13 @@ one line a person can act on, not a traceback.
 
 - A dvc-dali error (a refusal: another pipeline, a damaged checkpoint, a bad
   setting) prints its message, which names the file and the fix; the
-  traceback only with DVC_DALI_DEBUG=1 (as DVC's -v).
-- Ctrl-C (KeyboardInterrupt) and SIGTERM print which step is kept, as which
-  row, and that `dvc exp run` resumes from it. The exit status stays what
-  the signal gives (130 for Ctrl-C, 143 for SIGTERM).
+  traceback only with DVC_DALI_DEBUG=1 (as DVC's -v). This part is installed
+  by every entry point before it reads the environment (``install_hook``), in
+  or out of `dvc exp run`, so a bad DVC_DALI_* value is one line too.
+- Under `dvc exp run` only, Ctrl-C (KeyboardInterrupt) and SIGTERM print
+  which step is kept, as which row, and that `dvc exp run` resumes from
+  it. The exit status stays what the signal gives (130 for Ctrl-C, 143 for
+  SIGTERM).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import threading
 from types import TracebackType
 from typing import Optional
 
-from .context import RunContext
+from .context import RunContext, debug_requested
 from .errors import DvcDaliError
 from .log import logger
 
-_installed = False
+_hooked = False  # the excepthook, in every mode
+_installed = False  # Ctrl-C and SIGTERM lines: under `dvc exp run` only
 _kept: Optional[tuple[int, str]] = None  # (step, row) last recorded by this process
 
 
@@ -43,16 +47,30 @@ def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str
     return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
 
 
-def _hook(debug: bool, previous):
+def _hook(previous):
     def excepthook(kind: type[BaseException], exc: BaseException,
                    tb: Optional[TracebackType]) -> None:
-        if debug or not issubclass(kind, (DvcDaliError, KeyboardInterrupt)):
+        ours = issubclass(kind, DvcDaliError) or (
+            _installed and issubclass(kind, KeyboardInterrupt))
+        # read now, not at install: the error may be the refusal of the environment
+        if not ours or debug_requested():
             previous(kind, exc, tb)
-        if issubclass(kind, KeyboardInterrupt):
+        if ours and issubclass(kind, KeyboardInterrupt):
             logger.warning(interruption_line("interrupted (Ctrl-C)", _kept))
-        elif issubclass(kind, DvcDaliError):
+        elif ours:
             logger.error("%s: %s", kind.__name__, exc)
     return excepthook
+
+
+def install_hook() -> None:
+    """Once per process: a dvc-dali error that ends the program prints one
+    line (its message), not a traceback; DVC_DALI_DEBUG=1 prints both. Every
+    entry point (Checkpointer, make_checkpoint) calls it before it reads the
+    environment. Other exceptions go to the previous hook unchanged."""
+    global _hooked
+    if not _hooked:
+        _hooked = True
+        sys.excepthook = _hook(sys.excepthook)
 
 
 def on_sigterm(signum: int, _frame) -> None:
@@ -63,14 +81,15 @@ def on_sigterm(signum: int, _frame) -> None:
 
 
 def install(ctx: RunContext, sigterm: bool = True) -> None:
-    """Once per process, under `dvc exp run` only; a handler the application
+    """The excepthook (``install_hook``) in every mode; once per process and
+    under `dvc exp run` only, the Ctrl-C and SIGTERM lines: a handler the application
     installed for SIGTERM is left alone, and so is SIGTERM when ``sigterm``
     is false (torchrun's agent stops the other ranks with it)."""
     global _installed
+    install_hook()
     if _installed or not ctx.under_exp_run:
         return
     _installed = True
-    sys.excepthook = _hook(ctx.debug, sys.excepthook)
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,18 +1,20 @@
 """The recorded rows as data: what `dvc-dali show` draws, for code.
 
-    rows = dvc_dali.rows("a")                       # every row of run "a"
-    best = dvc_dali.best_row(rows, "train/acc:max")
-    state = dvc_dali.load(rev=best["name"])
+    rows = dvc_dali.rows("a")                       # every row named "a", any baseline
+    here = dvc_dali.current_row("checkpoint")       # the row the checkpoint output holds
+    best = dvc_dali.best_row(dvc_dali.rows(run=here), "train/acc:max")  # of its run
+    state = dvc_dali.load(rev=best)                 # the row itself: never ambiguous
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from .context import parse_keep_best
+from .best import best_row as _best_row
 from .errors import DvcDaliError
 
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -85,21 +87,26 @@ def _params(blob: bytes | None) -> dict[str, Any]:
 
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
-         metrics_file: str = DEFAULT_METRICS, params: bool = True) -> list[dict[str, Any]]:
+         metrics_file: str = DEFAULT_METRICS, params: bool = True, *,
+         run: dict[str, Any] | str | None = None) -> list[dict[str, Any]]:
     """The recorded checkpoint rows of the repository at ``repo`` (default:
-    the one around the working directory), of run ``exp`` or all: each a
-    dict with name, exp, step, parent (sha), sha, baseline, time, metrics
-    (flattened DVCLive metrics), params (the row's params.yaml, flattened
-    "train.lr"; ``params=False`` skips reading them) and dvc_experiments
-    (DVC's own experiments holding the same outputs: the ref `dvc exp run`
-    commits when it ends)."""
-    from .context import repo_root
+    :func:`rows_root`), of experiment name ``exp`` or all, or of one run:
+    ``run`` is a row (a dict from here or :func:`current_row`), its ref or
+    sha, or a row name only one row has. Each row is a dict with name, ref,
+    exp, step, parent (sha), sha, baseline, time, metrics (flattened
+    DVCLive metrics), params (the row's params.yaml, flattened "train.lr";
+    ``params=False`` skips reading them) and dvc_experiments (DVC's own
+    experiments holding the same outputs: the ref `dvc exp run` commits
+    when it ends)."""
     from .recording import list_rows
     from .recording.remove import exp_refs
 
-    root = str(Path(repo) if repo is not None else (repo_root() or Path.cwd()))
+    root = rows_root(repo)
     refs = exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
-    found = list_rows(root, exp)
+    found = list_rows(root, exp if run is None else None)
+    if run is not None:
+        found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
+                 if exp is None or r["exp"] == exp]
     files = (metrics_file, "params.yaml") if params else (metrics_file,)
     blobs = read_blobs(root, [f"{r['sha']}:{p}" for r in found for p in files])
     for i, row in enumerate(found):
@@ -112,6 +119,154 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
             row["params"] = _params(blobs[len(files) * i + 1])
     mark_dvc_duplicates(root, found, refs)
     return found
+
+
+def rows_root(repo: str | os.PathLike | None = None) -> str:
+    """Where the rows are: ``repo``; else, in a stage under `dvc exp run`,
+    the repository DVC records into (DVC_ROOT: for `--temp` and queued runs
+    not the run's own, which holds no rows); else the DVC repository around
+    the working directory."""
+    from .context import repo_root
+
+    if repo is not None:
+        return os.fspath(repo)
+    env = os.environ.get("DVC_ROOT")
+    if env and os.path.isdir(os.path.join(env, ".dvc")):
+        return env
+    return str(repo_root() or Path.cwd())
+
+
+def _label(row: object) -> str:
+    return str(row.get("ref") or row.get("name")) if isinstance(row, dict) else repr(row)
+
+
+def matching_rows(found: list[dict[str, Any]], key: object) -> list[dict[str, Any]]:
+    """The rows ``key`` names: a row dict (by its sha), a full ref, a sha (7
+    hex digits at least) or a row name (which may repeat on other baselines)."""
+    if isinstance(key, dict):
+        return [r for r in found if r["sha"] == key.get("sha")]
+    if not isinstance(key, str) or not key:
+        return []
+    if key.startswith("refs/"):
+        return [r for r in found if r["ref"] == key]
+    named = [r for r in found if r["name"] == key]
+    return named or [r for r in found if len(key) >= 7 and r["sha"].startswith(key)]
+
+
+def the_row(found: list[dict[str, Any]], key: object, what: str, root: str) -> dict[str, Any]:
+    """The one row ``key`` names (see :func:`matching_rows`), else ConfigError."""
+    from .errors import ConfigError
+
+    named = matching_rows(found, key)
+    if len(named) > 1:
+        raise ConfigError(
+            f"{what}: {len(named)} rows match it ({', '.join(r['ref'] for r in named)}: "
+            "a run name used again on another commit); pass the row from dvc_dali.rows() "
+            "or its full ref instead")
+    if not named:
+        raise ConfigError(f"{what}: no recorded row of {root} has this name, ref or sha; "
+                          "`dvc-dali show` lists them (a pruned row is gone)")
+    return named[0]
+
+
+def run_rows(found: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``row``'s run, as retention counts them: its experiment
+    name on its baseline, and on the other baselines the run went on to
+    when it was resumed there (rows linked by parent). Pure."""
+    by_sha = {r["sha"]: r for r in found}
+    same = [r for r in found if r["exp"] == row["exp"]]
+    links: dict[str, set[str]] = {}
+    for r in same:
+        parent = by_sha.get(r["parent"] or "")
+        if parent is not None and parent["exp"] == r["exp"]:
+            links.setdefault(r["baseline"], set()).add(parent["baseline"])
+            links.setdefault(parent["baseline"], set()).add(r["baseline"])
+    seen, todo = {row["baseline"]}, [row["baseline"]]
+    while todo:
+        for baseline in links.get(todo.pop(), set()) - seen:
+            seen.add(baseline)
+            todo.append(baseline)
+    return [r for r in same if r["baseline"] in seen]
+
+
+def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike | None = None
+                ) -> dict[str, Any] | None:
+    """The recorded row the checkpoint output at ``path`` holds: the one
+    whose dvc.lock gives that output the md5 the stage's dvc.lock here gives
+    it, at the step of the checkpoint's manifest (the newest such row).
+    None when it is no recorded row (no dvc.lock entry yet, or a checkpoint
+    written since). In a stage under `dvc exp run` (`--temp` and queued runs
+    too) the rows are DVC_ROOT's. The row's fields are list_rows' (no
+    metrics: ``rows(run=row)`` reads them)."""
+    from .recording import list_rows
+    from .recording.rows import git_dirs
+
+    ckpt = Path(os.path.realpath(path))
+    entry = _lock_entry(ckpt)
+    if entry is None:
+        return None
+    lock, stage, out, md5 = entry
+    root, step = rows_root(repo), _checkpoint_step(ckpt)
+    found = [r for r in list_rows(root) if step is None or r["step"] == step]
+    rel = os.path.relpath(Path(root).resolve() / lock, git_dirs(root)[1])
+    blobs = read_blobs(root, [f"{r['sha']}:{rel}" for r in found])
+    hits = [r for r, blob in zip(found, blobs, strict=True)
+            if blob is not None and _out_md5(blob, stage, out) == md5]
+    return max(hits, key=lambda r: (r["time"], r["step"])) if hits else None
+
+
+def _checkpoint_step(ckpt: Path) -> int | None:
+    """The step of the checkpoint at ``ckpt``; None where none is readable."""
+    from . import store
+
+    try:
+        entries = store.latest(ckpt)
+        return store.read_manifest(ckpt / entries[0][0], entries[0][1])["step"] if entries \
+            else None
+    except (DvcDaliError, OSError, KeyError):
+        return None
+
+
+def _lock_yaml(text: bytes | str) -> dict[str, Any]:
+    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
+
+    try:
+        data = YAML(typ="safe", pure=True).load(text)
+    except Exception:  # a dvc.lock that does not parse: no match
+        return {}
+    stages = data.get("stages") if isinstance(data, dict) else None
+    return stages if isinstance(stages, dict) else {}
+
+
+def _out_md5(text: bytes | str, stage: str, out: str) -> str | None:
+    """The md5 a dvc.lock gives output ``out`` of ``stage``."""
+    entry = _lock_yaml(text).get(stage)
+    for item in (entry.get("outs") or []) if isinstance(entry, dict) else []:
+        if isinstance(item, dict) and item.get("path") == out:
+            return item.get("md5")
+    return None
+
+
+def _lock_entry(ckpt: Path) -> tuple[str, str, str, str] | None:
+    """(dvc.lock relative to its DVC repository, stage, output path, md5) of
+    the stage whose outputs hold ``ckpt``, from the nearest dvc.lock above it."""
+    from .context import repo_root
+
+    top = repo_root(ckpt.parent)
+    if top is None:
+        return None
+    for folder in (ckpt.parent, *ckpt.parent.parents):
+        lock = folder / "dvc.lock"
+        stages = _lock_yaml(lock.read_bytes()) if lock.is_file() else {}
+        for stage, entry in stages.items():
+            for item in (entry.get("outs") or []) if isinstance(entry, dict) else []:
+                if isinstance(item, dict) and isinstance(item.get("path"), str) and \
+                        Path(os.path.realpath(folder / item["path"])) == ckpt and \
+                        item.get("md5"):
+                    return (os.path.relpath(lock, top), stage, item["path"], item["md5"])
+        if folder == top:
+            break
+    return None
 
 
 def _lock_outs(blob: bytes | None) -> set[str]:
@@ -146,11 +301,7 @@ def mark_dvc_duplicates(root: str, found: list[dict[str, Any]],
 
 def best_row(found: list[dict[str, Any]], spec: str) -> dict[str, Any] | None:
     """The row with the highest (``metric:max``) or lowest (``metric:min``)
-    metric; the later step where they tie; None when no row has it."""
-    parse_keep_best(spec, "best")  # the same '<metric>:max|min' form, checked
-    metric, _, mode = spec.rpartition(":")
-    scored = [r for r in found if isinstance(r.get("metrics", {}).get(metric), (int, float))]
-    if not scored:
-        return None
-    sign = 1 if mode == "max" else -1
-    return max(scored, key=lambda r: (sign * r["metrics"][metric], r["step"], r["time"]))
+    metric ('train/acc', as `dvc-dali show` prints it); the later step where
+    they tie; None when no row has it. The rule retention's
+    DVC_DALI_KEEP_BEST follows too (dvc_dali/best.py)."""
+    return _best_row(found, spec)

@@ -37,7 +37,20 @@ DTYPE = re.compile(r"^[<>|][biufcmMSUV][0-9]{1,10}(\[[A-Za-z0-9]{1,8}\])?$")
 _TORCH_DTYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KINDS = ("numpy", "cupy", "torch", "jax")
-_TORCH_VIEWS = (None, "int8", "int16", "int32", "int64")
+# How a torch tensor's bytes are saved (arrays._torch_leaf): a torch dtype
+# NumPy has as that NumPy dtype (kind and size), torch_view null; any other
+# as its bits, viewed as the signed integer of its size (torch_view "int16"
+# for bfloat16). Every dtype torch 2.x has; a unit test checks the table
+# against the installed torch.
+TORCH_NUMPY = {"bool": "b1", "uint8": "u1", "int8": "i1", "int16": "i2", "uint16": "u2",
+               "int32": "i4", "uint32": "u4", "int64": "i8", "uint64": "u8", "float16": "f2",
+               "float32": "f4", "float64": "f8", "complex64": "c8", "complex128": "c16"}
+TORCH_BITS = {"bfloat16": 2, "bits16": 2, "complex32": 4, "qint32": 4, **dict.fromkeys((
+    "bits8", "bits1x8", "bits2x4", "bits4x2", "float4_e2m1fn_x2", "float8_e4m3fn",
+    "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "qint8", "quint8",
+    "quint2x4", "quint4x2", *(f"int{n}" for n in range(1, 8)),
+    *(f"uint{n}" for n in range(1, 8))), 1)}
+TORCH_VIEWS = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
 _MAX_INT = (1 << 63) - 1  # file sizes, steps: what an off_t holds
 _MAX_DIMS = 64
 
@@ -253,12 +266,45 @@ def _check_array_file(c: _Checker, info: Any, field: str, files: dict) -> None:
     if not isinstance(info.get("scalar", False), bool) or (info.get("scalar") and shape):
         c.fail(key(field, "scalar"), f"is {_show(info.get('scalar'))}, expected true (with "
                "shape []) or false")
-    if info.get("torch_view") not in _TORCH_VIEWS:
-        c.fail(key(field, "torch_view"), f"is {_show(info.get('torch_view'))}, expected "
-               "null or int8/int16/int32/int64")
-    if "torch_dtype" in info or info.get("torch_view"):  # the view needs the dtype
-        c.text(c.get(info, field, "torch_dtype"), key(field, "torch_dtype"), _TORCH_DTYPE,
-               "a torch dtype name")
+    _check_torch(c, info, field, np.dtype(info["dtype"]))
+
+
+def _torch_size(name: str) -> int | None:
+    if name in TORCH_NUMPY:
+        return np.dtype(TORCH_NUMPY[name]).itemsize
+    return TORCH_BITS.get(name)
+
+
+def _check_torch(c: _Checker, info: dict, field: str, dtype: np.dtype) -> None:
+    """kind, torch_dtype, torch_view and dtype agree: the bytes come back as
+    the tensor they were (a bfloat16 without its view would be int16)."""
+    kind = info.get("kind", "numpy")
+    if kind != "torch":
+        for name in ("torch_dtype", "torch_view"):
+            if name in info:
+                c.fail(key(field, name), f"is {_show(info[name])} on a {kind} array; only a "
+                       "torch array has it")
+        return
+    view, view_field = info.get("torch_view"), key(field, "torch_view")
+    if view is not None and view not in TORCH_VIEWS:
+        c.fail(view_field, f"is {_show(view)}, expected null or int8/int16/int32/int64")
+    name = c.text(c.get(info, field, "torch_dtype"), key(field, "torch_dtype"), _TORCH_DTYPE,
+                  "a torch dtype name")
+    size = _torch_size(name)
+    if size is None:
+        c.fail(key(field, "torch_dtype"), f"is {name!r}, not a torch dtype this dvc-dali "
+               "knows (a newer dvc-dali may read it)")
+    if view is None and name not in TORCH_NUMPY:
+        c.fail(view_field, f"is null, but torch_dtype {name} has no NumPy dtype: its bytes "
+               f"are saved viewed as torch_view 'int{8 * size}'")
+    if view is not None and TORCH_VIEWS[view] != size:
+        c.fail(view_field, f"is {view!r} ({TORCH_VIEWS[view]}-byte elements), but torch_dtype "
+               f"{name} has {size}-byte ones")
+    saved = TORCH_NUMPY[name] if view is None else f"i{size}"
+    if f"{dtype.kind}{dtype.itemsize}" != saved:
+        c.fail(key(field, "dtype"), f"is {dtype.str!r}, but a torch {name} tensor"
+               + ("" if view is None else f" viewed as {view}") + f" is saved as NumPy "
+               f"'{saved}' ({np.dtype(saved).name})")
 
 
 def _check_arrays(c: _Checker, trees: Any, n_files: int) -> None:

@@ -2,6 +2,7 @@
 downstream stages. No lock, no writes, no DALI, no messages.
 
     state = dvc_dali.load(rev="a-step40", names=["w"])
+    state = dvc_dali.load(rev=row)      # a row from dvc_dali.rows(), or its ref
     state.step, state.arrays["w"], state.metadata, state.params, state.row
 
 A row (or any git revision, of this repository or another: ``repo``) is
@@ -17,7 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from . import store
 from .errors import ConfigError, DvcDaliError
@@ -35,23 +36,38 @@ class Loaded:
     total_steps: int | None = None
     path: str = ""
     manifest: dict[str, Any] = field(default_factory=dict, repr=False)
+    ref: str | None = None  # that row's full ref (refs/exps/...), else None
 
 
-def _resolve(rev: str, repo: str | None) -> tuple[str, str | None]:
-    """(git revision, row name): a row name is looked up among the recorded
-    rows of ``repo`` (a local path); anything else is passed to git as is."""
+def _resolve(rev: str | Mapping[str, Any], repo: str | None
+             ) -> tuple[str, dict[str, Any] | None, str]:
+    """(git revision, row, repository to read): a row (a dict from
+    dvc_dali.rows()), a row's ref, sha or name is looked up among the
+    recorded rows (history.rows_root: under `dvc exp run` DVC_ROOT's);
+    anything else is passed to git as is, in ``repo`` (default this one)."""
+    from .history import matching_rows, rows_root, the_row
     from .recording.rows import list_rows
 
-    root = repo or str(_here())
+    root = rows_root(repo)
+    if isinstance(rev, Mapping):
+        if not isinstance(rev.get("sha"), str):
+            raise ConfigError(f"rev={dict(rev)!r}: a row needs its 'sha'; pass a row from "
+                              "dvc_dali.rows(), its ref or a git revision")
+        known = matching_rows(list_rows(root), dict(rev)) if os.path.isdir(root) else []
+        return rev["sha"], (known or [dict(rev)])[0], root  # a pruned row: its commit
     if os.path.isdir(root):
-        named = [r for r in list_rows(root) if r["name"] == rev]
+        named = matching_rows(list_rows(root), rev)
         if len(named) > 1:
-            raise ConfigError(f"rev={rev!r}: {len(named)} rows have this name (on other "
-                              f"baselines: {', '.join(r['sha'][:7] for r in named)}); pass "
-                              "the commit instead")
+            the_row(named, rev, f"rev={rev!r}", root)  # raises, naming each row's ref
         if named:
-            return named[0]["sha"], rev
-    return rev, None
+            return named[0]["sha"], named[0], root
+    return rev, None, repo or str(_here())
+
+
+def _label(rev: Any) -> str:
+    if isinstance(rev, Mapping):
+        return str(rev.get("ref") or rev.get("name") or rev.get("sha"))
+    return str(rev)
 
 
 def _here() -> Path:
@@ -88,37 +104,45 @@ def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> Non
         _fetch(fs, f"{path}/{rel}/{member}", dest / rel / member)
 
 
-def load(path: str | os.PathLike = "checkpoint", *, rev: str | None = None,
+def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any] | None = None,
          repo: str | os.PathLike | None = None, names: list[str] | None = None) -> Loaded:
     """Read the checkpoint at ``path`` (the stage's checkpoint output)
-    read-only: of the workspace by default, else of ``rev`` (a row name or
-    any git revision) in ``repo`` (a path or git URL; default this one).
-    ``names``: only these arrays (only their files are read)."""
+    read-only: of the workspace by default, else of ``rev`` in ``repo`` (a
+    path or git URL; default this one, in a stage under `dvc exp run` the
+    repository it records into). ``rev``: a row (a dict from
+    dvc_dali.rows() or current_row(): never ambiguous), a row's ref or
+    sha, a row name (refused when rows on several baselines have it), or
+    any git revision. ``names``: only these arrays (only their files are
+    read)."""
+    from .exit_messages import install_hook
+
+    install_hook()  # a refusal that ends an evaluation script: one line
     names = None if names is None else list(names)
     repo_s = None if repo is None else os.fspath(repo)
     if rev is None and repo_s is None:
         return _loaded(store.read_arrays(Path(path), names), None)
     from dvc.api import DVCFileSystem  # DVC's public API: rows, caches and remotes
 
-    git_rev, row = _resolve(rev, repo_s) if rev else ("HEAD", None)
+    git_rev, row, where = _resolve(rev, repo_s) if rev else ("HEAD", None, repo_s or
+                                                             str(_here()))
     rel = os.fspath(path).strip("/")
     with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
         try:  # DVC opens the revision lazily: its errors come with the first file
-            _copy_needed(DVCFileSystem(repo_s or str(_here()), rev=git_rev), rel, Path(tmp),
-                         names)
+            _copy_needed(DVCFileSystem(where, rev=git_rev), rel, Path(tmp), names)
         except DvcDaliError:
             raise
         except Exception as exc:
             raise DvcDaliError(
-                f"cannot read {rel} at revision {rev!r} of {repo_s or _here()}: {exc}. "
+                f"cannot read {rel} at revision {_label(rev)!r} of {where}: {exc}. "
                 "`dvc-dali show` lists the rows; `dvc exp pull <remote> <row>` fetches one "
                 "from a remote.") from None
-        return _loaded(store.read_arrays(Path(tmp), names), row, f"{rev}:{rel}")
+        return _loaded(store.read_arrays(Path(tmp), names), row, f"{_label(rev)}:{rel}")
 
 
-def _loaded(snap: store.Snapshot, row: str | None, where: str = "") -> Loaded:
+def _loaded(snap: store.Snapshot, row: dict[str, Any] | None, where: str = "") -> Loaded:
     manifest = snap.manifest
     run = manifest.get("run") or {}
     return Loaded(snap.step, dict(snap.arrays), dict(manifest.get("metadata") or {}),
-                  dict(run.get("params") or {}), row, run.get("total_steps"),
-                  where or str(snap.path), manifest)
+                  dict(run.get("params") or {}), row and row.get("name"),
+                  run.get("total_steps"), where or str(snap.path), manifest,
+                  row and row.get("ref"))

@@ -10,8 +10,10 @@ so each case of README's "Resume semantics" is one row of a table test
   ``resume``, saying which params changed (the pipeline is checked later,
   when it is built).
 - A finished run (step >= its total_steps): ``resume`` with the same params
-  and at least as many total_steps; otherwise ``restart`` from step 0 (the
-  finished run stays recorded as experiments).
+  and more total_steps; ``nothing`` with the same params and total_steps (a
+  rerun under `dvc exp run` is refused: it would train nothing and add an
+  experiment each time); otherwise ``restart`` from step 0 (the finished run
+  stays recorded as experiments).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .errors import CheckpointCorruptError
 FRESH = "fresh"
 RESUME = "resume"
 RESTART = "restart"
+NOTHING = "nothing"
 
 _FIX = ("restore an earlier checkpoint with `dvc exp apply <row>`, or start over with "
         "`dvc-dali reset`")
@@ -105,9 +108,11 @@ def decide(saved_step: int | None, saved_run: Any, params: Mapping[str, Any],
     if not _is_count(saved_step):
         raise _corrupt(manifest, "step", saved_step, "a non-negative integer")
     old_params, saved_total = _saved_run(saved_run, manifest)
-    changes = tuple(param_changes(old_params, params)) if old_params is not None else ()
+    every = tuple(param_changes(old_params, params)) if old_params is not None else ()
     steps_keys = _step_count_keys(old_params or {}, params, saved_total, total_steps)
-    blocking = tuple(c for c in changes if c.split(": ", 1)[0] not in steps_keys)
+    # the step count raised is the same run trained further, not another param
+    steps = tuple(c for c in every if c.split(": ", 1)[0] in steps_keys)
+    changes = blocking = tuple(c for c in every if c not in steps)
     finished = saved_total is not None and saved_step >= saved_total
     if finished and (blocking or total_steps is None or total_steps < saved_step):
         why = (f"params changed ({'; '.join(blocking)})" if blocking else
@@ -115,7 +120,17 @@ def decide(saved_step: int | None, saved_run: Any, params: Mapping[str, Any],
         return ResumeDecision(RESTART, changes, (
             f"{checkpoint} holds a finished run (step {saved_step} of {saved_total}); {why}: "
             "starting a new run from step 0 (the finished one stays recorded)"))
+    if finished and total_steps == saved_step and old_params is not None:
+        return ResumeDecision(NOTHING, changes, (
+            f"{checkpoint} holds a finished run (step {saved_step} of {saved_total}) and "
+            "nothing changed, so there is nothing to train. Train it further with more steps "
+            "(`dvc exp run -S <steps param>=<more>`), start a new run with other params "
+            "(`dvc exp run -S ...`), or start over with `dvc-dali reset`"))
+    further = (f" to train to step {total_steps} ({'; '.join(steps)})" if steps else "")
     if changes:
-        return ResumeDecision(RESUME, changes, f"resuming {checkpoint} at step {saved_step} "
-                                               "with changed params: " + "; ".join(changes))
+        return ResumeDecision(RESUME, changes, f"resuming {checkpoint} at step {saved_step}"
+                                               f"{further} with changed params: "
+                                               + "; ".join(changes))
+    if further:
+        return ResumeDecision(RESUME, (), f"resuming {checkpoint} at step {saved_step}{further}")
     return ResumeDecision(RESUME)

@@ -23,6 +23,7 @@ DEFAULTS = {
     "batch_size": 32,
     "seed": 0,
     "lr": 0.1,
+    "adam_lr": 0.01,
     "hidden": 64,
     "device": "auto",
     "data": "data/digits",
@@ -42,13 +43,28 @@ def read_params(path: Path) -> dict:
         sys.exit(f"{path}: unknown train params {unknown}; known: {sorted(DEFAULTS)}")
     if params["device"] not in ("auto", "cpu", "gpu"):
         sys.exit(f"{path}: train.device is {params['device']!r}; use auto, cpu or gpu")
-    if params["framework"] not in ("numpy", "torch", "keras"):
-        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy, torch or "
-                 "keras")
+    if params["framework"] not in ("numpy", "torch", "keras", "lightning"):
+        sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy, torch, "
+                 "keras or lightning")
     for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
         if int(params[key]) < 1:
             sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
     return params
+
+
+def kill_at_step() -> int:
+    """DVC_DALI_EXAMPLE_KILL_AT_STEP: the step after whose checkpoint the
+    trainer kills itself (0 or unset: never)."""
+    value = os.environ.get(KILL_ENV, "")
+    try:
+        step = int(value or 0)
+    except ValueError:
+        step = -1
+    if step < 0:
+        sys.exit(f"{KILL_ENV}={value!r}: must be a step number, the checkpoint step after "
+                 f"which the trainer kills itself (e.g. {KILL_ENV}=20); unset it to train "
+                 "without being killed")
+    return step
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:

@@ -4,8 +4,9 @@
     python examples/train.py             # or: dvc exp run (see templates/dvc.yaml)
 
 Reads params.yaml `train`: steps, checkpoint_every, batch_size, seed, lr,
-hidden, device (auto|cpu|gpu), data, framework (numpy|torch|keras: torch runs
-examples/train_torch.py, keras examples/train_keras.py). Writes checkpoint/ (resume state),
+hidden, device (auto|cpu|gpu), data, framework (numpy|torch|keras|lightning: torch runs
+examples/train_torch.py, keras examples/train_keras.py, lightning
+examples/train_lightning.py). Writes checkpoint/ (resume state),
 model/model.npz and dvclive/. Run it again after an interruption and it
 resumes from the last checkpoint, producing byte for byte the model an
 uninterrupted run produces. Changing `lr` on resume is allowed; changing
@@ -30,8 +31,8 @@ import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from common import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
-                    checkpoint_interval, digits_pipeline, parse_args, read_params)
+from common import (CLASSES, CROP, IntervalMeter, checkpoint_interval,  # noqa: E402
+                    digits_pipeline, kill_at_step, parse_args, read_params)
 
 import dvc_dali  # noqa: E402
 
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
 
     p = read_params(Path(args.params))
-    if p["framework"] in ("torch", "keras"):
+    if p["framework"] in ("torch", "keras", "lightning"):
         # The same job with PyTorch or Keras: examples/train_torch.py or
         # train_keras.py, scripts of their own (run, not imported: no example
         # imports another).
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
         return job["main"](argv)
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
     lr_value = float(p["lr"])
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+    kill_at = kill_at_step()
     if not Path(p["data"]).is_dir():
         sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
 

@@ -12,8 +12,10 @@ is not a multiple of 15): the DALIDataset never ends, so fit needs
 steps_per_epoch. The checkpoint holds the DALIDataset's iterator, the
 model's and the optimizer's variables and the dropout's seed state; a rerun
 after an interruption, also in the middle of an epoch, resumes and writes
-byte for byte the model an uninterrupted run writes. Needs the `tf` extra
-(see README). Try `-S train.lr=0.01` (Adam).
+byte for byte the model an uninterrupted run writes. Adam's learning rate
+is `train.adam_lr` (default 0.01; `train.lr` is the NumPy example's SGD
+step, 0.1, at which Adam stays at chance here). Needs the `tf` extra (see
+README).
 """
 
 import os
@@ -38,8 +40,8 @@ except ImportError as exc:
     sys.exit(f"train.framework is keras, but TensorFlow is not installed ({exc}). Install "
              "the tf extra as README says (two pip commands), or set train.framework to "
              "numpy or torch.")
-from common import (CLASSES, CROP, KILL_ENV, digits_pipeline, parse_args,  # noqa: E402
-                    read_params)
+from common import (CLASSES, CROP, KILL_ENV, digits_pipeline, kill_at_step,  # noqa: E402
+                    parse_args, read_params)
 
 import dvc_dali  # noqa: E402
 
@@ -76,8 +78,9 @@ def save_model(path: Path, model: "keras.Model") -> None:
 def main(argv=None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
     p = read_params(Path(args.params))
-    steps, every, lr = int(p["steps"]), int(p["checkpoint_every"]), float(p["lr"])
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+    # Adam's step: train.lr is the NumPy example's SGD step
+    steps, every, lr = int(p["steps"]), int(p["checkpoint_every"]), float(p["adam_lr"])
+    kill_at = kill_at_step()
     if not Path(p["data"]).is_dir():
         sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
     if p["device"] == "gpu":

@@ -9,11 +9,14 @@ dvclive/) and DVC_DALI_EXAMPLE_KILL_AT_STEP behaviour, but a torch.nn MLP
 trained with torch.optim.AdamW, fed by DALIGenericIterator over epochs (the
 last batch of an epoch is partial: 1797 images at batch 32 make 57 steps).
 The checkpoint holds the DALI iterator, the model's and the optimizer's
-state_dict() and torch's RNG state; a rerun after an interruption resumes
-and writes byte for byte the model an uninterrupted run writes (on the CPU).
-A changed `lr` on resume is applied to the restored optimizer. AdamW wants
-a smaller lr than the NumPy example's SGD default of 0.1 (which barely
-learns here): try `-S train.lr=0.01`.
+state_dict(); dvc-dali adds torch's (and Python's, NumPy's) global random
+generators itself, restored when restore() reads ck.arrays. A rerun after an
+interruption resumes and writes byte for byte the model an uninterrupted run
+writes (on the CPU).
+AdamW's learning rate is `train.adam_lr` (default 0.01; `train.lr` is the
+NumPy example's SGD step, 0.1, at which AdamW barely learns); a changed
+`adam_lr` on resume is applied to the restored optimizer. Needs the torch
+extra (see README).
 """
 
 import os
@@ -31,10 +34,16 @@ from collections import OrderedDict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import (CLASSES, CROP, KILL_ENV, IntervalMeter,  # noqa: E402
-                    checkpoint_interval, digits_pipeline, parse_args, read_params)
-from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
+except ImportError as exc:
+    sys.exit(f"train.framework is torch, but PyTorch is not installed ({exc}). Install the "
+             "torch extra (python3 -m pip install -e \".[example,torch]\"), or set "
+             "train.framework to numpy or keras.")
+from common import (CLASSES, CROP, IntervalMeter, checkpoint_interval,  # noqa: E402
+                    digits_pipeline, kill_at_step, parse_args, read_params)
 
 import dvc_dali  # noqa: E402
 
@@ -90,8 +99,6 @@ def restore(ck, model, opt, lr: float) -> None:
     opt.load_state_dict(saved["optim"])
     for group in opt.param_groups:  # lr may change on resume: params.yaml wins
         group["lr"] = lr
-    if "torch_rng" in saved:
-        torch.set_rng_state(saved["torch_rng"])
 
 
 def save_model(path: Path, model: torch.nn.Module) -> None:
@@ -150,8 +157,8 @@ def main(argv=None) -> int:
 
     p = read_params(Path(args.params))
     steps, every = int(p["steps"]), int(p["checkpoint_every"])
-    lr = float(p["lr"])
-    kill_at = int(os.environ.get(KILL_ENV, "0") or 0)
+    lr = float(p["adam_lr"])  # train.lr is the NumPy example's SGD step
+    kill_at = kill_at_step()
     if not Path(p["data"]).is_dir():
         sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
 
@@ -200,8 +207,7 @@ def main(argv=None) -> int:
         if ck.should_save(step, every) or step == steps:
             checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: rank == 0 and save_model(Path(args.model), model),
-                                arrays={"model": model.state_dict(), "optim": opt.state_dict(),
-                                        "torch_rng": torch.get_rng_state()},
+                                arrays={"model": model.state_dict(), "optim": opt.state_dict()},
                                 metadata={"lr": lr, "framework": "torch"})
 
     if rank == 0:

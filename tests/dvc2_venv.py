@@ -1,11 +1,14 @@
 """DVC 2.58 in a virtual environment of its own, built once and cached.
 
 Shared by tests/test_dvc2_compat.py (the `dvc2` fixture) and bench/ (the
-side-by-side DVC 2 timings). The pins are ../shared/anchors/dvc2-requirements.txt
-(without them pip resolves libraries DVC 2.58 cannot import). The
-environment is kept in $DVC_DALI_DVC2_VENV, default
+side-by-side DVC 2 timings). The pins are tests/dvc2-requirements.txt, in
+the repository (without them pip resolves libraries DVC 2.58 cannot import).
+The environment is kept in $DVC_DALI_DVC2_VENV, default
 ~/.cache/dvc-dali/dvc2-venv, and rebuilt when the pins or the Python
-version change.
+version change. Building it needs the package index (PyPI or a mirror pip is
+configured for): where pip cannot reach one, or it has no build of a pinned
+package for this Python, DVC 2 is unavailable (the tests skip, saying so);
+any other failure of the build is an error.
 """
 
 from __future__ import annotations
@@ -19,14 +22,22 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DVC2_REQUIREMENTS = REPO.parent / "shared" / "anchors" / "dvc2-requirements.txt"
+DVC2_REQUIREMENTS = REPO / "tests" / "dvc2-requirements.txt"
 VENV = Path(os.environ.get("DVC_DALI_DVC2_VENV")
             or Path.home() / ".cache" / "dvc-dali" / "dvc2-venv")
 MARKER = ".dvc-dali-installed"
 
 
 class Dvc2Unavailable(RuntimeError):
-    """The pins are absent: DVC 2 cannot be installed here (skip, do not fail)."""
+    """DVC 2 cannot be installed here: no package index, or no build of a pinned
+    package for this Python (skip, do not fail)."""
+
+
+# What pip says when it cannot reach an index, or the index has no build of a
+# pin for this interpreter: the machine's limits, not a broken build.
+_UNAVAILABLE = ("Could not find a version that satisfies", "No matching distribution found",
+                "Failed to establish a new connection", "Temporary failure in name resolution",
+                "Network is unreachable", "Max retries exceeded")
 
 
 class Dvc2InstallError(RuntimeError):
@@ -48,7 +59,7 @@ def ensure_dvc2() -> Path:
     if not DVC2_REQUIREMENTS.is_file():
         raise Dvc2Unavailable(
             f"{DVC2_REQUIREMENTS} is absent: it pins a DVC 2.58 that still installs "
-            "(the shared/ directory next to the repository)")
+            "(a partial checkout of the repository?)")
     dvc = VENV / "bin" / "dvc"
     marker = VENV / MARKER
     stamp = _install_stamp()
@@ -66,6 +77,13 @@ def ensure_dvc2() -> Path:
         for cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             if proc.returncode != 0:
+                shutil.rmtree(VENV, ignore_errors=True)
+                if any(text in proc.stdout + proc.stderr for text in _UNAVAILABLE):
+                    raise Dvc2Unavailable(
+                        f"DVC 2.58 cannot be installed here: pip cannot get the pinned "
+                        f"packages of {DVC2_REQUIREMENTS.name} (no package index, or no "
+                        f"build for Python {sys.version_info[0]}.{sys.version_info[1]}): "
+                        f"{(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
                 raise Dvc2InstallError(
                     f"building the DVC 2 venv failed: {' '.join(cmd)} exited "
                     f"{proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

@@ -145,3 +145,135 @@ def test_cache_on_another_filesystem(tmp_path):
         assert dvc_dali.Checkpointer(project / "checkpoint").step == 30
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------
+# A bad DVC_DALI_* value, from every entry point: one line naming the
+# variable and what it accepts, no traceback; DVC_DALI_DEBUG=1 adds it
+# --------------------------------------------------------------------------
+
+BAD_VALUES = {
+    "DVC_DALI_KEEP_LAST": "abc",
+    "DVC_DALI_KEEP_BEST": "train/loss",  # no :max or :min
+    "DVC_DALI_LOCK_TIMEOUT": "soon",
+    "DVC_DALI_SIGNAL_TIMEOUT": "-1",
+    "DVC_DALI_SIGNAL_FILE": "relative/DVC_CHECKPOINT",
+    "DVC_DALI_PUSH_GRACE": "1m",
+    "DVC_DALI_DEBUG": "yes",
+    "DVC_DALI_RETRAIN": "true",
+    "DVC_DALI_RNG": "off",
+}
+# DVC_DALI_* variables only dvc-dali itself sets (no value of a user's is "bad")
+SET_BY_DVC_DALI = {"DVC_DALI_RECORDS_ITSELF"}
+
+ENTRY_POINTS = {
+    "Checkpointer": [sys.executable, "-c", "import dvc_dali; dvc_dali.Checkpointer('c')"],
+    "make_checkpoint": [sys.executable, "-c", "import dvc_dali; dvc_dali.make_checkpoint(1)"],
+    "dvc-dali run": [sys.executable, "-m", "dvc_dali.cli", "run", "--", sys.executable, "-c",
+                     "open('ran', 'w')"],
+}
+
+
+def _clean_env(**extra: str) -> dict:
+    """This interpreter's environment without any DVC or dvc-dali variable
+    (the suite may itself run in a DVC stage), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+def _the_line(proc: subprocess.CompletedProcess, name: str) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "Traceback" not in out, out
+    naming = [line for line in out.splitlines() if name in line]
+    assert len(naming) == 1, out
+    return naming[0]
+
+
+def _dvc_dali_variables() -> set[str]:
+    from dvc_dali.context import VARIABLES
+
+    return {v for v in VARIABLES if v.startswith("DVC_DALI_")}
+
+
+def test_every_dvc_dali_variable_has_a_bad_value_below():
+    assert _dvc_dali_variables() - SET_BY_DVC_DALI <= set(BAD_VALUES)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_a_bad_variable_is_one_line_from_every_entry_point(tmp_path, entry, name):
+    if name not in _dvc_dali_variables():
+        pytest.skip(f"{name} is not read by this version")
+    value = BAD_VALUES[name]
+    proc = subprocess.run(ENTRY_POINTS[entry], cwd=tmp_path, capture_output=True, text=True,
+                          env=_clean_env(**{name: value}))
+    line = _the_line(proc, name)
+    assert line.startswith("dvc-dali") and f"{name}={value!r}: must be" in line, line
+    assert not list(tmp_path.iterdir())  # refused before anything is written or run
+    if name != "DVC_DALI_DEBUG":
+        debug = subprocess.run(ENTRY_POINTS[entry], cwd=tmp_path, capture_output=True,
+                               text=True, env=_clean_env(**{name: value, "DVC_DALI_DEBUG": "1"}))
+        assert debug.returncode != 0 and "Traceback" in debug.stderr, debug.stderr
+        assert f"{name}={value!r}: must be" in debug.stderr.rstrip().splitlines()[-1]
+
+
+def test_a_bad_variable_under_dvc_exp_run_is_one_line(tmp_path):
+    project = clone_project(tmp_path)
+    proc = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project, check=False,
+               env={"DVC_DALI_KEEP_LAST": "0"})
+    line = _the_line(proc, "DVC_DALI_KEEP_LAST")
+    assert "DVC_DALI_KEEP_LAST='0': must be a positive integer" in line, line
+    assert "step " not in proc.stdout and not exp_rows(project)  # before any training step
+    # DVC's own behaviour, which README tells: a failed -S run leaves params.yaml changed
+    assert "lr: 0.05" in (project / "params.yaml").read_text()
+
+
+# --------------------------------------------------------------------------
+# The example without an extra it needs: one line naming the extra
+# --------------------------------------------------------------------------
+
+# A package that is not installed, honestly: no finder has it, and the import
+# system raises ModuleNotFoundError (argv: blocked names, then the script's).
+WITHOUT = '''
+import importlib.abc, os, runpy, sys
+blocked = sys.argv[1].split(",")
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+sys.argv = sys.argv[2:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.parametrize("framework,blocked,env,says", [
+    ("torch", "torch", {}, ["PyTorch is not installed", "No module named 'torch'",
+                            "torch extra", "train.framework"]),
+    ("keras", "keras,tensorflow", {}, ["TensorFlow is not installed", "tf extra",
+                                        "train.framework"]),
+    # TensorFlow without the second pip step (DALI's TF plugin)
+    ("keras", "nvidia.dali.plugin.tf", {}, ["ConfigError", "nvidia.dali.plugin.tf",
+                                            "nvidia-dali-tf-plugin"]),
+    ("numpy", "", {"DVC_DALI_EXAMPLE_KILL_AT_STEP": "abc"},
+     ["DVC_DALI_EXAMPLE_KILL_AT_STEP='abc': must be a step number", "unset it"]),
+])
+def test_the_example_without_what_it_needs_says_so_in_one_line(tmp_path, framework, blocked,
+                                                                env, says):
+    if framework == "keras" and blocked == "nvidia.dali.plugin.tf":
+        pytest.importorskip("tensorflow")
+        subprocess.run([sys.executable, str(REPO / "examples" / "prepare.py"), "data/digits"],
+                       cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "params.yaml").write_text(f"train:\n  framework: {framework}\n")
+    cmd = [sys.executable, "-c", WITHOUT, blocked, str(REPO / "examples" / "train.py")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True,
+                          env=_clean_env(**env))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    said = [line for line in proc.stderr.splitlines() if all(s in line for s in says)]
+    assert len(said) == 1, out

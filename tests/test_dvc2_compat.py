@@ -9,9 +9,10 @@ our DVC 3 recorder (dvc_dali.recording) must not run, not even its stage
 check in `Checkpointer.__init__`.
 
 DVC 2.58 lives in a virtual environment of its own (built once, cached,
-from ../shared/anchors/dvc2-requirements.txt); the stage command is this
-interpreter, which has dvc_dali and DALI. Set DVC_DALI_DVC2_VENV to choose
-where the environment is kept.
+from the repository's pins, tests/dvc2-requirements.txt); the stage command
+is this interpreter, which has dvc_dali and DALI. Set DVC_DALI_DVC2_VENV to
+choose where the environment is kept. The tests skip only where pip cannot
+install DVC 2.58 (no package index, no build for this Python).
 """
 
 from __future__ import annotations

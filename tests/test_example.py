@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
-from dvc_project import clone_project, exp_rows, model_sha, run, uninterrupted_run
+from dvc_project import REPO, clone_project, exp_rows, model_sha, run, uninterrupted_run
+
+import dvc_dali
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
@@ -81,9 +85,18 @@ def test_learning_rate_may_change_on_resume(project):
 def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrupted):
     run(["dvc", "exp", "run", "-n", "done"], project)
     done_model = model_sha(project)
-    same = run(["dvc", "exp", "run", "-n", "same"], project)
-    assert "resuming from step 60" in same.stdout and "step     " not in same.stdout
-    assert model_sha(project) == done_model == uninterrupted  # nothing left to train
+    before = set(exp_rows(project))
+    same = run(["dvc", "exp", "run", "-n", "same"], project, check=False)
+    # nothing changed: refused, naming what to change, and no experiment added
+    assert same.returncode != 0 and "step     " not in same.stdout
+    said = same.stdout + same.stderr
+    assert "finished run (step 60 of 60) and nothing changed" in said and "Traceback" not in said
+    assert "-S <steps param>=<more>" in said and "dvc-dali reset" in said
+    assert set(exp_rows(project)) == before
+    # DVC deleted the stage's other outputs before the refused run, as before any
+    # stage; nothing is lost: `dvc checkout` brings them back from dvc.lock
+    run(["dvc", "checkout"], project)
+    assert model_sha(project) == done_model == uninterrupted
     more = run(["dvc", "exp", "run", "-n", "more", "-S", "train.steps=80"], project)
     assert "resuming from step 60" in more.stdout
     assert exp_rows(project)["done-step80"]["step"] == 80  # the run goes on, named as it was
@@ -120,3 +133,53 @@ def test_hardlink_cache_links_snapshot_files_and_resumes(project, uninterrupted)
     final = run(["dvc", "exp", "run", "-n", "h2"], project)
     assert "resuming from step 20" in final.stdout
     assert model_sha(project) == uninterrupted
+
+
+def eval_metrics(project: Path) -> dict[tuple[str, str], dict]:
+    """{(baseline sha, DVC experiment name): its eval/metrics.json} from `dvc
+    exp show --json` (rows hold none: evaluate runs after training)."""
+    found = {}
+    for node in json.loads(run(["dvc", "exp", "show", "--json", "-A"], project).stdout):
+        for exp in node.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = ((rev.get("data") or {}).get("metrics") or {}).get("eval/metrics.json")
+                if data and data.get("data"):
+                    found[(node["rev"], rev["name"])] = data["data"]
+    return found
+
+
+def test_evaluate_scores_the_best_row_of_its_own_run(project):
+    """Issue 28: each DVC experiment's `eval` is its own run's best row, also
+    for a run name used again on another commit (other params) and a --temp
+    run. The metric's best is the earliest row (`:min`), so scoring the
+    latest checkpoint instead would show too."""
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("--metric train/acc:max",
+                                                     "--metric train/acc:min"))
+    run(["git", "commit", "-qam", "C1"], project)
+    lean = ["-S", "train.steps=20"]  # rows at 10 and 20
+    said = run(["dvc", "exp", "run", "-n", "same", *lean], project).stderr
+    run(["git", "commit", "-q", "--allow-empty", "-m", "C2"], project)
+    said += run(["dvc", "exp", "run", "-n", "same", *lean, "-S", "train.lr=0.05"],
+                project).stderr
+    said += run(["dvc", "exp", "run", "--temp", "-n", "tmp", *lean, "-S", "train.lr=0.2"],
+                project).stderr
+    assert "Traceback" not in said, said
+
+    spec = importlib.util.spec_from_file_location("evaluate", REPO / "examples/evaluate.py")
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    x, y = evaluate.images(project / "data" / "digits")
+    scored, every = eval_metrics(project), dvc_dali.rows(repo=project)
+    assert sorted(name for _, name in scored) == ["same", "same", "tmp"], scored
+    for (baseline, name), got in scored.items():
+        own = [r for r in every if r["exp"] == name and r["baseline"] == baseline]
+        best = dvc_dali.best_row(own, "train/acc:min")
+        assert best["step"] == 10, own
+        state = dvc_dali.load(rev=best["ref"], repo=project)
+        assert (state.row, state.ref, state.step) == (best["name"], best["ref"], 10)
+        assert (got["row"], got["step"]) == (best["name"], best["step"])
+        assert got["acc"] == evaluate.accuracy(evaluate.mlp_weights(state, best["ref"]), x, y)
+    assert len({got["acc"] for got in scored.values()}) == 3  # three runs, three scores
+    with pytest.raises(dvc_dali.ConfigError, match="2 rows match it .*pass the row"):
+        dvc_dali.load(rev="same-step10", repo=project)

@@ -37,3 +37,10 @@ def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
     assert model_sha(work) == model_sha(ref)
     rows = exp_rows(work)
     assert rows["k-step20"]["step"] == 20 and rows["k-step60"]["step"] == 60  # run k goes on
+    # --temp after `dvc exp apply`: DVC does not carry the applied checkpoint into
+    # its temporary repo; dvc-dali does, once, for both ranks (not step 0 silently)
+    run(["dvc", "exp", "apply", "k-step40"], work)
+    temp = run(["dvc", "exp", "run", "--temp", "-n", "t", *TORCH, "-S", "train.adam_lr=0.02"],
+               work)
+    assert temp.stdout.count("resuming from step 40") == 2, temp.stdout[-3000:]
+    assert exp_rows(work)["t-step50"]["step"] == 50

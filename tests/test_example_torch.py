@@ -43,6 +43,9 @@ def test_torch_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
     assert model_sha(project) == uninterrupted
     rows = exp_rows(project)
     assert {rows[f"a-step{s}"]["step"] for s in range(30, 61, 10)} == set(range(30, 61, 10))
+    # evaluate scores the torch model too (issue 29): the best row of run a
+    scored = rows["b"]["metrics"]
+    assert scored["row"].startswith("a-step") and 0.0 <= scored["acc"] <= 1.0, scored
 
 
 def test_torch_killed_at_epoch_boundaries_resumes_exactly(project, tmp_path_factory):

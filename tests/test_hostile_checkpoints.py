@@ -865,3 +865,30 @@ def test_hostile_dali_state_bytes(dali_pristine, state):
     with copy_of(dali_pristine["root"]) as (root, _):
         _dali_state_with(root, DALI_STATES[state])
         open_checkpointer(dali_pristine, root, True, state)
+
+
+def test_a_bfloat16_tensor_whose_view_was_dropped_is_refused_not_read_as_int16(tmp_path):
+    """Issue 28.8: torch_view set to null made a saved bfloat16 tensor load as
+    int16. A real tensor saved by Checkpointer.save; the edited manifest is
+    refused by Checkpointer and by dvc_dali.load, naming manifest.json and
+    the field."""
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "ckpt"
+    weights = torch.linspace(-2, 2, 6, dtype=torch.bfloat16)
+    ck = dvc_dali.Checkpointer(root)
+    ck.save(1, arrays={"w": weights})
+    ck.close()
+    assert torch.equal(dvc_dali.load(root).arrays["w"], weights)  # untouched: bfloat16
+    manifest = load_manifest(root)
+    (index,) = [i for i, f in enumerate(manifest["array_files"])
+                if f.get("torch_dtype") == "bfloat16"]
+    assert manifest["array_files"][index]["torch_view"] == "int16"
+    manifest["array_files"][index]["torch_view"] = None
+    publish_manifest(root, dumps(manifest))  # LATEST's md5 agrees: only the schema can tell
+    says = (rf"manifest\.json: field 'array_files\[{index}\]\.torch_view' is null, but "
+            r"torch_dtype bfloat16 has no NumPy dtype")
+    refused(root, says)
+    with pytest.raises(CheckpointCorruptError, match=says):
+        dvc_dali.load(root)
+    with pytest.raises(CheckpointCorruptError, match=says):
+        dvc_dali.Checkpointer(root).arrays

@@ -132,7 +132,8 @@ def test_rows_and_show_best(finished, monkeypatch):
     assert best["metrics"]["train/loss"] == min(r["metrics"]["train/loss"] for r in found)
     out = run(["dvc-dali", "show", "--best", "train/loss:min"], finished).stdout
     assert f"best by train/loss:min: {best['name']} (step {best['step']}" in out, out
-    assert "★ best" in out and f"dvc_dali.load(rev='{best['name']}')" in out
+    # loaded by its ref: a name can repeat on another commit, a ref cannot
+    assert "★ best" in out and f"dvc_dali.load(rev='{best['ref']}')" in out
     # DVC's own experiment `a` (committed when `dvc exp run` ended) is the last
     # row's state, marked as such rather than shown as another state
     assert [r["dvc_experiments"] for r in found] == [[], [], [], ["a"]]

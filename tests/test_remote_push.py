@@ -197,3 +197,114 @@ def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_
     assert "dvc.lock names the checkpoint checkpoint of row a-step10" in text, text
     assert "`dvc exp pull <git remote> a-step10`" in text and "Traceback" not in text, text
     assert "starting" not in text and "step 5/" not in text, text
+
+
+def row_refs(project: Path) -> dict[str, tuple[str, str]]:
+    """row name -> (ref, sha) of the local dvc-dali rows."""
+    out = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
+              project).stdout
+    return {ref.rsplit("/", 1)[1]: (ref, sha) for sha, ref in (line.split() for line in
+                                                               out.splitlines())
+            if "-step" in ref}
+
+
+def cached_files(project: Path, sha: str) -> dict[str, Path]:
+    """checkpoint/<relpath> -> its object in .dvc/cache, for a row's checkpoint."""
+    import yaml
+
+    cache = project / ".dvc" / "cache" / "files" / "md5"
+    lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
+    found = {}
+    for entry in lock["stages"].values():
+        for out in entry.get("outs", []):
+            if out["path"] == "checkpoint":
+                listing = cache / out["md5"][:2] / out["md5"][2:]
+                for item in json.loads(listing.read_text()):
+                    found[f"checkpoint/{item['relpath']}"] = \
+                        cache / item["md5"][:2] / item["md5"][2:]
+    return found
+
+
+def test_rows_whose_data_is_missing_are_not_pushed_nor_pulled_and_are_named(tmp_path):
+    """Issue 28.5: `dvc-dali push` pushed every ref and said "with their
+    data" while 4 rows' files were missing from the cache. A ref reaches the
+    git remote only with all its data on the DVC remote; the others are
+    named, with their missing files, and the command fails."""
+    project = template_project(tmp_path, steps=15)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    refs = row_refs(project)
+    assert set(refs) == {"a-step5", "a-step10", "a-step15"}, refs
+    files = {name: cached_files(project, sha) for name, (_, sha) in refs.items()}
+    deleted: dict[str, list[str]] = {}
+    for name in ("a-step5", "a-step10"):  # files only these rows have
+        others = {p for other, f in files.items() if other != name for p in f.values()}
+        deleted[name] = [rel for rel, obj in files[name].items() if obj not in others]
+        assert deleted[name], files[name]
+        for rel in deleted[name]:
+            files[name][rel].unlink()
+
+    pushed = run(["dvc-dali", "push", "origin", "a"], project, check=False)
+    said = pushed.stdout + pushed.stderr
+    assert pushed.returncode != 0, said
+    line = next(ln for ln in pushed.stderr.splitlines() if ln.startswith("dvc-dali push: "))
+    for name, rels in deleted.items():  # named, with the files it lacks
+        assert name in line and any(rel in line for rel in rels), said
+    assert "Pushed with their data: 1 row of a" in line and "dvc exp pull" in line, said
+    assert "Traceback" not in said
+    assert set(remote_rows(bare)) == {"a-step15"}, said  # no ref of an incomplete row
+    sent = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
+               bare).stdout.split()[::2]
+    assert sent, said
+    for sha in sent:  # the rows and DVC's own experiment ref: all their data
+        assert missing_data(bare, store, sha) == [], sha
+
+    # DVC's own `dvc exp push` of a row sends its ref even without the data
+    ref = refs["a-step5"][0]
+    run(["git", "push", "-q", "origin", f"{ref}:{ref}"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    pulled = run(["dvc-dali", "pull", "origin", "a"], fresh, check=False)
+    said = pulled.stdout + pulled.stderr
+    assert pulled.returncode != 0, said
+    line = next(ln for ln in pulled.stderr.splitlines() if ln.startswith("dvc-dali pull: "))
+    # not even the directories' listings reached the DVC remote
+    assert "a-step5 (not on the DVC remote: checkpoint/ (the whole directory)" in line, said
+    assert "Pulled with their data: 1 row of a" in line, said
+    assert "Traceback" not in said
+    assert set(row_refs(fresh)) == {"a-step15"}, said  # the complete row only
+
+
+def test_the_row_pusher_never_pushes_a_row_whose_data_is_gone(tmp_path, monkeypatch, capsys):
+    """The per-row auto-push (recording/push.py) had the same hole: DVC's
+    push skips files missing from the cache with a warning. The real pusher,
+    given real rows: the one whose files are gone stays off the git remote,
+    is said, and the row after it is still pushed."""
+    import yaml
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    from dvc_dali.recording.push import Pusher
+
+    project = template_project(tmp_path, steps=10)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    refs = row_refs(project)
+    files = {name: cached_files(project, sha) for name, (_, sha) in refs.items()}
+    for obj in set(files["a-step5"].values()) - set(files["a-step10"].values()):
+        obj.unlink()
+
+    def outputs(sha: str) -> list:  # what a recording hands the pusher: its outputs' hashes
+        lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
+        return [HashInfo("md5", out["md5"]) for entry in lock["stages"].values()
+                for out in entry.get("outs", []) if out["path"] in ("checkpoint", "model")]
+
+    monkeypatch.chdir(project)
+    pusher = Pusher(str(project), "origin", "a")
+    for name in ("a-step5", "a-step10"):
+        ref, sha = refs[name]
+        pusher.push(name, ref, sha, outputs(sha))
+    assert pusher.close() == ["a-step5"]  # waits until every row is pushed or given up
+    said = capsys.readouterr().err
+    assert "a-step5 NOT pushed to origin" in said and "dvc-dali push origin a" in said, said
+    assert set(remote_rows(bare)) == {"a-step10"}, said
+    assert missing_data(bare, store, refs["a-step10"][1]) == []

@@ -34,7 +34,7 @@ from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import LINEAGE_KEY, Lineage, list_rows
 
 __all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
-           "record", "record_and_prune", "reset_stage", "start_run"]
+           "record", "record_and_prune", "reset_stage", "start_bare_run", "start_run"]
 
 
 def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
@@ -46,6 +46,44 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     check_stage(ctx, out)
     push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
+
+
+def start_bare_run(ctx: RunContext, out: Optional[str]) -> bool:
+    """start_run for a script that reads its checkpoint itself (a bare
+    make_checkpoint() port, `dvc-dali run`'s child), before it reads it: the
+    workspace's checkpoint carried into a --temp/queued run, and DVC 2's
+    "Nothing to do for unchanged checkpoint" for an applied row its run went
+    on from. True when the rows branch off as a run of their own (trained
+    again on purpose, DVC_DALI_RETRAIN=1)."""
+    if CACHE.bare_start is None:
+        CACHE.bare_start = _start_bare_run(ctx, out)
+    return CACHE.bare_start
+
+
+def _start_bare_run(ctx: RunContext, out: Optional[str]) -> bool:
+    from ..errors import UnchangedCheckpointError
+
+    check_stage(ctx, out)
+    push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    start = run_start.capture(ctx, out, carry_checkpoint=True)
+    row, later = start.resumed_row, start.later_rows
+    if row is None or not later:
+        return False
+    repo = repo_at(os.getcwd())
+    from .stage import find_stage
+
+    stage = find_stage(repo, ctx.stage, out, ctx.stage)
+    if run_start.stage_changed_since(ctx, repo, stage, start, row["sha"]):
+        return False
+    if ctx.retrain:
+        return True
+    names = [r["name"] for r in later]
+    raise UnchangedCheckpointError(
+        f"the workspace holds row {row['name']} (step {row['step']}), and its run went on from "
+        f"it: {', '.join(names)} already hold that training. Nothing to do for an unchanged "
+        f"checkpoint. Continue from the last with `dvc exp apply {names[-1]}`, change a param "
+        "(`dvc exp run -S ...`) to branch off, or train it again on purpose with "
+        "DVC_DALI_RETRAIN=1.")
 
 
 def data_changes(ctx: RunContext, data_path: str) -> list[str]:
@@ -190,7 +228,8 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
             if old_entry else (None, 0, None))
         branched = args.branched
         if parent and args.resumed is None:  # a bare port: its params tell
-            branched = _params_changed(where, parent, lock_rel, stage_name, new_entry)
+            branched = branched or _params_changed(where, parent, lock_rel, stage_name,
+                                                   new_entry)
         CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
     parent, last_step, run = CACHE.tips[key]
     return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
@@ -237,6 +276,8 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
     lock_path = dvc_door.lockfile_path(stg)
     lock_data = lockfile.current(lock_path)
     old_entry = lockfile.stage_entry(lock_data, stg.name)
+    if lockfile.replaced(lock_path, stg.name, old_entry):
+        _refuse_replaced(where, stg, args)
     if not run_start.known_deps():
         _save_stage(where, stg, phases)
     pinned = run_start.pin(where.toplevel)
@@ -263,6 +304,24 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.cached_out_hashes(stg)))
+
+
+def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
+    """dvc.lock was rewritten by another command since this run's last row:
+    the outputs were checked out with it, and DVCLive's files (which DVCLive
+    appends to) are another row's now; no row may hold them."""
+    run_start.note_replaced()
+    tip = CACHE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
+                          rows.stage_address(where.repo.root_dir, stg)))
+    last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
+    step = f"step {args.step}" if args.step is not None else "this checkpoint"
+    after = (f"its rows up to {last} are intact: `dvc exp apply {last}` then `dvc exp run` "
+             "resumes it" if last else "`dvc exp run` starts it again")
+    raise RecordError(
+        f"{dvc_door.lockfile_path(stg)}: stage '{stg.addressing}' was changed by another "
+        "command while this run trained (`dvc exp apply`, `git checkout`, `git stash`?), which "
+        "checked out another experiment's outputs and DVCLive files into the workspace, so "
+        f"{step} is not recorded and this run stops; {after}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,9 @@ class ProcessCache:
     # lineage tip per (main git dir, experiment, stage): (commit sha, step)
     tips: dict[tuple, tuple[Optional[str], int]] = field(default_factory=dict)
     run_start: Any = None  # run_start.RunStart: the params this run trains with
+    bare_start: Optional[bool] = None  # start_bare_run's answer, once per process
     untracked_outs: set = field(default_factory=set)  # outputs found not tracked by git
-    # git work tree -> commit._Seen: the tracked paths that may differ from
+    # git work tree -> row_tree.Seen: the tracked paths that may differ from
     # the index (changed at the first row, or named by inotify since)
     start_changes: dict = field(default_factory=dict)
     _from_files: dict[Any, _Stamped] = field(default_factory=dict)
@@ -76,6 +77,7 @@ class ProcessCache:
         self.main_cache_dirs.clear()
         self.tips.clear()
         self.run_start = None
+        self.bare_start = None
         self.untracked_outs.clear()
         for seen in self.start_changes.values():
             seen.watcher.close()

@@ -24,11 +24,24 @@ from .rows import git_dirs
 
 
 def _out_md5(entry: Any, def_path: str) -> Optional[str]:
+    """The md5 a dvc.lock entry records for the output (a file's, or a
+    directory's ending in .dir)."""
     for item in (entry or {}).get("outs") or []:
         if isinstance(item, dict) and item.get("path") == def_path:
             md5 = item.get("md5")
-            return md5 if isinstance(md5, str) and md5.endswith(".dir") else None
+            return md5 if isinstance(md5, str) and md5 else None
     return None
+
+
+def _present(path: str) -> bool:
+    """The run already has its checkpoint: a dvc-dali one (LATEST), or a bare
+    script's output file, or a directory holding anything."""
+    if os.path.exists(os.path.join(path, "LATEST")) or os.path.isfile(path):
+        return True
+    try:
+        return any(not name.startswith(".") for name in os.listdir(path))
+    except OSError:
+        return False
 
 
 def _entries(ctx: RunContext, repo: Any, stage: Any) -> list[tuple[str, Any]]:
@@ -56,9 +69,20 @@ def _workspace_busy(ctx: RunContext, repo: Any, out: Any) -> bool:
 
 
 def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
-    """Check the checkpoint out into a --temp/queued run that lacks it; the md5 restored."""
-    if not ctx.dvc_root or os.path.exists(os.path.join(out.fs_path, "LATEST")):
+    """Check the checkpoint out into a --temp/queued run that lacks it; the
+    md5 restored. Under a lock: every rank of a multi-process run calls it,
+    the first one carries, the others find it there."""
+    if not ctx.dvc_root:
         return None
+    from ..dirlock import exclusive
+
+    with exclusive(os.path.join(repo.root_dir, ".dvc", "tmp", "dvc-dali", "carry.lock")):
+        if _present(out.fs_path):
+            return None
+        return _carry(ctx, repo, stage, out)
+
+
+def _carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     if os.path.samefile(git_dirs(repo.root_dir)[0], git_dirs(ctx.dvc_root)[0]):
         # a workspace run: DVC checks persisted outputs out itself, when it can
         _require_cached(ctx, repo, stage, out)
@@ -70,7 +94,7 @@ def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     path, entry, md5 = found
     if _workspace_busy(ctx, repo, out):
         return None
-    dvc_door.checkout_dir(repo, md5, out.fs_path)
+    dvc_door.checkout_out(repo, md5, out.fs_path)
     own = entries[0][0]
     if path != own:  # the row this run resumes from is then found as its parent
         lockfile.write_entry(own, lockfile.read(own)[1], stage.name, entry)
@@ -86,7 +110,7 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     run would start from step 0 while dvc.lock says it resumes. Refused."""
     entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
     md5 = _out_md5(entry, out.def_path)
-    if md5 is None or dvc_door.dir_in_cache(repo, md5):
+    if md5 is None or dvc_door.out_in_cache(repo, md5):
         return
     from .rows import list_rows, outs_digest
 

@@ -9,6 +9,7 @@ never written, and neither HEAD nor any branch moves.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from typing import Any, Optional
+from typing import Optional
 
 import pygit2
 
@@ -93,20 +94,23 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
             index.read(True)  # the index on disk now; changed in memory only
             stamp = row_tree.index_stamp(repo)
             tracked = frozenset(entry.path for entry in index)
-            changed = _tracked_changes(index, toplevel)
+            changed, full = _tracked_changes(index, toplevel)
+            seen = CACHE.start_changes[toplevel]
+            seen.tree = None  # until this row's is written: a failure rebuilds from the index
             if _filtered(repo, toplevel, [path for path, _ in changed] + paths):
                 return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
-            files = _stage_in_memory(repo, index, changed, paths, pinned)
+            seen.stage, seen.covered = _stage_in_memory(
+                repo, index, _Changes(tracked, changed, full), paths, pinned, seen.watcher)
             tree = index.write_tree()
-            seen = CACHE.start_changes[toplevel]
             seen.tracked, seen.index_stamp, seen.tree = tracked, stamp, tree
-            seen.stage_files = frozenset(files)
         when = _next_row_time()
         oid = repo.create_commit(None, _signature(toplevel, "AUTHOR", when),
                                  _signature(toplevel, "COMMITTER", when), message,
                                  tree, [pygit2.Oid(hex=parent)])
     except pygit2.GitError:
-        CACHE.start_changes.pop(toplevel, None)
+        seen = CACHE.start_changes.pop(toplevel, None)
+        if seen is not None:
+            seen.watcher.close()
         return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
     return str(oid)
 
@@ -116,15 +120,17 @@ def _later_row_tree(repo: pygit2.Repository, toplevel: str, paths: list[str],
     """A row after the first: its tree from the last row's (row_tree.py), or
     None to build it from the index."""
     seen = CACHE.start_changes.get(toplevel)
-    if seen is None or seen.tree is None or _filtered(repo, toplevel, [*seen.paths, *paths]):
+    rels = [p.replace(os.sep, "/") for p in paths]
+    if seen is None or seen.tree is None or "." in rels:  # the whole work tree: from the index
         return None
-    tracked = seen.tracked
-    files = _files_under(repo, tracked, toplevel, paths)
-    return row_tree.next_tree(repo, seen, files, pinned)
+    return row_tree.next_tree(repo, seen, rels, pinned,
+                              lambda files: _filtered(repo, toplevel, files))
 
 
-def _tracked_changes(index: pygit2.Index, toplevel: str) -> list[tuple[str, bool]]:
-    """[(path, deleted)]: what `git add -u` would stage.
+def _tracked_changes(index: pygit2.Index, toplevel: str
+                     ) -> tuple[list[tuple[str, bool]], bool]:
+    """[(path, deleted)]: what `git add -u` would stage; and whether the
+    whole work tree was compared (every other tracked file equals its entry).
 
     The first row compares the whole work tree with the index (a stat of
     every tracked file: 0.2-0.4 s at 10^5), with inotify watching their
@@ -137,57 +143,51 @@ def _tracked_changes(index: pygit2.Index, toplevel: str) -> list[tuple[str, bool
         if named is not None:
             seen.paths |= named
             return [(path, not os.path.lexists(os.path.join(toplevel, path)))
-                    for path in sorted(seen.paths) if path in index]
+                    for path in sorted(seen.paths) if path in index], False
     first = seen is None
     watcher = (watch.Watcher(toplevel, watch.dirs_of(entry.path for entry in index)) if first
                else seen.watcher)
     changed = [(d.new_file.path, d.status_char() == "D") for d in index.diff_to_workdir().deltas]
     if first:
         CACHE.start_changes[toplevel] = row_tree.Seen(watcher, {path for path, _ in changed})
-    return changed
+    return changed, True
 
 
-def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index,
-                     changed: list[tuple[str, bool]], paths: list[str],
-                     pinned: dict[str, bytes]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class _Changes:
+    """The user's index as read for this row, and how the work tree differs."""
+
+    tracked: frozenset[str]  # its entries
+    changed: list[tuple[str, bool]]  # (path, deleted): what `git add -u` stages
+    full: bool  # the whole work tree was compared: every other entry is unchanged
+
+
+def _stage_in_memory(repo: pygit2.Repository, index: pygit2.Index, changes: _Changes,
+                     paths: list[str], pinned: dict[str, bytes], watcher: watch.Watcher
+                     ) -> tuple[dict[str, set[str]], set[str]]:
     """git add -u, git add -A -- paths, then the pinned blobs, in memory;
-    the files added for paths."""
-    for path, deleted in changed:
+    the files taken under each path, and the paths whose directories the
+    watcher watched before they were listed (row_tree.files_under)."""
+    for path, deleted in changes.changed:
         if deleted:
             if path in index:
                 index.remove(path)
         else:
             index.add(path)
-    files = _files_under(repo, index, repo.workdir, paths)
-    for rel in files:
-        index.add(rel)
+    differ = {path for path, _ in changes.changed}
+    stage: dict[str, set[str]] = {}
+    covered: set[str] = set()
+    for rel in (p.replace(os.sep, "/") for p in paths):
+        stage[rel], vouched = row_tree.files_under(repo, changes.tracked, rel, watcher)
+        if vouched:
+            covered.add(rel)
+        for file in stage[rel]:
+            # An entry the whole comparison found unchanged is what add would write.
+            if not (changes.full and file in changes.tracked and file not in differ):
+                index.add(file)
     for rel, data in pinned.items():
         index.add(pygit2.IndexEntry(rel, repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB))
-    return files
-
-
-def _files_under(repo: pygit2.Repository, index: Any, toplevel: str,
-                 paths: list[str]) -> list[str]:
-    """What `git add -A -- paths` adds: the files at or under paths, but not
-    ignored ones unless already tracked (those, in ignored directories too,
-    are `git add -u`'s). Walked here: libgit2's add_all walks the whole work
-    tree (0.4 s at 10^5 files) to match a pathspec."""
-    def wanted(rel: str) -> bool:
-        return rel in index or not repo.path_is_ignored(rel)
-
-    out = []
-    for rel in (p.replace(os.sep, "/") for p in paths):
-        full = os.path.join(toplevel, rel)
-        if not (os.path.isdir(full) and not os.path.islink(full)):
-            out += [rel] if wanted(rel) else []
-            continue
-        if repo.path_is_ignored(rel + "/"):  # a data directory: nothing to add
-            continue
-        for top, dirs, names in os.walk(full):
-            at = os.path.relpath(top, toplevel).replace(os.sep, "/")
-            dirs[:] = [d for d in dirs if not repo.path_is_ignored(f"{at}/{d}/")]
-            out += [f"{at}/{n}" for n in names if wanted(f"{at}/{n}")]
-    return out
+    return stage, covered
 
 
 def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:

@@ -283,6 +283,34 @@ def checkout_dir(repo: Any, dir_md5: str, dest: str) -> None:
             "pull <remote> <row>`, or start over with `dvc-dali reset`.") from exc
 
 
+def checkout_out(repo: Any, md5: str, dest: str) -> None:
+    """Materialize an output from the local cache into dest: a directory
+    (md5 ending in .dir) as checkout_dir does, a file copied (not linked: the
+    run rewrites it, and the cache copy must stay intact)."""
+    if md5.endswith(".dir"):
+        checkout_dir(repo, md5, dest)
+        return
+    import shutil
+
+    src = repo.cache.local.oid_to_path(md5)
+    if not os.path.isfile(src):
+        raise RecordError(
+            f"the checkpoint to resume ({md5}) is not in the DVC cache {repo.cache.local.path}. "
+            "Fetch it with `dvc pull` or `dvc exp pull <remote> <row>`, or start over with "
+            "`dvc-dali reset`.")
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    shutil.copyfile(src, dest + ".dvc-dali-tmp")
+    os.replace(dest + ".dvc-dali-tmp", dest)
+
+
+def out_in_cache(repo: Any, md5: str) -> bool:
+    """Whether an output (a directory and all its files, or a file) is in the
+    local cache."""
+    if md5.endswith(".dir"):
+        return dir_in_cache(repo, md5)
+    return os.path.isfile(repo.cache.local.oid_to_path(md5))
+
+
 def auto_push_remote(repo: Any) -> str | None:
     """The git remote DVC's experiment auto-push targets, read as DVC reads
     it (env DVC_EXP_AUTO_PUSH / DVC_EXP_GIT_REMOTE over `exp.auto_push` /
@@ -378,3 +406,147 @@ def dir_listing(repo: Any, path: str) -> dict[str, str]:
 
     _, _, tree = build(repo.cache.local, path, repo.fs, "md5", state=repo.state)
     return {"/".join(key): oid.value for key, _, oid in tree}
+
+
+def _listing(hash_info: Any, odbs: list[Any]) -> Any:
+    """The Tree of a directory object from the first of ``odbs`` that has it."""
+    from dvc_data.hashfile.tree import Tree
+
+    for odb in odbs:
+        try:
+            return Tree.load(odb, hash_info)
+        except Exception:  # not in this one (or unreadable): try the next
+            continue
+    return None
+
+
+def _rev_files(repo: Any, odbs: list[Any]) -> list[tuple[str, str]]:
+    """(path, md5) of every cached file the current revision's dvc.lock names
+    (a directory's listing, then its files)."""
+    files = []
+    for out in repo.index.outs:
+        info = out.hash_info
+        if not (out.use_cache and info and info.value):
+            continue
+        path = str(out.def_path)
+        files.append((f"{path}/ (the whole directory)" if info.isdir else path, info.value))
+        if info.isdir:
+            tree = _listing(info, odbs)
+            files += [("/".join((path, *key)), oid.value) for key, _, oid in (tree or [])]
+    return files
+
+
+def _present(odb: Any, oids: list[str]) -> set[str]:
+    """The oids ``odb`` holds: a stat each for a local directory (DVC's own
+    check of a local cache may read and hash the files), else DVC's query."""
+    if odb.fs.protocol == "local":
+        return {oid for oid in oids if odb.fs.exists(odb.oid_to_path(oid))}
+    return set(odb.oids_exist(oids))
+
+
+def missing_data(repo: Any, revs: list[str], where: str, remote: str | None = None
+                 ) -> dict[str, list[str]]:
+    """{rev: paths of the cached files its dvc.lock names that ``where`` lacks:
+    "remote" (the DVC remote ``remote``, default the default one) or "cache"
+    (the local cache)}; revs that lack nothing are left out."""
+    try:
+        odb = (repo.cache.local if where == "cache"
+               else repo.cloud.get_remote_odb(name=remote, command="push"))
+        odbs = [repo.cache.local, odb]
+        wanted = {rev: _rev_files(repo, odbs)
+                  for rev in repo.brancher(revs=list(revs), workspace=False, sha_only=True)}
+        present = _present(odb, sorted({m for fs in wanted.values() for _, m in fs}))
+    except Exception as exc:
+        raise RecordError(f"cannot check the data of {len(revs)} row(s) on the DVC "
+                          f"{where}: {exc}. Check the DVC remote (`dvc remote list`) and run "
+                          "the command again.") from None
+    found = {rev: [p for p, m in files if m not in present] for rev, files in wanted.items()}
+    return {rev: paths for rev, paths in found.items() if paths}
+
+
+def objects_missing(repo: Any, objs: list[Any], where: str) -> list[str]:
+    """The md5s of the objects (a directory's listing and files) that the
+    default DVC remote (``where`` "remote") or the local cache ("cache") lacks."""
+    odb = (repo.cache.local if where == "cache"
+           else repo.cloud.get_remote_odb(command="push"))
+    wanted = []
+    for obj in objs:
+        wanted.append(obj.value)
+        if obj.isdir:
+            tree = _listing(obj, [repo.cache.local, odb])
+            wanted += [oid.value for _, _, oid in (tree or [])]
+    present = _present(odb, wanted)
+    return [md5 for md5 in wanted if md5 not in present]
+
+
+# DVC's experiment lock (.dvc/tmp/exps/rwlock) on the workspace stash queue
+# (refs/exps/stash): a workspace or `--temp` `dvc exp run` takes it for
+# writing (without waiting) before it stashes the workspace, then checks out
+# its own state over it; while a reader holds it, DVC refuses that run before
+# touching anything ("'refs/exps/stash' is busy, it is being blocked by: ...").
+# `dvc exp run --queue` (its own stash) and `dvc queue start` never take it.
+
+def _exp_lock_parts(tmp_dir: str, hardlink: bool):
+    from dvc.fs import localfs
+    from dvc.repo.experiments.refs import WORKSPACE_STASH
+    from dvc.repo.experiments.utils import EXEC_TMP_DIR
+
+    path = os.path.join(tmp_dir, EXEC_TMP_DIR)
+    os.makedirs(path, exist_ok=True)
+    return path, localfs, WORKSPACE_STASH
+
+
+def workspace_run_pid(repo: Any) -> int | None:
+    """The pid of the workspace `dvc exp run` that runs this stage, as DVC
+    recorded it (.dvc/tmp/exps/run/workspace/workspace.json); None if none."""
+    import json
+
+    try:
+        queue = repo.experiments.workspace_queue
+        with open(queue._proc_info_path(queue._EXEC_NAME), encoding="utf-8") as fh:  # noqa: SLF001
+            return int(json.load(fh)["pid"])
+    except Exception:
+        return None
+
+
+def exp_lock_args(repo: Any) -> tuple[str, bool]:
+    """(repo tmp dir, hardlink_lock) for hold_exp_lock/release_exp_lock."""
+    return repo.tmp_dir, bool(repo.config["core"].get("hardlink_lock", False))
+
+
+def hold_exp_lock(tmp_dir: str, hardlink: bool, pid: int, cmd: str, timeout_s: float = 10
+                  ) -> bool:
+    """Register ``pid`` as a reader of DVC's experiment lock on the
+    workspace stash queue; False when a writer held it for ``timeout_s``."""
+    from dvc.lock import LockError
+    from dvc.rwlock import _acquire_read, _check_blockers, _edit_rwlock
+
+    path, fs, name = _exp_lock_parts(tmp_dir, hardlink)
+    info = {"pid": pid, "cmd": cmd}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with _edit_rwlock(path, fs, hardlink) as lock:
+                _check_blockers(path, lock, info, mode="write", waiters=[name])
+                _acquire_read(lock, info, [name])
+            return True
+        except LockError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+
+def release_exp_lock(tmp_dir: str, hardlink: bool, pid: int, cmd: str) -> None:
+    """Undo hold_exp_lock (nothing if it is not held)."""
+    from dvc.rwlock import _edit_rwlock
+
+    path, fs, name = _exp_lock_parts(tmp_dir, hardlink)
+    info = {"pid": pid, "cmd": cmd}
+    with _edit_rwlock(path, fs, hardlink) as lock:
+        readers = lock["read"].get(name) or []
+        if info in readers:
+            readers.remove(info)
+        if not readers:
+            lock["read"].pop(name, None)
+        if not lock["read"]:
+            del lock["read"]

@@ -3,6 +3,7 @@ names at the start of `dvc exp run`, so it must name the latest checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -54,6 +55,23 @@ def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
     data["stages"][stage_name] = entry
     write_atomic(path, dvc_door.dump_yaml(data))
     CACHE.remember(("lock", path), [path], data)
+    _WRITTEN[(os.path.realpath(path), stage_name)] = _canonical(entry)
+
+
+# (dvc.lock, stage) -> the entry this process wrote there last
+_WRITTEN: dict[tuple[str, str], str] = {}
+
+
+def _canonical(entry: Any) -> str:
+    return json.dumps(entry, sort_keys=True, default=str)
+
+
+def replaced(path: str, stage_name: str, entry: Any) -> bool:
+    """Whether the stage's entry ``entry`` (as read now) differs from the one
+    this process wrote last: another command (`dvc exp apply`, `git
+    checkout`...) rewrote dvc.lock, and checked the outputs out with it."""
+    mine = _WRITTEN.get((os.path.realpath(path), stage_name))
+    return mine is not None and mine != _canonical(entry)
 
 
 def remove_entry(path: str, stage_name: str) -> bool:

@@ -40,9 +40,12 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
     stg = find_stage(repo, stage or ctx.stage, checkpoint_path, ctx.stage)
     problems, path = stage_problems(stg, checkpoint_path)
     if problems:
+        dvc2 = ("It is a DVC 2 checkpoint stage (`checkpoint: true`): run `dvc-dali migrate`, "
+                "commit, and `dvc exp run` again; or declare it yourself as:\n"
+                if dvc_door.declared_checkpoint_outs(stg) else "Declare it as:\n")
         raise RecordError(
             f"{os.path.relpath(stg.path, repo.root_dir)}: stage '{stg.name}' cannot resume "
-            f"from checkpoints under DVC 3: {'; and '.join(problems)}. Declare it as:\n"
+            f"from checkpoints under DVC 3: {'; and '.join(problems)}. {dvc2}"
             + STAGE_FIX.format(path=path))
 
 

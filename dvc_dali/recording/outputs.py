@@ -56,12 +56,18 @@ def cache_output(out: Any, stage: Any) -> None:
             f"caching output '{out}' of stage '{stage.addressing}' failed: "
             f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; make "
             "sure nothing else writes or deletes that output during training.") from exc
-    # A row must never name outputs the cache cannot check out again.
+    # A row must never name outputs the cache cannot check out again. The
+    # output is hashed before the repo lock and cached under it: a command
+    # that checked it out in between (`dvc checkout`, `dvc exp apply`) left
+    # other files to cache than those hashed.
     if not out.cache.exists(out.hash_info.value):
         raise RecordError(
             f"output '{out}' of stage '{stage.addressing}' (md5 {out.hash_info.value}) is not "
-            f"in the DVC cache {out.cache.path} after caching it; nothing was recorded. Check "
-            "the cache directory's free space and permissions.")
+            f"in the DVC cache {out.cache.path} after caching it: it changed while it was "
+            "recorded (another command, such as `dvc checkout` or `dvc exp apply`, checked it "
+            "out meanwhile?), or the cache directory is full or not writable; nothing was "
+            "recorded. Run no command that checks outputs out in this workspace while it "
+            "trains, and check the cache directory's free space and permissions.")
 
 
 def cache_outputs(stage: Any) -> None:

@@ -39,6 +39,11 @@ class Job:
     failures: int = 0
 
 
+class Unpushable(OSError):
+    """A row whose data is in neither the local cache nor the DVC remote:
+    trying again cannot push it."""
+
+
 def _git_env() -> dict[str, str]:
     # never a credential prompt from a background thread
     return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
@@ -65,6 +70,7 @@ class Pusher:
         self._cond = threading.Condition()
         self._todo: list[Job] = []
         self._pushed: list[str] = []  # row names, in order
+        self._dropped: list[str] = []  # rows whose data is gone: never pushed
         self._closing = False
         self._failures = 0  # failed tries in all
         self._repo: Any = None  # opened in the worker thread, used only there
@@ -92,13 +98,14 @@ class Pusher:
                 self._todo.remove(job)
             if not queued:
                 self._todo.append(Job(ref, "", ""))
-            if name in self._pushed:
-                self._pushed.remove(name)
+            for done in (self._pushed, self._dropped):
+                if name in done:
+                    done.remove(name)
             self._cond.notify_all()
 
     def unpushed(self) -> list[str]:
         with self._cond:
-            return [j.name for j in self._todo if j.sha]
+            return self._dropped + [j.name for j in self._todo if j.sha]
 
     def is_pushed(self, name: str) -> bool:
         with self._cond:
@@ -147,12 +154,16 @@ class Pusher:
                 job = self._todo[0]
             try:
                 self._do(job)
-            except Exception as exc:  # any failure is retried: training must go on
+            except Unpushable as exc:  # the rows after it still go
+                logger.warning("%s", exc)
+                with self._cond:
+                    self._dropped.append(job.name)
+            except Exception as exc:  # any other failure is retried: training must go on
                 self._failed(job, exc)
                 continue
             with self._cond:
                 self._todo.remove(job)
-                if job.sha:
+                if job.sha and job.name not in self._dropped:
                     self._pushed.append(job.name)
                 self._cond.notify_all()
 
@@ -166,9 +177,27 @@ class Pusher:
         failed = dvc_door.push_objects(self._repo, job.objs)
         if failed:
             raise OSError(f"{failed} file(s) of the row did not reach the DVC remote")
+        self._check_arrived(job)
         push_ref(self.dvc_root, self.git_remote, job.sha, job.ref)
         logger.info("pushed %s to %s (%.0f ms)", job.name, self.git_remote,
                     (time.perf_counter() - t0) * 1000)
+
+    def _check_arrived(self, job: Job) -> None:
+        """DVC's push skips, with a warning only, files missing from the local
+        cache: a row goes to the git remote only once all its data is on the
+        DVC remote."""
+        lacking = dvc_door.objects_missing(self._repo, job.objs, "remote")
+        if not lacking:
+            return
+        gone = [md5 for md5 in dvc_door.objects_missing(self._repo, job.objs, "cache")
+                if md5 in lacking]
+        if gone:
+            raise Unpushable(
+                f"{job.name} NOT pushed to {self.git_remote}: {len(gone)} of its files are in "
+                f"neither the local DVC cache nor the DVC remote (md5 {', '.join(gone[:3])}"
+                f"{', ...' if len(gone) > 3 else ''}); `dvc-dali push {self.git_remote} "
+                f"{self.exp_name}` names them; the rows after it are still pushed")
+        raise OSError(f"{len(lacking)} file(s) of the row did not reach the DVC remote")
 
     def _failed(self, job: Job, exc: Exception) -> None:
         with self._cond:
@@ -222,9 +251,11 @@ def settle(timeout: float) -> str:
     p = _PUSHER
     if p is None:
         return ""
-    if p.wait(timeout):
+    in_time = p.wait(timeout)
+    left = p.unpushed() if in_time else p.close(0)
+    if not left:
         return f", pushed to {p.git_remote}"
-    left = p.close(0)
-    return (f", NOT pushed to {p.git_remote} within {timeout:.0f} s (DVC_DALI_PUSH_GRACE): "
-            f"{len(left)} row(s) left; push them with `dvc-dali push {p.git_remote} "
-            f"{p.exp_name}`")
+    why = "(files missing from the local DVC cache)" if in_time else \
+        f"within {timeout:.0f} s (DVC_DALI_PUSH_GRACE)"
+    return (f", NOT pushed to {p.git_remote} {why}: {len(left)} row(s) left; push them with "
+            f"`dvc-dali push {p.git_remote} {p.exp_name}`")

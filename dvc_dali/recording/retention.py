@@ -2,26 +2,19 @@
 
 Only the rows of the run that just recorded are candidates: the same
 experiment name on the same baseline. The row just recorded is always kept,
-and so is the best by a DVCLive metric when one is named. Only refs go: the
+and so is the best by a DVCLive metric when one is named (dvc_dali/best.py:
+the rule `dvc-dali show --best` follows too). Only refs go: the
 data stays in the cache until `dvc gc`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Iterable, Optional
 
+from ..best import best_row
 from . import commit
 from .rows import git_dirs, list_rows
-
-
-def best_of(scored: Iterable[tuple[float, str]], mode: str) -> Optional[str]:
-    """The ref with the best value ('max' or 'min'); ties: the later ref."""
-    scored = list(scored)
-    if not scored:
-        return None
-    return (min if mode == "min" else max)(scored)[1]
 
 
 def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[str] = ()
@@ -37,18 +30,15 @@ def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[
     return [r for r in ordered if r["ref"] not in kept]
 
 
-def _metric_at(git_dir: str, cwd: str, sha: str, metrics_file: str, metric: str
-               ) -> Optional[float]:
+def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional[Any]:
+    """The row's DVCLive metrics file, parsed; None when it has none."""
     proc = commit.git(["--git-dir", git_dir, "show", f"{sha}:{metrics_file}"], cwd=cwd,
                       check=False)
     if proc.returncode != 0:
         return None
     try:
-        node: Any = json.loads(proc.stdout)
-        for part in re.split(r"[/.]", metric):
-            node = node[part]
-        return float(node)
-    except (ValueError, KeyError, TypeError):
+        return json.loads(proc.stdout)
+    except ValueError:
         return None
 
 
@@ -61,12 +51,10 @@ def prune(dvc_root: str, exp_name: str, baseline: str, just_recorded: str,
     git_dir, _ = git_dirs(dvc_root)
     rows = [r for r in list_rows(dvc_root, exp_name) if r["baseline"] == baseline]
     keep = {just_recorded}
-    if keep_best:
-        metric, _, mode = keep_best.rpartition(":")
-        scored = [(v, r["ref"]) for r in rows
-                  if (v := _metric_at(git_dir, dvc_root, r["sha"], metrics_file, metric))
-                  is not None]
-        keep.add(best_of(scored, mode) or just_recorded)
+    if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
+        best = best_row(rows, keep_best,
+                        lambda r: _metrics_at(git_dir, dvc_root, r["sha"], metrics_file))
+        keep.add(best["ref"] if best else just_recorded)
     removed = []
     for row in select_pruned(rows, keep_last, keep=keep):
         commit.git(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],

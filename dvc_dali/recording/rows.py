@@ -94,19 +94,64 @@ def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
             yield sha, ref, int(date or 0), fields
 
 
-def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str,
-                       digest: str) -> tuple[Optional[str], int, Optional[str]]:
-    """(sha, step, run name) of the newest recorded row whose outputs are the
-    ones this run resumed from; (None, 0, None) when there is none."""
-    best: tuple[int, str, int, Optional[str]] = (-1, "", 0, None)
-    for sha, _ref, date, fields in iter_checkpoint_refs(main_git_dir, cwd):
-        if fields.get("outs") == digest and fields.get("stage") == stage_addr:
-            try:
-                step = int(fields["step"])
-            except ValueError:
-                continue
-            best = max(best, (date, sha, step, fields["exp"]), key=lambda b: b[:3])
-    return (best[1] or None), best[2], best[3]
+#: DVC's own ref to the row `dvc exp apply` last applied (DVC 3 sets it and no
+#: longer reads it): which of several rows with the same outputs was applied.
+APPLIED_REF = f"{EXPS_NAMESPACE}/exec/EXEC_APPLY"
+
+
+def pick_resumed(candidates: list[tuple[int, str, int, str]], applied_sha: Optional[str],
+                 applied_at: Optional[float]) -> Optional[tuple[int, str, int, str]]:
+    """Which row a run resumes, among the rows whose outputs are the ones it
+    starts from: (commit time, sha, step, run) each. Pure.
+
+    Byte-identical outputs (a deterministic script) give several. The row
+    `dvc exp apply` applied wins, unless a row with those outputs was
+    recorded after it was applied (then that run went on, and its newest
+    row is the workspace's); else the newest."""
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda c: c[:3])
+    applied = next((c for c in candidates if c[1] == applied_sha), None)
+    if applied is None or applied is newest:
+        return newest
+    if applied_at is not None and newest[0] <= applied_at:
+        return applied
+    return newest
+
+
+def applied_at(git_dir: str) -> Optional[float]:
+    """When `dvc exp apply` last wrote its ref (the loose ref's mtime); None
+    when it is not a loose file (then the applied row wins only if newest)."""
+    try:
+        return os.stat(os.path.join(git_dir, APPLIED_REF)).st_mtime
+    except OSError:
+        return None
+
+
+def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str,
+                       baseline: Optional[str] = None
+                       ) -> tuple[Optional[str], int, Optional[str]]:
+    """(sha, step, run name) of the recorded row whose outputs are the ones
+    this run resumed from (see pick_resumed), on ``baseline`` if given;
+    (None, 0, None) when none."""
+    candidates: list[tuple[int, str, int, str]] = []
+    applied_sha = None
+    for sha, ref, date, fields in iter_checkpoint_refs(main_git_dir, cwd):
+        if fields.get("outs") != digest or fields.get("stage") != stage_addr:
+            continue
+        if ref == APPLIED_REF:
+            applied_sha = sha
+            continue
+        parts = ref.split("/")
+        if baseline is not None and "".join(parts[2:4]) != baseline:
+            continue
+        try:
+            candidates.append((date, sha, int(fields["step"]), fields["exp"]))
+        except ValueError:
+            continue
+    chosen = pick_resumed(candidates, applied_sha,
+                          applied_at(main_git_dir) if applied_sha else None)
+    return (chosen[1], chosen[2], chosen[3]) if chosen else (None, 0, None)
 
 
 def run_name(exp_name: str, parent_run: Optional[str], branched: bool) -> str:

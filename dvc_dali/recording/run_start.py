@@ -1,15 +1,28 @@
-"""The params a run trains with, taken when it starts.
+"""The params a run trains with, taken when it starts, and the workspace
+kept the run's while it trains.
 
-A second `dvc exp run -S ...` in the same workspace rewrites params.yaml
-before DVC refuses it; the running run's later rows must still record the
-params it trains with. So the stage's params files are read once, when the
-run starts (Checkpointer creation, or the first bare make_checkpoint()),
-and every row records those, with one line saying the workspace changed.
+A workspace run holds DVC's experiment lock on the workspace stash queue
+until its `dvc exp run` ends (guard_workspace): DVC then refuses a second
+workspace (or `--temp`) `dvc exp run` before it touches anything. Without
+that, the second one stashed the workspace, wrote its -S into params.yaml,
+moved refs/exps/exec/*, checked out the outputs dvc.lock named over the
+running run's (in the middle of a checkpoint: "not in the DVC cache after
+caching it") and only then was refused ("busy"), removing the refs DVC's
+own final commit of the first run reads ("'NoneType' object is not
+subscriptable"). Other commands may still change params.yaml (an edit,
+`dvc exp apply`): the stage's params files are read once, when the run
+starts (Checkpointer creation, or the first bare make_checkpoint()), every
+row records those, one line says the workspace changed, and when training
+ends they are put back, so DVC's own final experiment of the run records
+them too.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -27,6 +40,7 @@ class RunStart:
     params: dict[str, Any] = field(default_factory=dict)  # "train.lr" -> value
     warned: bool = False
     deps: dict[str, Any] = field(default_factory=dict)  # dep path -> (hash, meta) at start
+    replaced: bool = False  # another command checked another row out: nothing put back
     resumed_row: Optional[dict] = None  # the recorded row the workspace checkpoint is
     later_rows: list = field(default_factory=list)  # rows its run recorded after it
 
@@ -62,6 +76,7 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
 
     repo = repo_at(os.getcwd())
     stage = find_stage(repo, ctx.stage, out, ctx.stage)
+    guard_workspace(ctx, repo)
     checkpoint = output_at(stage, out)
     if carry_checkpoint and checkpoint is not None:
         carry(ctx, repo, stage, checkpoint)
@@ -81,6 +96,7 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
     finally:
         dvc_door.unlock_repo(repo)
     CACHE.run_start = start
+    atexit.register(_put_params_back, repo.root_dir, ctx.lock_timeout)
     return start
 
 
@@ -93,10 +109,7 @@ def pin(toplevel: str) -> dict[str, bytes]:
         return {}
     changed = {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
     if changed and not start.warned:
-        logger.warning("%s changed while this run trains (a second `dvc exp run` in this "
-                       "workspace?); its rows keep recording the params it started with",
-                       ", ".join(os.path.relpath(p) for p in changed))
-        start.warned = True
+        _warn_changed(changed)
     top = os.path.realpath(toplevel)
     return {os.path.relpath(os.path.realpath(p), top): b for p, b in changed.items()}
 
@@ -104,23 +117,156 @@ def pin(toplevel: str) -> dict[str, bytes]:
 def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[dict], list]:
     """The row whose outputs the run's dvc.lock names (after `dvc exp apply
     <row>`, or a kill), and the rows its run recorded after it."""
-    from urllib.parse import unquote
-
     from . import lockfile, rows
 
     entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
     if not entry or not ctx.dvc_root:
         return None, []
-    digest, addr = rows.outs_digest(entry), rows.stage_address(repo.root_dir, stage)
+    addr = rows.stage_address(repo.root_dir, stage)
+    main_git_dir = rows.git_dirs(ctx.dvc_root)[0]
+    sha, _, _ = rows.find_resume_parent(main_git_dir, ctx.dvc_root, addr,
+                                        rows.outs_digest(entry), ctx.baseline_rev)
     listed = rows.list_rows(ctx.dvc_root)
-    mine = [r for r in listed if r["outs"] == digest
-            and r["stage"] == unquote(addr) and r["baseline"] == ctx.baseline_rev]
-    if not mine:
+    row = next((r for r in listed if r["sha"] == sha), None) if sha else None
+    if row is None:
         return None, []
-    row = max(mine, key=lambda r: (r["time"], r["step"]))
     return row, rows.superseded_by(listed, row)
 
 
 def known_deps() -> dict[str, Any]:
     """The deps' hashes as the run started ({} before start_run)."""
     return CACHE.run_start.deps if CACHE.run_start is not None else {}
+
+
+def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dict]:
+    """The stage's dvc.lock entry as the row ``sha`` recorded it."""
+    from . import commit, lockfile, rows
+
+    lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
+    proc = commit.git(["--git-dir", rows.git_dirs(ctx.dvc_root)[0], "show",
+                       f"{sha}:{lock_rel}"], cwd=repo.root_dir, check=False)
+    try:
+        return lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage.name)
+    except Exception:  # unreadable: nothing to compare, so not called unchanged
+        return None
+
+
+def stage_changed_since(ctx: RunContext, repo: Any, stage: Any, start: RunStart,
+                        sha: str) -> bool:
+    """Whether the run's params or deps differ from those the row ``sha``
+    recorded: DVC 2 ran a checkpoint stage again only when its stage had
+    changed (else "Nothing to do for unchanged checkpoint")."""
+    entry = _row_entry(ctx, repo, stage, sha)
+    if entry is None:
+        return True
+    params: dict[str, Any] = {}
+    for path, values in (entry.get("params") or {}).items():
+        prefix = "" if os.path.basename(path) == "params.yaml" else f"{path}:"
+        params.update(_flatten(values or {}, prefix))
+    if params != start.params:
+        return True
+    for dep in entry.get("deps") or []:
+        now = start.deps.get(os.path.abspath(os.path.join(stage.wdir, str(dep.get("path")))))
+        if now is not None and getattr(now[0], "value", None) != dep.get("md5"):
+            return True
+    return False
+
+
+def _warn_changed(changed: dict[str, bytes]) -> None:
+    logger.warning("%s changed by another command while this run trains; its rows keep the "
+                   "params this run started with, and the file gets them back when training "
+                   "ends (for DVC's own experiment of this run)",
+                   ", ".join(os.path.relpath(p) for p in changed))
+    CACHE.run_start.warned = True
+
+
+def note_replaced() -> None:
+    """Another command checked another experiment out into the workspace:
+    its params stay when this run stops (nothing is put back)."""
+    if CACHE.run_start is not None:
+        CACHE.run_start.replaced = True
+
+
+def _put_params_back(root: str, lock_timeout: float) -> None:
+    """At the end of training: the params files as the run started, so DVC's
+    own final commit and dvc.lock of the run record the params it trained
+    with, not those another command wrote meanwhile."""
+    start = CACHE.run_start
+    if start is None or start.replaced:
+        return
+    from .maintenance import repo_at
+
+    try:
+        repo = repo_at(root)
+        dvc_door.lock_repo(repo, lock_timeout)  # not while a command stashes the workspace
+    except Exception as exc:
+        logger.warning("cannot put the params this run trained with back: %s", exc)
+        return
+    try:
+        changed = {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
+        if changed and not start.warned:
+            _warn_changed(changed)
+        for path, data in changed.items():
+            tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("cannot put the params this run trained with back: %s", exc)
+    finally:
+        dvc_door.unlock_repo(repo)
+
+
+_GUARD_CMD = ("`dvc exp run` training in this workspace (dvc-dali keeps the workspace its own "
+              "until that run ends); wait for it, or queue more with `dvc exp run --queue`")
+# Waits for the `dvc exp run` to end, then releases its hold (argv: tmp dir,
+# hardlink, pid, cmd, where dvc_dali is); psutil.wait polls a non-child.
+_RELEASER = """import sys
+import psutil
+sys.path.insert(0, sys.argv[5])
+from dvc_dali.recording.dvc_door import release_exp_lock
+import dvc.fs, dvc.repo.experiments.refs, dvc.repo.experiments.utils, dvc.rwlock
+try:
+    psutil.Process(int(sys.argv[3])).wait()
+except psutil.Error:
+    pass
+release_exp_lock(sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4])
+"""
+
+
+def guard_workspace(ctx: RunContext, repo: Any) -> None:
+    """Hold DVC's experiment lock on the workspace stash queue for the
+    workspace `dvc exp run` that runs this stage, until that process ends (a
+    small process releases it then): DVC's own final commit of the run comes
+    after training. Not for --temp and queued runs (their own repo)."""
+    import psutil
+
+    if not ctx.under_exp_run or not os.path.samefile(repo.root_dir, ctx.dvc_root):
+        return
+    pid = dvc_door.workspace_run_pid(repo)
+    try:
+        ours = pid is not None and pid in {p.pid for p in psutil.Process().parents()}
+    except psutil.Error:
+        ours = False
+    if not ours:
+        logger.debug("no workspace `dvc exp run` above this process (pid %s): no hold", pid)
+        return
+    tmp_dir, hardlink = dvc_door.exp_lock_args(repo)
+    try:
+        if not dvc_door.hold_exp_lock(tmp_dir, hardlink, pid, _GUARD_CMD):
+            logger.debug("DVC's experiment lock stayed held by another command: no hold")
+            return
+    except Exception as exc:  # a protection, never a reason to stop training
+        logger.debug("cannot hold DVC's experiment lock: %s", exc)
+        return
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        subprocess.Popen([sys.executable, "-c", _RELEASER, tmp_dir, "1" if hardlink else "0",
+                          str(pid), _GUARD_CMD, src], stdin=subprocess.DEVNULL,
+                         # not a stage process: importing dvc_dali does nothing there
+                         env={k: v for k, v in os.environ.items() if k != "DVC_STAGE"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    except OSError as exc:  # nothing would release it: give it back now
+        logger.debug("cannot start the releaser of DVC's experiment lock: %s", exc)
+        dvc_door.release_exp_lock(tmp_dir, hardlink, pid, _GUARD_CMD)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import DvcDaliError
+from ..errors import DvcDaliError, RecordError
 from . import dvc_door
 from .remove import _git, exp_refs, select_refs
 
@@ -23,6 +23,10 @@ class Moved:
     exp: str
     rows: int
     refs: int  # rows plus DVC's own experiment refs
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _count(targets, names: Sequence[str]) -> list[Moved]:
@@ -37,31 +41,107 @@ def _unknown(targets, names: Sequence[str], where: str) -> None:
                            "`dvc-dali show` lists the runs here")
 
 
+def _row_name(target) -> str:
+    name = target.ref.rsplit("/", 1)[-1]
+    return name if target.row else f"{name} (DVC's experiment)"
+
+
+def _files(paths: list[str], most: int = 4) -> str:
+    more = f" and {len(paths) - most} more" if len(paths) > most else ""
+    return ", ".join(paths[:most]) + more
+
+
+def _incomplete(targets, missing: dict[str, list[str]], lacking_here: dict[str, list[str]]
+                ) -> str:
+    """'a-step5 (not in the local DVC cache: checkpoint/..., ...), ...': per
+    row, the files the local cache lacks, else those the DVC remote lacks."""
+    said = []
+    for t in targets:
+        if t.sha in lacking_here:
+            said.append(f"{_row_name(t)} (not in the local DVC cache: "
+                        f"{_files(lacking_here[t.sha])})")
+        elif t.sha in missing:
+            said.append(f"{_row_name(t)} (not on the DVC remote: {_files(missing[t.sha])})")
+    return _files(said, most=8)
+
+
+def _push_data(root: str, shas: list[str], dvc_remote: str | None
+               ) -> tuple[dict[str, list[str]], dict[str, list[str]], str]:
+    """`dvc push` of the commits' data; ({sha: files the DVC remote still
+    lacks}, {sha: files of those the local cache lacks too}, DVC's error)."""
+    repo = dvc_door.open_repo(root)
+    try:
+        failure = ""
+        try:
+            dvc_door.transfer_revs(repo, shas, "push", dvc_remote)
+        except RecordError as exc:  # some files failed: which rows they hold, below
+            failure = str(exc)
+        try:
+            missing = dvc_door.missing_data(repo, shas, "remote", dvc_remote)
+        except RecordError:
+            if failure:
+                raise DvcDaliError(failure) from None
+            raise
+        here = dvc_door.missing_data(repo, sorted(missing), "cache") if missing else {}
+    finally:
+        repo.close()
+    return missing, here, failure
+
+
 def push_runs(root: str, git_remote: str, names: Sequence[str],
               dvc_remote: str | None = None) -> list[Moved]:
     """Push every row of the runs ``names``: their data to the DVC remote,
-    then their refs to ``git_remote``."""
+    then their refs to ``git_remote``; a ref whose data did not all reach the
+    DVC remote is not pushed (DvcDaliError naming it, after the others went)."""
     from . import list_rows
 
     targets = select_refs(list_rows(root), names, exp_refs(root))
     _unknown(targets, names, "in this repository")
+    missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
+    complete = [t for t in targets if t.sha not in missing]
+    if complete:
+        refspecs = [f"{t.sha}:{t.ref}" for t in complete]
+        proc = _git(root, ["push", "--quiet", git_remote, *refspecs])
+        if proc.returncode != 0:
+            raise DvcDaliError(f"git push to {git_remote} failed: {proc.stderr.strip()}. The "
+                               "data is on the DVC remote; run the command again once git can "
+                               "push.")
+    if missing:
+        pushed = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
+                  if m.refs] or ["nothing"]
+        fix = ("fetch the missing files into the DVC cache (`dvc exp pull <git remote> <row>` "
+               "from a remote that has them) or train those steps again" if here else
+               "the files are in the local DVC cache: fix the DVC remote (`dvc remote list`)")
+        raise DvcDaliError(
+            f"NOT pushed to {git_remote}: {_incomplete(targets, missing, here)}; a row goes "
+            "only once all its data is on the DVC remote" + (f" ({failure})" if failure else "")
+            + f". Pushed with their data: "
+            f"{', '.join(pushed)}. To push the others, {fix}, then run `dvc-dali push "
+            f"{git_remote} {' '.join(dict.fromkeys(names))}` again")
+    return _count(targets, names)
+
+
+def _fetch_data(root: str, shas: list[str], dvc_remote: str | None
+                ) -> tuple[dict[str, list[str]], str]:
+    """`dvc fetch` of the commits' data; ({sha: files the local cache still
+    lacks}, DVC's error)."""
     repo = dvc_door.open_repo(root)
     try:
-        dvc_door.transfer_revs(repo, sorted({t.sha for t in targets}), "push", dvc_remote)
+        failure = ""
+        try:
+            dvc_door.transfer_revs(repo, shas, "fetch", dvc_remote)
+        except RecordError as exc:  # some files failed: which rows they hold, below
+            failure = str(exc)
+        return dvc_door.missing_data(repo, shas, "cache"), failure
     finally:
         repo.close()
-    refspecs = [f"{t.sha}:{t.ref}" for t in targets]
-    proc = _git(root, ["push", "--quiet", git_remote, *refspecs])
-    if proc.returncode != 0:
-        raise DvcDaliError(f"git push to {git_remote} failed: {proc.stderr.strip()}. The data "
-                           "is on the DVC remote; run the command again once git can push.")
-    return _count(targets, names)
 
 
 def pull_runs(root: str, git_remote: str, names: Sequence[str],
               dvc_remote: str | None = None) -> list[Moved]:
     """Fetch every row of the runs ``names`` from ``git_remote`` with their
-    data from the DVC remote; refs land only once their data is here."""
+    data from the DVC remote; refs land only once their data is here (the
+    others: DvcDaliError naming them, after the complete ones landed)."""
     from . import list_rows
 
     proc = _git(root, ["fetch", "--quiet", "--no-tags", git_remote,
@@ -73,18 +153,25 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         pulled = [(ref, sha) for ref, sha in _refs_under(root, _PULLED)]
         targets = select_refs(fetched, names, pulled)
         _unknown(targets, names, f"on {git_remote}")
-        repo = dvc_door.open_repo(root)
-        try:
-            dvc_door.transfer_revs(repo, sorted({t.sha for t in targets}), "fetch", dvc_remote)
-        finally:
-            repo.close()
-        script = _create_script(root, targets)
-        done = _git(root, ["update-ref", "--stdin"], stdin=script)
+        missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
+        complete = [t for t in targets if t.sha not in missing]
+        done = _git(root, ["update-ref", "--stdin"], stdin=_create_script(root, complete))
         if done.returncode != 0:
             raise DvcDaliError(f"git could not create the refs: {done.stderr.strip()}")
     finally:
         for ref, sha in _refs_under(root, _PULLED):
             _git(root, ["update-ref", "-d", ref, sha])
+    if missing:
+        pulled_ok = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
+                     if m.refs] or ["nothing"]
+        runs = " ".join(dict.fromkeys(names))
+        raise DvcDaliError(
+            f"NOT pulled from {git_remote}: {_incomplete(targets, missing, {})}; a row comes "
+            "only with all its data" + (f" ({failure})" if failure else "")
+            + f". Pulled with their data: "
+            f"{', '.join(pulled_ok)}. To pull the others, push their data from the machine "
+            f"that recorded them (`dvc-dali push {git_remote} {runs}` there), then run "
+            f"`dvc-dali pull {git_remote} {runs}` again")
     return _count(targets, names)
 
 

@@ -2,7 +2,8 @@
 a stat of every tracked file at every checkpoint (10^5 files: ~0.2 s).
 
 Linux inotify on every directory that holds tracked files, set up before
-the work tree is compared with the index once; from then on, the files
+the work tree is compared with the index once, and on each directory under
+the stage's paths, added before it is listed (row_tree.py); from then on, the files
 named by its events are the only ones that can differ. Anything the events
 cannot vouch for (queue overflow, a watched directory removed or moved, no
 inotify, too many directories) makes the watcher unusable: the caller then
@@ -22,7 +23,7 @@ from typing import Iterable, Optional
 _IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
 _IN_DELETE_SELF, _IN_MOVE_SELF = 0x400, 0x800
-_IN_Q_OVERFLOW, _IN_IGNORED, _IN_ONLYDIR = 0x4000, 0x8000, 0x01000000
+_IN_Q_OVERFLOW, _IN_IGNORED, _IN_ONLYDIR, _IN_DONT_FOLLOW = 0x4000, 0x8000, 0x01000000, 0x02000000
 _MASK = (_IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_MOVED_TO
          | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR)
 # Events after which a name is no longer known to match the index.
@@ -69,7 +70,9 @@ class Watcher:
 
     def __init__(self, toplevel: str, dirs: set[str]) -> None:
         self.fd = -1
+        self.toplevel = toplevel
         self._dirs: dict[int, str] = {}
+        self._watched: set[str] = set()
         lib = _lib()
         if lib is None or len(dirs) > MAX_DIRS:
             return
@@ -83,6 +86,26 @@ class Watcher:
                 self.close()
                 return
             self._dirs[wd] = rel
+            self._watched.add(rel)
+
+    def add(self, rel: str) -> bool:
+        """Watch one more directory (relative); False when it cannot be (gone,
+        not a directory, the watch limit): the caller then cannot count on
+        events for it. Watch before listing, so nothing falls in between."""
+        if self.fd < 0:
+            return False
+        if rel in self._watched:
+            return True
+        if len(self._dirs) >= MAX_DIRS:
+            return False
+        lib = _lib()
+        wd = lib.inotify_add_watch(self.fd, os.fsencode(os.path.join(self.toplevel, rel)),
+                                   _MASK | _IN_DONT_FOLLOW) if lib is not None else -1
+        if wd < 0:
+            return False
+        self._dirs[wd] = rel
+        self._watched.add(rel)
+        return True
 
     @property
     def usable(self) -> bool:
@@ -111,3 +134,4 @@ class Watcher:
             os.close(self.fd)
         self.fd = -1
         self._dirs.clear()
+        self._watched.clear()

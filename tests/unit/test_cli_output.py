@@ -48,7 +48,38 @@ def test_tree_draws_steps_in_order_and_a_branch():
     lines = draw_tree(group_runs(rows)[0])
     steps = [line.split("step")[1].split()[0] for line in lines]
     assert steps == ["5", "10", "20", "40", "30"]  # the branch, then the chain goes on
-    assert lines[3].startswith("│ ├─ step") and lines[3].endswith("← latest")
+    # the branch's only row is its last (└─); the run's last row too
+    assert lines[3].startswith("│ └─ step") and lines[3].endswith("← latest")
+    assert [line[:2] for line in lines] == ["├─", "├─", "├─", "│ ", "└─"]
+
+
+def test_tree_ends_each_level_with_a_corner():
+    rows = chain("a", [10, 20, 30, 40], [1, 2, 3, 4])
+    b1 = row("a", 30, 5, sha="f" * 40, parent=rows[1]["sha"])  # resumed from 20, twice
+    b2 = row("a", 40, 6, sha="e" * 40, parent=b1["sha"])
+    lines = draw_tree(group_runs(rows + [b1, b2])[0])
+    assert [line.split(" step")[0] for line in lines] == ["├─", "├─", "│ ├─", "│ └─", "├─",
+                                                          "└─"]
+    assert draw_tree(group_runs(chain("a", [1], [1]))[0])[0].startswith("└─ step")
+
+
+# words a help text does not end on unless it was cut off ("to start from" is English)
+DANGLING = {"a", "an", "and", "each", "every", "of", "or", "the"}
+
+
+def test_every_command_help_is_a_whole_phrase():
+    from dvc_dali.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "cmd")
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert set(helps) >= {"init", "show", "run", "remove", "push", "pull", "reset", "migrate",
+                          "doctor"}
+    for name, text in helps.items():
+        assert text.split()[-1].lower().strip(".,:)") not in DANGLING, (name, text)
+    assert "DVC's own experiment" in helps["remove"]
+    shown = " ".join(parser.format_help().split())
+    assert " ".join(helps["remove"].split()) in shown
 
 
 def test_render_says_one_checkpoint_and_where_a_run_resumed_from():

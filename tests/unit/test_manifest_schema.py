@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import json
 import re
 
@@ -88,7 +89,7 @@ BAD_FIELDS = [
     ("array_files[1].file", "../x.npy", "array_files[1].file"),
     ("array_files[1].file", "arrays/00009.npy", "array_files[1].file"),
     ("array_files[1].file", "pipelines/00000.dali", "array_files[1].file"),
-    ("array_files[0].torch_dtype", "load", None),  # a name, checked when restored
+    ("array_files[0].torch_dtype", "load", "array_files[0].torch_dtype"),  # no torch dtype
     ("array_files[0].torch_dtype", "torch.load()", "array_files[0].torch_dtype"),
     ("array_files[0].torch_view", "float32", "array_files[0].torch_view"),
     ("array_files[1]", [], "array_files[1]"),
@@ -461,6 +462,106 @@ def test_torch_leaf_checks():
             arrays.unflatten({"array": 0}, [host], [bad])
     with pytest.raises(ValueError, match="array 0: .*byte order"):
         arrays.unflatten({"array": 0}, [np.arange(3, dtype=">f8")], [{"kind": "torch"}])
+
+
+# -- how an array's bytes are viewed: dtype, kind, torch_dtype, torch_view agree --
+def torch_entry(index: int = 0, **fields) -> dict:
+    """TODAY with array_files[index]'s keys in ``drop`` deleted, ``fields`` set."""
+    manifest = copy.deepcopy(TODAY)
+    entry = manifest["array_files"][index]
+    for name in fields.pop("drop", ()):
+        del entry[name]
+    entry.update(fields)
+    return manifest
+
+
+BF16 = {"torch_dtype": "bfloat16", "torch_view": "int16", "dtype": "<i2"}
+DISAGREE = [
+    # (array_files[0] fields, the field named) - what a hand or a bug may write
+    ({**BF16, "torch_view": None}, "torch_view"),  # issue 28.8: bfloat16 read as int16
+    ({"torch_dtype": "bfloat16", "dtype": "<i2", "drop": ["torch_view"]}, "torch_view"),
+    ({**BF16, "torch_view": "int32"}, "torch_view"),  # view size != element size
+    ({**BF16, "torch_view": "int8"}, "torch_view"),
+    ({**BF16, "torch_view": "float16"}, "torch_view"),  # not an integer view
+    ({**BF16, "dtype": "<f2"}, "dtype"),  # the bits are saved as int16
+    ({**BF16, "dtype": "<u2"}, "dtype"),
+    ({**BF16, "dtype": "<i4"}, "dtype"),
+    ({"torch_dtype": "float8_e4m3fn", "torch_view": None, "dtype": "|i1"}, "torch_view"),
+    ({"torch_dtype": "float8_e5m2", "torch_view": "int16", "dtype": "<i2"}, "torch_view"),
+    ({"torch_dtype": "complex32", "torch_view": None, "dtype": "<c8"}, "torch_view"),
+    ({"torch_dtype": "complex32", "torch_view": "int32", "dtype": "<c8"}, "dtype"),
+    ({"torch_dtype": "float32", "torch_view": "int16", "dtype": "<i2"}, "torch_view"),
+    ({"torch_dtype": "float32", "torch_view": None, "dtype": "<i4"}, "dtype"),
+    ({"torch_dtype": "float32", "torch_view": None, "dtype": "<f8"}, "dtype"),
+    ({"torch_dtype": "float16", "torch_view": None, "dtype": "<i2"}, "dtype"),
+    ({"torch_dtype": "int64", "torch_view": None, "dtype": "<u8"}, "dtype"),
+    ({"torch_dtype": "bool", "torch_view": None, "dtype": "|u1"}, "dtype"),
+    ({"torch_dtype": "complex64", "torch_view": None, "dtype": "<f8"}, "dtype"),
+    ({"torch_dtype": "load", "torch_view": None, "dtype": "<f4"}, "torch_dtype"),  # unknown
+    ({"torch_dtype": "half", "torch_view": None, "dtype": "<f2"}, "torch_dtype"),  # an alias
+    ({"torch_dtype": "bfloat17", "torch_view": "int16", "dtype": "<i2"}, "torch_dtype"),
+    ({"drop": ["torch_dtype"], "torch_view": None, "dtype": "<i2"}, "torch_dtype"),
+    ({**BF16, "kind": "numpy"}, "torch_dtype"),  # torch fields on another kind
+    ({**BF16, "kind": "jax"}, "torch_dtype"),
+]
+
+
+@pytest.mark.parametrize("fields,field", DISAGREE, ids=[repr(f)[:60] for f, _ in DISAGREE])
+def test_fields_that_view_the_bytes_must_agree(fields, field):
+    with pytest.raises(CheckpointCorruptError) as err:
+        check(torch_entry(0, **fields))
+    assert err.value.field == f"array_files[0].{field}", str(err.value)
+    assert str(err.value).startswith(f"{WHERE}: field 'array_files[0].{field}' ")
+
+
+@pytest.mark.parametrize("fields", [{"torch_view": "int16"}, {"torch_dtype": "float64"},
+                                    {"torch_view": None}])
+def test_a_numpy_array_has_no_torch_fields(fields):
+    with pytest.raises(CheckpointCorruptError, match=r"array_files\[1\]\.torch_.* only a torch"):
+        check(torch_entry(1, **fields))
+
+
+def test_every_torch_dtype_the_writer_saves_is_valid_and_comes_back():
+    """The tables against the installed torch: each of its dtypes, saved by
+    arrays.flatten's leaf writer, passes the check and comes back the same."""
+    torch = pytest.importorskip("torch")
+    names = [n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)
+             and str(getattr(torch, n)) == f"torch.{n}"]
+    assert set(names) == set(manifest_schema.TORCH_NUMPY) | set(manifest_schema.TORCH_BITS)
+    for name in names:
+        tensor = torch.empty(3, dtype=getattr(torch, name))
+        host, info = arrays._torch_leaf(tensor)
+        check(torch_entry(0, dtype=host.dtype.str, **info))
+        assert arrays.restore_leaf(host, info).dtype == tensor.dtype, name
+
+
+def test_every_combination_the_check_accepts_comes_back_as_its_torch_dtype():
+    """The class, not the example: every torch_dtype x torch_view x dtype;
+    whatever passes the check is restored as a tensor of its torch_dtype
+    holding the saved bytes (torch is the oracle)."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    names = [*manifest_schema.TORCH_NUMPY, *manifest_schema.TORCH_BITS, "load", "half"]
+    codes = ["|b1", "|u1", "|i1", "<i2", "<u2", "<f2", "<i4", "<u4", "<f4", "<c8", "<i8",
+             "<u8", "<f8", "<c16"]
+    accepted = 0
+    for name, view, code in itertools.product(names, [None, *manifest_schema.TORCH_VIEWS],
+                                              codes):
+        info = {"kind": "torch", "torch_dtype": name, "torch_view": view, "device": "cpu"}
+        try:
+            check(torch_entry(0, dtype=code, **info))
+        except CheckpointCorruptError:
+            continue
+        accepted += 1
+        host = np.arange(3).astype(code)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # complex32, quantized: torch's own warnings
+            tensor = arrays.restore_leaf(host, info)
+        assert tensor.dtype == getattr(torch, name), (name, view, code)
+        raw = tensor.view(getattr(torch, view)) if view else tensor
+        assert raw.numpy().tobytes() == host.tobytes(), (name, view, code)
+    assert accepted >= len(manifest_schema.TORCH_NUMPY) + len(manifest_schema.TORCH_BITS)
 
 
 # -- protowire's typed getters ---------------------------------------------------

@@ -14,7 +14,15 @@ from dataclasses import FrozenInstanceError
 import pytest
 
 from dvc_dali.errors import CheckpointCorruptError
-from dvc_dali.resume import FRESH, RESTART, RESUME, ResumeDecision, decide, param_changes
+from dvc_dali.resume import (
+    FRESH,
+    NOTHING,
+    RESTART,
+    RESUME,
+    ResumeDecision,
+    decide,
+    param_changes,
+)
 
 CK = "checkpoint"
 MANIFEST = "checkpoint/step-000000010-0123abcd/manifest.json"
@@ -24,6 +32,12 @@ LR1, LR2 = {"lr": 0.1}, {"lr": 0.2}
 def run(params=LR1, total=10):
     return {"params": params, "total_steps": total}
 
+
+NOTHING_SAID = (
+    "checkpoint holds a finished run (step {step} of {total}) and nothing changed, so there is "
+    "nothing to train. Train it further with more steps (`dvc exp run -S <steps param>="
+    "<more>`), start a new run with other params (`dvc exp run -S ...`), or start over with "
+    "`dvc-dali reset`")
 
 # id, saved step, saved run, params now, total_steps now, action, changes, message
 ROWS = [
@@ -49,9 +63,12 @@ ROWS = [
     # `dvc exp apply <row>` then a run: that row's checkpoint, mid-run, resumes.
     ("applied row at step 3", 3, run(), LR1, 10, RESUME, (), ""),
     # A finished run continues only with the same params and >= total_steps...
-    ("finished, same params, same steps: nothing left", 10, run(), LR1, 10, RESUME, (), ""),
     ("finished, same params, more steps: trains further", 10, run(), LR1, 15, RESUME, (), ""),
-    ("past its total, same params, enough steps", 12, run(), LR1, 12, RESUME, (), ""),
+    # ... and with nothing changed there is nothing to train (refused under dvc exp run).
+    ("finished, same params, same steps: nothing to train", 10, run(), LR1, 10, NOTHING, (),
+     NOTHING_SAID.format(step=10, total=10)),
+    ("past its total, same params, same steps", 12, run(), LR1, 12, NOTHING, (),
+     NOTHING_SAID.format(step=12, total=10)),
     # ... anything else starts a new run from step 0.
     ("finished, fewer steps", 10, run(), LR1, 8, RESTART, (),
      "checkpoint holds a finished run (step 10 of 10); total_steps is 8, fewer than 10: "
@@ -69,12 +86,16 @@ ROWS = [
     # run`) include the step count: raising it trains further...
     ("finished, the steps param raised with total_steps", 10,
      run({"train.lr": 0.1, "train.steps": 10}), {"train.lr": 0.1, "train.steps": 20}, 20, RESUME,
-     ("train.steps: 10 -> 20",),
-     "resuming checkpoint at step 10 with changed params: train.steps: 10 -> 20"),
+     (), "resuming checkpoint at step 10 to train to step 20 (train.steps: 10 -> 20)"),
+    ("unfinished, the steps param raised with total_steps, lr changed", 5,
+     run({"train.lr": 0.1, "train.steps": 10}), {"train.lr": 0.05, "train.steps": 20}, 20,
+     RESUME, ("train.lr: 0.1 -> 0.05",),
+     "resuming checkpoint at step 5 to train to step 20 (train.steps: 10 -> 20) with changed "
+     "params: train.lr: 0.1 -> 0.05"),
     # ... while any other param change after the end is a new run.
     ("finished, the steps param raised and lr changed", 10,
      run({"train.lr": 0.1, "train.steps": 10}), {"train.lr": 0.05, "train.steps": 20}, 20,
-     RESTART, ("train.lr: 0.1 -> 0.05", "train.steps: 10 -> 20"),
+     RESTART, ("train.lr: 0.1 -> 0.05",),
      "checkpoint holds a finished run (step 10 of 10); params changed (train.lr: 0.1 -> 0.05): "
      "starting a new run from step 0 (the finished one stays recorded)"),
     ("finished, a param that only happens to equal the step count", 10,

@@ -80,3 +80,59 @@ def test_rows_are_the_trees_git_would_write(repo):
     (repo / "metrics.json").write_text('{"acc": 1}')
     (repo / "plots" / "old.tsv").unlink()  # tracked: add -u removes it
     check()
+
+
+def test_a_stage_directory_committed_to_git_is_read_only_where_it_changed(repo, monkeypatch):
+    """A stage's dep directory committed to git (a data set): later rows read
+    only the files inotify named there or that are new, keep every other
+    file's blob, and still hold what git would write."""
+    from dvc_dali.recording import row_tree
+
+    data = repo / "data"
+    for i in range(30):
+        (data / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        (data / f"c{i % 3}" / f"{i:02d}.txt").write_text(f"{i}")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "data")
+    base = git(repo, "rev-parse", "HEAD")
+    paths = ["data", "metrics.json"]
+    read: list[str] = []
+    real = row_tree.workdir_entry
+    monkeypatch.setattr(row_tree, "workdir_entry",
+                        lambda r, rel: read.append(rel) or real(r, rel))
+
+    def row() -> str:
+        read.clear()
+        existing = [p for p in paths if (repo / p).exists()]
+        sha = commit.build_commit(str(repo), existing, base, "row")
+        assert git(repo, "rev-parse", f"{sha}^{{tree}}") == git_tree(repo, existing)
+        return sha
+
+    (repo / "metrics.json").write_text("{}")
+    row()
+    (data / "c0" / "00.txt").write_text("changed")  # tracked, under the stage's path
+    (data / "c1" / "new.txt").write_text("untracked: git add -A takes it")
+    (data / "c1" / "skip.log").write_text("ignored: left out")
+    (data / "c2" / "02.txt").unlink()
+    (data / "new" / "deep").mkdir(parents=True)  # a new directory: walked, then watched
+    (data / "new" / "deep" / "x.txt").write_text("x")
+    sha = row()
+    assert set(read) == {"data/c0/00.txt", "data/c1/new.txt", "data/new/deep/x.txt",
+                         "data/c2/02.txt"}
+    assert git(repo, "show", f"{sha}:data/c0/00.txt") == "changed"
+    for kept in ("data/c0/03.txt", "data/c1/01.txt", "data/c2/29.txt"):
+        assert git(repo, "rev-parse", f"{sha}:{kept}") == git(repo, "rev-parse", f"{base}:{kept}")
+    (data / "new" / "deep" / "x.txt").write_text("x2")  # in the directory watched since
+    (data / "c1" / "new.txt").unlink()  # added by a row, gone: out of the next
+    (repo / "metrics.json").write_text('{"acc": 1}')
+    row()
+    assert set(read) <= {"data/new/deep/x.txt", "metrics.json", "data/c0/00.txt",
+                         "data/c2/02.txt"}  # tracked paths changed once are read again
+    assert "data/c0/03.txt" not in read
+    row()  # nothing changed: only the tracked paths changed once are read again
+    assert set(read) <= {"data/c0/00.txt", "data/c2/02.txt"}
+    (data / "c1" / "a.tmp").write_text("untracked, taken")
+    row()
+    (data / ".gitignore").write_text("*.tmp\n")  # ignore rules changed: built from the index
+    row()
+    assert "data/c1/a.tmp" not in git(repo, "ls-tree", "-r", "--name-only", row(), "data")

@@ -23,6 +23,13 @@ BAD = [
     ("DVC_DALI_LOCK_TIMEOUT", "nan", "seconds"),
     ("DVC_DALI_LOCK_TIMEOUT", "inf", "seconds"),
     ("DVC_DALI_SIGNAL_TIMEOUT", "1h", "seconds"),
+    ("DVC_DALI_PUSH_GRACE", "1m", "seconds"),
+    ("DVC_DALI_SIGNAL_FILE", "tmp/DVC_CHECKPOINT", "absolute path"),
+    ("DVC_DALI_SIGNAL_FILE", "/", "absolute path"),  # a directory
+    # a switch is 1 or 0: "true", "yes" or "off" are refused, not read as on
+    ("DVC_DALI_DEBUG", "yes", "1 (on) or 0 (off)"),
+    ("DVC_DALI_RETRAIN", "true", "1 (on) or 0 (off)"),
+    ("DVC_DALI_RETRAIN", "false", "1 (on) or 0 (off)"),
 ]
 
 
@@ -48,6 +55,10 @@ GOOD = [
     ({"DVC_CHECKPOINT": "1"}, dict(mode="watched", under_exp_run=False)),
     ({"DVC_DALI_DEBUG": "1"}, dict(debug=True)),
     ({"DVC_DALI_DEBUG": "0"}, dict(debug=False)),
+    ({"DVC_DALI_RETRAIN": "1"}, dict(retrain=True)),
+    ({"DVC_DALI_RETRAIN": "0"}, dict(retrain=False)),
+    ({"DVC_DALI_SIGNAL_FILE": "/r/.dvc/tmp/DVC_CHECKPOINT"},
+     dict(signal_file="/r/.dvc/tmp/DVC_CHECKPOINT")),
 ]
 
 

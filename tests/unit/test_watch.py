@@ -56,3 +56,19 @@ def test_too_many_directories_is_no_watcher(tmp_path, monkeypatch):
     monkeypatch.setattr(watch, "MAX_DIRS", 1)
     w = watch.Watcher(str(tmp_path), {"", "a"})
     assert not w.usable and w.changed() is None
+
+
+def test_added_directories_are_watched_from_then_on(tmp_path, monkeypatch):
+    (tmp_path / "data" / "new").mkdir(parents=True)
+    w = watch.Watcher(str(tmp_path), {""})
+    assert w.add("data") and w.add("data") and w.add("data/new")
+    assert w.changed() == set()
+    (tmp_path / "data" / "new" / "x.txt").write_text("x")
+    assert w.changed() == {"data/new/x.txt"}
+    assert not w.add("missing")  # gone (or never there): no events to count on
+    assert w.usable
+    monkeypatch.setattr(watch, "MAX_DIRS", 3)
+    (tmp_path / "more").mkdir()
+    assert not w.add("more") and w.usable  # over the limit: that directory only
+    w.close()
+    assert not w.add("data")
