@@ -14,7 +14,8 @@ ratio measured side by side in this run.
    DVC cache type, with a breakdown
 4. DALI throughput: checkpointing on vs off; Checkpointer.save every K steps
 5. restore vs fresh start, early and late in an epoch of 100,000 files
-6. `dvc exp show` with 10 vs 300 checkpoint rows, and with retention
+6. `dvc exp show` with 10 vs 300 checkpoint rows, and with retention;
+   `dvc-dali show` with 1,000 rows vs its floor (git for-each-ref + cat-file)
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
@@ -26,6 +27,8 @@ ratio measured side by side in this run.
 13. the same saved and recorded under `dvc exp run` vs torch.save + fsync
 14. per-checkpoint cost with a stage deps directory committed to git of
     2,000 (and, full run only, 100,000) files vs 10
+15. the cost of pushing one row to remotes holding 10,000 experiment refs and
+    10,000 checkpoints' files vs to empty ones
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -63,8 +66,9 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_scale": {10, 11},
     "b_bigstate": {12, 13},
     "b_trackeddeps": {14},
+    "b_busyremote": {15},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 
 
 def machine() -> dict[str, str]:

@@ -70,16 +70,24 @@ def _refuse_subclass(name: str, value: Any) -> None:
                             f"({base.__name__}(value)) before saving")
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})  # floats: nan and inf are not JSON
+_CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
+
+
 def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
             depth: int = 0) -> Any:
     """The JSON tree of ``value``; arrays go to ``add_array``, which returns an index."""
     if depth > MAX_TREE_DEPTH:  # what the reader refuses (and a cycle) is refused here
         raise TypeError(f"{name!r}: nested deeper than {MAX_TREE_DEPTH} levels (or refers to "
                         "itself); flatten it")
-    leaf = _leaf(name, value)
-    if leaf is not None:
-        return {"array": add_array(*leaf)}
-    _refuse_subclass(name, value)
+    kind = type(value)
+    if kind in _PLAIN:  # the common cases first: a save flattens its whole tree
+        return {"value": value}
+    if kind not in _CONTAINERS:  # nothing these exact types are is an array or refused
+        leaf = _leaf(name, value)
+        if leaf is not None:
+            return {"array": add_array(*leaf)}
+        _refuse_subclass(name, value)
     if isinstance(value, dict):
         items = []
         for key, item in value.items():

@@ -1,9 +1,10 @@
 """The Checkpointer: build pipelines fresh or restored, save, resume.
 
 A facade: DALI is reached only through dali_state (pipelines),
-dali_iterators (framework iterators) and dali_dynamic (dynamic mode); the
-on-disk format is store's; what a rerun does with the checkpoint it finds
-is resume's; recording into DVC is checkpoint_signal's.
+dali_iterators (framework iterators), dali_dynamic (dynamic mode) and
+dali_tf (the TF plugin); the on-disk format is store's; what a rerun does
+with the checkpoint it finds is resume's; recording into DVC is
+checkpoint_signal's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import (
     dali_iterators,
     dali_state,
     dali_tf,
+    data_contents,
     dirlock,
     distributed,
     exit_messages,
@@ -109,6 +111,7 @@ class Checkpointer:
         self._iterators: list[Any] = []
         self._tf: dict[str, tuple[dali_tf.Stream, dict[str, Any]]] = {}  # name -> (stream, desc)
         self._dynamic: dict[str, Any] = {}
+        self._contents: dict[str, data_contents.Contents] = {}  # name -> its data's digests
         self.rank, self.world_size = distributed.world()
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
@@ -276,11 +279,16 @@ class Checkpointer:
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe)
+        # the data's contents, digested on a thread (proof at runtime, data_contents.py)
+        contents = data_contents.start(name, description, self._ctx.content_digest_max)
         if self._saved is None:
             dali_state.build(pipe, name)
         else:
             state = self._saved.pipeline_state(name, description)
             dali_state.build(pipe, name, state, str(self._saved.state_file(name)))
+            data_contents.check(contents, self._saved.snapshot.manifest["pipelines"][name],
+                                str(self._saved.manifest_path), self._ctx.inexact)
+        self._contents[name] = contents
         dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
         self._pipelines[name] = (pipe, description)
         self._announce()
@@ -472,7 +480,9 @@ class Checkpointer:
         self._announce()
         return {
             "step": step,
-            "pipelines": {**_pipeline_entries(self._pipelines, self._iterators),
+            "pipelines": {**data_contents.annotate(_pipeline_entries(self._pipelines,
+                                                                     self._iterators),
+                                                  self._contents),
                           **_tf_entries(self._tf)},
             "arrays": _with_rng(arrays, self._rng),
             "metadata": dict(metadata or {}),

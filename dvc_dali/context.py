@@ -6,6 +6,12 @@ DVC_CHECKPOINT). dvc-dali's own DVC_DALI_* variables tune it. A bad value is
 refused when the context is read (at ``Checkpointer`` creation or the first
 ``make_checkpoint()``), before any training step and before any row is
 touched, naming the variable and what it accepts.
+
+Read elsewhere, before or outside a context: DVC_DALI_DEBUG by log.py (the
+logger exists first), a quick look at DVC_STAGE, DVC_ROOT and
+DVC_EXP_BASELINE_REV by stage_start.py (is this a stage at all), DVC_ROOT by
+history.py (where the rows are), and DVC's own DVC_EXP_AUTO_PUSH and
+DVC_EXP_GIT_REMOTE by DVC's helpers (dvc_door.py).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ SIGNAL_NAME = "DVC_CHECKPOINT"
 # script: this process records its rows itself, nobody watches the signal.
 RECORDS_ITSELF = "DVC_DALI_RECORDS_ITSELF"
 DEFAULT_WAIT_S = 3600.0
+CONTENT_DIGEST_MAX = 1_000_000_000  # bytes of a reader's data digested by content
 
 #: name -> what it means, for README's table and `dvc-dali doctor`.
 VARIABLES = {
@@ -51,6 +58,11 @@ VARIABLES = {
     "DVC_DALI_RETRAIN": "1: train again from an applied row whose run already went on",
     "DVC_DALI_RNG": "0: do not save and restore the global random generators (random, NumPy's, "
                     "torch's) with checkpoints (default 1; Checkpointer(rng=...) wins)",
+    "DVC_DALI_CONTENT_DIGEST_MAX": "bytes of a reader's data (file_root, file_list) up to which "
+                                   "its files' contents are digested and checked on resume "
+                                   "(default 1000000000; 0: names and sizes only)",
+    "DVC_DALI_INEXACT": "1: resume on purpose although the data's contents changed since the "
+                        "checkpoint (the run is no longer exact)",
 }
 
 
@@ -103,6 +115,16 @@ def parse_switch(value: str | None, name: str, default: bool = True) -> bool:
     return value == "1"
 
 
+def parse_bytes(value: str | None, name: str, default: int) -> int:
+    """A non-negative number of bytes (unset or empty: ``default``)."""
+    if value is None or value == "":
+        return default
+    if not value.isdigit():
+        raise ConfigError(f"{name}={value!r}: must be a number of bytes (0 or more), e.g. "
+                          f"{name}=500000000; unset it for the default {default}")
+    return int(value)
+
+
 def parse_signal_file(value: str | None) -> str | None:
     """DVC_DALI_SIGNAL_FILE: an absolute file path (`dvc-dali run` sets one for its child)."""
     if value is None or value == "":
@@ -138,6 +160,8 @@ class RunContext:
     retrain: bool = False
     push_grace: float = 20.0
     rng: bool = True  # DVC_DALI_RNG: save and restore the global random generators
+    content_digest_max: int = CONTENT_DIGEST_MAX  # DVC_DALI_CONTENT_DIGEST_MAX (bytes)
+    inexact: bool = False  # DVC_DALI_INEXACT: resume on purpose past a proof that failed
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
@@ -160,6 +184,9 @@ class RunContext:
             push_grace=parse_seconds(env.get("DVC_DALI_PUSH_GRACE"), "DVC_DALI_PUSH_GRACE",
                                      default=20.0),
             rng=parse_switch(env.get("DVC_DALI_RNG"), "DVC_DALI_RNG"),
+            content_digest_max=parse_bytes(env.get("DVC_DALI_CONTENT_DIGEST_MAX"),
+                                           "DVC_DALI_CONTENT_DIGEST_MAX", CONTENT_DIGEST_MAX),
+            inexact=parse_switch(env.get("DVC_DALI_INEXACT"), "DVC_DALI_INEXACT", default=False),
         )
 
     @property

@@ -10,7 +10,7 @@ counters.
 from __future__ import annotations
 
 # This module is one of the doors to DALI (tests/unit/test_dali_boundary.py):
-# reaching DALI objects' private attributes is its job, and no other module's.
+# reaching DALI objects' private attributes is the doors' job, no other module's.
 # ruff: noqa: SLF001
 
 from collections.abc import Iterable, Sequence

@@ -1,7 +1,8 @@
 """Everything that touches a DALI pipeline: building it with a checkpoint,
 describing it for the manifest, and reading checkpoint bytes. (DALI's
 framework iterators are in dali_iterators.py, dynamic mode in
-dali_dynamic.py; no other module imports DALI.)
+dali_dynamic.py, the TF plugin in dali_tf.py; tests/unit/test_dali_boundary.py
+lists the modules that may import DALI.)
 
 DALI restores silently into a pipeline with another batch size, shuffle flag,
 file_root, shard or seed. The description recorded here holds each of those,
@@ -11,7 +12,7 @@ so a restore can say what differs instead of producing other data.
 from __future__ import annotations
 
 # This module is one of the doors to DALI (tests/unit/test_dali_boundary.py):
-# reaching DALI objects' private attributes is its job, and no other module's.
+# reaching DALI objects' private attributes is the doors' job, no other module's.
 # ruff: noqa: SLF001
 
 import hashlib
@@ -29,6 +30,7 @@ from .errors import (
     UnnamedOperatorWarning,
     UnsupportedPipelineError,
 )
+from .flat_keys import flat_keys
 
 # Arguments DALI adds for its own bookkeeping (source line numbers, display
 # names): they change when the script is edited, not when the data does.
@@ -218,14 +220,6 @@ def fingerprint(description: dict[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _flatten(item, f"{prefix}.{key}" if prefix else key, out)
-    else:
-        out[prefix] = value
-
-
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Human-readable 'what: old -> new' lines between two descriptions."""
     old_ops, new_ops = old.get("operators", {}), new.get("operators", {})
@@ -237,7 +231,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     flat_new: dict[str, Any] = {}
     for flat, desc, ops in ((flat_old, old, old_ops), (flat_new, new, new_ops)):
         pruned = {**desc, "operators": {k: v for k, v in ops.items() if k in common}}
-        _flatten(pruned, "", flat)
+        flat.update(flat_keys(pruned, empty_as_leaf=False))
     for key in sorted(set(flat_old) | set(flat_new)):
         a, b = flat_old.get(key, "<absent>"), flat_new.get(key, "<absent>")
         if a != b:

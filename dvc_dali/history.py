@@ -16,6 +16,7 @@ from typing import Any
 
 from .best import best_row as _best_row
 from .errors import DvcDaliError
+from .flat_keys import flat_keys
 
 DEFAULT_METRICS = "dvclive/metrics.json"
 
@@ -65,23 +66,13 @@ def read_blobs(root: str, specs: list[str]) -> list[bytes | None]:
     return parse_batch(proc.stdout, len(specs))
 
 
-def _flatten_params(node: object, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in (node.items() if isinstance(node, dict) else []):
-        if isinstance(value, dict) and value:
-            flat.update(_flatten_params(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _params(blob: bytes | None) -> dict[str, Any]:
     if blob is None:
         return {}
     from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
 
     try:
-        return _flatten_params(YAML(typ="safe", pure=True).load(blob.decode()))
+        return flat_keys(YAML(typ="safe", pure=True).load(blob.decode()))
     except Exception:  # a params file that does not parse: list the row anyway
         return {}
 
@@ -108,7 +99,10 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
         found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
                  if exp is None or r["exp"] == exp]
     files = (metrics_file, "params.yaml") if params else (metrics_file,)
-    blobs = read_blobs(root, [f"{r['sha']}:{p}" for r in found for p in files])
+    specs = [f"{r['sha']}:{p}" for r in found for p in files]
+    theirs = _dvc_experiments(found, refs)
+    # one git process for the rows' files and the dvc.lock of DVC's own experiments
+    blobs = read_blobs(root, specs + [f"{sha}:dvc.lock" for _, sha in theirs])
     for i, row in enumerate(found):
         metrics = blobs[len(files) * i]
         try:
@@ -117,7 +111,7 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
             row["metrics"] = {}
         if params:
             row["params"] = _params(blobs[len(files) * i + 1])
-    mark_dvc_duplicates(root, found, refs)
+    mark_dvc_duplicates(root, found, refs, blobs[len(specs):])
     return found
 
 
@@ -283,14 +277,23 @@ def _lock_outs(blob: bytes | None) -> set[str]:
         return set()
 
 
+def _dvc_experiments(found: list[dict[str, Any]], refs: list[tuple[str, str]]
+                     ) -> list[tuple[str, str]]:
+    """The refs under refs/exps that are not rows (DVC's own experiments)."""
+    shas = {r["sha"] for r in found}
+    return [(ref, sha) for ref, sha in refs if sha not in shas]
+
+
 def mark_dvc_duplicates(root: str, found: list[dict[str, Any]],
-                        refs: list[tuple[str, str]]) -> None:
+                        refs: list[tuple[str, str]],
+                        locks: list[bytes | None] | None = None) -> None:
     """DVC's own experiment of an invocation (`dvc exp run -n NAME` commits it
     when the run ends) holds the same outputs as the run's last row: name it
-    on that row ("dvc_experiments"), so the two are not taken for two states."""
-    shas = {r["sha"] for r in found}
-    theirs = [(ref, sha) for ref, sha in refs if sha not in shas]
-    blobs = read_blobs(root, [f"{sha}:dvc.lock" for _, sha in theirs])
+    on that row ("dvc_experiments"), so the two are not taken for two states.
+    ``locks``: their dvc.lock files, already read (else read here)."""
+    theirs = _dvc_experiments(found, refs)
+    blobs = read_blobs(root, [f"{sha}:dvc.lock" for _, sha in theirs]) if locks is None \
+        else locks
     by_outs: dict[str, list[str]] = {}
     for (ref, _), blob in zip(theirs, blobs, strict=True):
         for digest in _lock_outs(blob):

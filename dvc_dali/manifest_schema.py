@@ -226,8 +226,25 @@ def _check_pipelines(c: _Checker, pipelines: Any, files: dict) -> None:
         for counter in ("iter", "epoch_idx"):  # DALI's counters: any int
             if counter in info:
                 c.typed(info[counter], key(field, counter), int, "an integer")
+        if "contents" in info:  # optional: older manifests have none
+            c.mapping(info["contents"], key(field, "contents"), lambda n, rec, path:
+                      _check_contents(c, rec, path))
 
     c.mapping(pipelines, "pipelines", entry)
+
+
+_CRCS = re.compile(r"^(?:[0-9a-f]{8})*$")
+
+
+def _check_contents(c: _Checker, record: Any, field: str) -> None:
+    """A data location's content digests (data_contents.py): one CRC-32 a file."""
+    c.mapping(record, field)
+    files = c.count(c.get(record, field, "files"), key(field, "files"))
+    c.count(c.get(record, field, "bytes"), key(field, "bytes"))
+    crcs = c.text(c.get(record, field, "crc32"), key(field, "crc32"), _CRCS,
+                  "8 lowercase hex digits a file")
+    if len(crcs) != 8 * files:
+        c.fail(key(field, "crc32"), f"holds {len(crcs) // 8} digests, but 'files' is {files}")
 
 
 def _check_dynamic(c: _Checker, dynamic: Any, files: dict) -> None:

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from .checkpoint_outputs import checkpoint_outputs
+from .context import SIGNAL_NAME
 from .errors import DvcDaliError
 
 # Reads a file named relative to the dvc.yaml's directory: its text, or None.
 Reader = Callable[[str], Optional[str]]
 
-SIGNAL = "DVC_CHECKPOINT"
-OUTPUT_LISTS = ("outs", "metrics", "plots")  # DVC 2 and 3 accept `checkpoint` in all three
 MAX_SCRIPT_BYTES = 4 << 20  # larger "scripts" are data files, not worth grepping
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"|[^\s,\]}#]+")
 _ASSIGNMENTS = re.compile(r"((?:[A-Za-z_]\w*=(?:'[^']*'|\"(?:[^\"\\]|\\.)*\"|\\.|[^\s'\"\\])*"
@@ -276,14 +276,10 @@ def _stages(doc: Any) -> Iterator[tuple[str, Any, Any, Any, tuple]]:
 
 
 def _checkpoint_outs(body: Any, path: tuple) -> Iterator[tuple[str, Any, tuple]]:
-    """(output path, its options mapping, data path) of each `checkpoint: true` output."""
-    for kind in OUTPUT_LISTS:
-        entries = body.get(kind)
-        for i, entry in enumerate(entries if isinstance(entries, list) else []):
-            if isinstance(entry, dict) and len(entry) == 1:
-                (out, opts), = entry.items()
-                if isinstance(opts, dict) and opts.get("checkpoint") is True:
-                    yield str(out), opts, path + (kind, i, out)
+    """(output path, its options mapping, data path) of each `checkpoint: true`
+    output (checkpoint_outputs.py holds the rule)."""
+    for out in checkpoint_outputs(body):
+        yield out.path, out.options, path + (out.list_name, out.index, out.key)
 
 
 def checkpoint_stages(text: str, name: str = "dvc.yaml") -> list[str]:
@@ -379,7 +375,7 @@ class _Planner:
         rel = name if posixpath.isabs(name) else posixpath.normpath(posixpath.join(wdir, name))
         if rel not in self._guarded:
             text = self.files(rel) if rel not in (".", "..") else None
-            self._guarded[rel] = text is not None and SIGNAL in text
+            self._guarded[rel] = text is not None and SIGNAL_NAME in text
         return self._guarded[rel]
 
     def _commands(self, body: Any, path: tuple) -> list[_Cmd]:
@@ -420,7 +416,7 @@ class _Planner:
     def _wrap(self, stage: str, out: str, body: Any, path: tuple) -> list[Change]:
         cmds = self._commands(body, path)
         targets, scripts = self._targets(body, cmds)
-        why = (f"{', '.join(scripts)} trains only when {SIGNAL} is set, which DVC 3 never "
+        why = (f"{', '.join(scripts)} trains only when {SIGNAL_NAME} is set, which DVC 3 never "
                "sets; `dvc-dali run` sets it and records each checkpoint")
         found = []
         for i, cmd in enumerate(cmds):

@@ -12,6 +12,7 @@ the md5 computed in the same pass.
 from __future__ import annotations
 
 import math
+import mmap
 import re
 from typing import Any, BinaryIO
 
@@ -20,7 +21,7 @@ import numpy as np
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 16
 MAX_DIMS = 64  # NumPy's own limit
-_CHUNK = 16 << 20
+_CHUNK = 4 << 20  # each chunk hashed as it arrives, while in the CPU's cache
 _HEADER = re.compile(r"\{\s*'descr':\s*(?P<descr>.+?),\s*'fortran_order':\s*(?P<fortran>True"
                      r"|False),\s*'shape':\s*\((?P<shape>[0-9,\s]*)\),?\s*\}\s*", re.S)
 _SIMPLE_DESCR = re.compile(r"'([<>|][biufcmMSUV][0-9]{1,10}(\[[A-Za-z0-9]{1,8}\])?)'")
@@ -143,6 +144,30 @@ def parse_dict(header: bytes, encoding: str = "latin-1") -> tuple[np.dtype, tupl
     return dtype, _shape(match.group("shape")), match.group("fortran") == "True"
 
 
+# From this size on, an array read from a checkpoint lives in its own
+# anonymous mapping, its pages mapped in one call (MAP_POPULATE) and 4 KiB
+# each. np.empty's memory is madvised for transparent huge pages from 4 MB
+# on: with the kernel's defrag=madvise every fault of a fresh array may
+# compact memory first, which on a busy machine tripled the CPU a 1 GB
+# restore took (benchmark 9). torch.load's memory is not madvised either.
+MAP_FROM = 1 << 20
+_MAP_FLAGS = (getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+              | getattr(mmap, "MAP_POPULATE", 0))
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype, fortran: bool, nbytes: int) -> np.ndarray:
+    """A new writable array of ``shape`` (``nbytes`` bytes), not initialised."""
+    if nbytes >= MAP_FROM and hasattr(mmap, "MAP_ANONYMOUS"):
+        try:
+            memory = mmap.mmap(-1, nbytes, flags=_MAP_FLAGS)
+        except OSError:  # e.g. a limit on mappings: NumPy's allocator then
+            pass
+        else:  # the array keeps the mapping alive (its base); unmapped with it
+            flat = np.frombuffer(memory, dtype, math.prod(shape))
+            return flat.reshape(shape, order="F" if fortran else "C")
+    return np.empty(shape, dtype, order="F" if fortran else "C")
+
+
 def _fill(fh: BinaryIO, buf: memoryview, md5: Any) -> None:
     """Read len(buf) bytes into buf, hashing each chunk as it arrives."""
     pos = 0
@@ -175,7 +200,7 @@ def read(fh: BinaryIO, size: int, dtype_str: str, shape: list[int], md5: Any) ->
     if nbytes != size - offset:
         raise NpyError(f"shape {got_shape} of {dtype.str} needs {nbytes} data bytes, the file "
                        f"has {size - offset}")
-    array = np.empty(got_shape, dtype, order="F" if fortran else "C")
+    array = empty(got_shape, dtype, fortran, nbytes)
     if nbytes:
         _fill(fh, memoryview(array.reshape(-1, order="A").view(np.uint8)), md5)
     return array

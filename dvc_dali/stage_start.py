@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from .context import RECORDS_ITSELF, SIGNAL_NAME, RunContext
-from .errors import ConfigError, DvcDaliError
+from .errors import DvcDaliError
 from .log import logger
 
 
@@ -47,13 +47,13 @@ def on_import() -> None:
     if env.get(SIGNAL_NAME) or not (env.get("DVC_STAGE") and env.get("DVC_ROOT")
                                     and env.get("DVC_EXP_BASELINE_REV")):
         return
-    try:
-        ctx = RunContext.from_environ()
-    except ConfigError:
-        return  # said, as one line, by the first make_checkpoint() or Checkpointer
+    from . import exit_messages
+
+    exit_messages.install_hook()  # a bad DVC_DALI_* value: refused here, in one line
+    ctx = RunContext.from_environ()
     if ctx.mode != "record" or not _checkpoint_stage(ctx):
         return
-    from . import exit_messages, recording
+    from . import recording
 
     # torch is not imported yet: torchrun's variable tells a rank (whose agent
     # stops the others with SIGTERM) from a single process

@@ -79,14 +79,36 @@ _CHUNK = 16 << 20
 PARALLEL_HASH_BYTES = 4 << 20
 
 
+def _crc32_function() -> Callable[[Any, int], int]:
+    """zlib's crc32 (~4 GB/s here), or the same CRC-32 from ISA-L or zlib-ng
+    where either is installed (`pip install isal`: ~25 GB/s, carry-less
+    multiplication): a 1 GB restore then spends 0.04 s on it, not 0.26 s."""
+    global _crc32
+    if _crc32 is None:
+        _crc32 = zlib.crc32
+        for module in ("isal.isal_zlib", "zlib_ng.zlib_ng"):
+            try:
+                fast = __import__(module, fromlist=["crc32"]).crc32
+            except (ImportError, AttributeError):
+                continue
+            if fast(b"123456789", 0) == zlib.crc32(b"123456789"):  # the same polynomial
+                _crc32 = fast
+                break
+    return _crc32
+
+
+_crc32: Callable[[Any, int], int] | None = None
+
+
 class _Crc32:
     """zlib.crc32 with hashlib's update/hexdigest (it releases the GIL too)."""
 
     def __init__(self) -> None:
         self.value = 0
+        self._fn = _crc32 or _crc32_function()
 
     def update(self, data: Any) -> None:
-        self.value = zlib.crc32(data, self.value)
+        self.value = self._fn(data, self.value)
 
     def hexdigest(self) -> str:
         return f"{self.value:08x}"
@@ -131,12 +153,14 @@ def _write_all(fd: int, parts: list, crc: _Crc32) -> None:
                 chunk = chunk[os.write(fd, chunk):]
 
 
-def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str, Any]]:
+def _write_unsynced(path: Path, parts: list, digest: str, writeback: bool = True
+                    ) -> tuple[int, dict[str, Any]]:
     """Write parts (bytes-like) to a new file at path, not yet fsynced; its
     open descriptor, and its size and digests: a CRC-32 always (what a read
     checks), and with ``digest="md5"`` the md5 too (handed to DVC).
 
-    The digests are of the bytes in memory, so nothing is read back."""
+    The digests are of the bytes in memory, so nothing is read back.
+    ``writeback``: start the file's writeback now (see _start_writeback)."""
     crc = _Crc32()
     md5 = hashlib.md5() if digest == "md5" else None
     size = sum(len(x) for x in parts)
@@ -155,7 +179,8 @@ def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str
     try:  # the helper is joined whatever fails, the open included
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         _write_all(fd, parts, crc)
-        _start_writeback(fd)
+        if writeback:
+            _start_writeback(fd)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -220,6 +245,9 @@ def _check_step(step: Any, total_steps: Any) -> None:
                          f"{total_steps!r}")
 
 
+_meta_checked = ""  # the last text _meta_text found shallow enough
+
+
 def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     """metadata and run as the JSON the manifest will hold; TypeError for
     anything the reader would refuse, before anything is written."""
@@ -229,9 +257,12 @@ def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
                         f"dicts): {exc}") from None
-    if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
-        raise TypeError(f"metadata and params must be plain JSON nested at most "
-                        f"{safe_json.MAX_DEPTH - 2} levels deep")
+    global _meta_checked
+    if text != _meta_checked:  # a run saves the same params (and metadata) again and again
+        if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
+            raise TypeError(f"metadata and params must be plain JSON nested at most "
+                            f"{safe_json.MAX_DEPTH - 2} levels deep")
+        _meta_checked = text
     return text
 
 
@@ -334,7 +365,9 @@ class _Batch:
 
     def write_all(self, tmp: Path, work: dict[str, list]) -> None:
         self._threads = sum(len(x) for parts in work.values() for x in parts) >= _THREADS_FROM
-        written, error = _each(_write_unsynced, [(tmp / rel, parts, self.digest)
+        # A small snapshot's files are fsynced right after they are written:
+        # starting their writeback first only adds a syscall each.
+        written, error = _each(_write_unsynced, [(tmp / rel, parts, self.digest, self._threads)
                                                  for rel, parts in work.items()], self._threads)
         for rel, result in zip(work, written):
             if result is not None:  # taken so that close() closes it, also after an error
@@ -343,7 +376,7 @@ class _Batch:
             raise error
 
     def write(self, tmp: Path, rel: str, data: bytes, digest: str) -> dict[str, Any]:
-        self._take(rel, _write_unsynced(tmp / rel, [data], digest))
+        self._take(rel, _write_unsynced(tmp / rel, [data], digest, self._threads))
         return self.files[rel]
 
     def _take(self, rel: str, written: tuple[int, dict[str, Any]]) -> None:
@@ -422,11 +455,15 @@ def publish(root: Path, entries: list[tuple[str, str]]) -> None:
     """Atomically make LATEST name these snapshots: one line per rank,
     "<snapshot path> <manifest md5>"."""
     latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
+    data = "".join(f"{name} {sha}\n" for name, sha in entries).encode()
     try:
-        with open(latest_tmp, "w") as fh:
-            fh.write("".join(f"{name} {sha}\n" for name, sha in entries))
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = os.open(latest_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(latest_tmp, root / LATEST)
         _fsync_dir(root)
     except OSError as exc:
@@ -438,14 +475,14 @@ def publish(root: Path, entries: list[tuple[str, str]]) -> None:
 
 def remove_leftovers(root: Path, keep: str) -> None:
     """Remove unfinished and superseded snapshots (orbax-style cleanup)."""
-    for entry in root.iterdir():
-        if entry.name in (keep, LATEST):
-            continue
-        if entry.name.startswith(".tmp-") or _SNAPSHOT_NAME.match(entry.name):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+    with os.scandir(root) as it:
+        entries = [e for e in it if e.name not in (keep, LATEST)
+                   and (e.name.startswith(".tmp-") or _SNAPSHOT_NAME.match(e.name))]
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            Path(entry.path).unlink(missing_ok=True)
 
 
 def _kind(mode: int) -> str:
@@ -608,6 +645,10 @@ class _SnapshotFiles:
         fh, size = self.open(rel, size=want["size"])
         hasher = _hasher(want)
         with fh:
+            if size >= npy.MAP_FROM:
+                # the whole file is read next: ask for all of it at once (one
+                # deep queue for the disk instead of readahead's small steps)
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
             try:
                 array = npy.read(fh, size, info["dtype"], info["shape"], hasher)
             except npy.NpyError as exc:

@@ -86,7 +86,8 @@ def test_load_a_row_from_a_fresh_clone_fetches_its_data_on_demand(tmp_path):
 
 
 def two_arrays(tmp_path: Path) -> Path:
-    ck = dvc_dali.Checkpointer(tmp_path / "ck")
+    # rng=False: the files are the user's arrays only (no generator state)
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
     ck.save(3, arrays={"w": np.arange(6.0), "opt": {"m": np.ones(4), "v": np.zeros(4)}},
             metadata={"lr": 0.5})
     ck.close()

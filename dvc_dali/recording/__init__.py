@@ -7,9 +7,11 @@ into one row of ``dvc exp show``, in named steps:
     find the stage        stage.py       (once per process; again if dvc.yaml changes)
     cache the outputs     outputs.py     (md5s handed over, hard links where allowed)
     write the lock entry  lockfile.py    (a rerun resumes from what dvc.lock names)
-    build the commit      commit.py      (in-process, parented on the baseline)
+    build the commit      commit.py      (in-process, parented on the baseline;
+                          row_tree.py    a later row's tree from the last one's)
     name and link the row rows.py        (lineage line: run, step, parent row)
     publish               rows.py        (a ref in the main repo, never overwritten)
+    push the row          push.py        (only with DVC's experiment auto-push)
     apply retention       retention.py
 
 without touching the user's HEAD, index or files other than dvc.lock. All of

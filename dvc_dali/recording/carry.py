@@ -36,7 +36,9 @@ def _out_md5(entry: Any, def_path: str) -> Optional[str]:
 def _present(path: str) -> bool:
     """The run already has its checkpoint: a dvc-dali one (LATEST), or a bare
     script's output file, or a directory holding anything."""
-    if os.path.exists(os.path.join(path, "LATEST")) or os.path.isfile(path):
+    from .. import store
+
+    if os.path.exists(os.path.join(path, store.LATEST)) or os.path.isfile(path):
         return True
     try:
         return any(not name.startswith(".") for name in os.listdir(path))

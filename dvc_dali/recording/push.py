@@ -2,9 +2,17 @@
 auto-push is configured (DVC 3 itself pushes only after `dvc exp run` ends:
 after a preemption nothing would be on any remote).
 
-One background thread per process pushes the rows one at a time, in order:
-first the row's cached outputs to the default DVC remote, then its git ref
-to the git remote, so a row visible on the git remote always has its data.
+One background thread per process pushes the rows in order: first the
+rows' cached outputs to the default DVC remote, then their git refs to the
+git remote, so a row visible on the git remote always has its data. Rows
+recorded while a push is under way go together in the next one (one data
+transfer, one `git push`); the DVC repo and remote are opened once, and
+objects already on the remote are remembered, not asked for again. Pushes
+are spaced so that the pusher takes at most CPU_SHARE of one core: after a
+push that took C seconds of CPU (this thread and git's processes), the next
+starts C / CPU_SHARE seconds after it began (at most MAX_GAP_S), with every
+row recorded meanwhile; a row recorded after a quiet spell goes at once,
+and anyone waiting for the rows (exit, preemption) cuts the gap short.
 A failed push is retried with backoff and reported once; training never
 waits for it. At exit the rows still queued are pushed, or listed with the
 command that pushes them.
@@ -15,6 +23,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import subprocess
 import threading
 import time
 from typing import Any, Optional
@@ -23,6 +32,9 @@ from ..log import logger
 from . import commit, dvc_door
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+MAX_BATCH = 256  # rows in one push at most (one `git push` command line)
+CPU_SHARE = 0.005  # of one core, at most, spent pushing while training goes on
+MAX_GAP_S = 10.0  # between the starts of two pushes, at most
 
 
 def backoff(failures: int) -> float:
@@ -39,20 +51,42 @@ class Job:
     failures: int = 0
 
 
-class Unpushable(OSError):
-    """A row whose data is in neither the local cache nor the DVC remote:
-    trying again cannot push it."""
-
-
 def _git_env() -> dict[str, str]:
     # never a credential prompt from a background thread
     return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
 
 
+def _git_push(dvc_root: str, args: list[str]) -> tuple[int, str, float]:
+    """`git push ARGS`: (exit status, stderr, CPU seconds of git and the
+    processes it waited for, from wait4)."""
+    proc = subprocess.Popen(["git", "push", *args], cwd=dvc_root, env=_git_env(),  # noqa: S603
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.stderr.close()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:  # reaped elsewhere: no usage to count
+        return proc.wait(), err, 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, usage.ru_utime + usage.ru_stime
+
+
+def push_refs(dvc_root: str, remote: str, refs: list[tuple[str, str]]) -> float:
+    """The refs [(sha, ref)] to the git remote in one `git push` (sha "":
+    delete the ref), never forced (a row is never overwritten). Returns git's
+    CPU seconds."""
+    code, err, cpu = _git_push(dvc_root, ["--quiet", "--no-verify", "--no-recurse-submodules",
+                                          remote, *(f"{sha}:{ref}" for sha, ref in refs)])
+    if code != 0:
+        raise OSError(err.strip() or f"git push exited {code}")
+    return cpu
+
+
 def push_ref(dvc_root: str, remote: str, sha: str, ref: str) -> None:
     """The ref to the git remote (never forced: a row is never overwritten)."""
-    commit.git(["push", "--quiet", "--no-verify", remote, f"{sha}:{ref}"], cwd=dvc_root,
-               env=_git_env())
+    push_refs(dvc_root, remote, [(sha, ref)])
 
 
 def delete_ref(dvc_root: str, remote: str, ref: str) -> None:
@@ -74,6 +108,12 @@ class Pusher:
         self._closing = False
         self._failures = 0  # failed tries in all
         self._repo: Any = None  # opened in the worker thread, used only there
+        self._odb: Any = None  # the DVC remote's object database, likewise
+        self._known: set[str] = set()  # md5s on the DVC remote, found or sent
+        self._inflight: list[Job] = []  # the batch being pushed now
+        self._next_at = 0.0  # monotonic time before which no push starts (see CPU_SHARE)
+        self._waiting = 0  # callers of wait(): no spacing while someone waits
+        self.stats = {"rows": 0, "pushes": 0, "cpu_s": 0.0}  # this thread + git's CPU
         self._thread = threading.Thread(target=self._run, name="dvc-dali-push", daemon=True)
         self._thread.start()
         # At exit, before concurrent.futures refuses new work (its own hook,
@@ -93,7 +133,8 @@ class Pusher:
         """Retention pruned a row: drop it from the queue, or delete it on the
         remote if it went there (its data stays until `dvc gc`)."""
         with self._cond:
-            queued = [j for j in self._todo[1:] if j.ref == ref and j.sha]
+            queued = [j for j in self._todo if j.ref == ref and j.sha
+                      and not any(j is k for k in self._inflight)]
             for job in queued:
                 self._todo.remove(job)
             if not queued:
@@ -117,12 +158,16 @@ class Pusher:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             failures = self._failures
-            self._cond.notify_all()  # a row waiting out its backoff is tried at once
-            while self._todo and not (deadline is None and self._failures > failures):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left)
+            self._waiting += 1
+            self._cond.notify_all()  # a row waiting out its backoff or gap is tried at once
+            try:
+                while self._todo and not (deadline is None and self._failures > failures):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
             return not self._todo
 
     def close(self, timeout: Optional[float] = None) -> list[str]:
@@ -147,60 +192,97 @@ class Pusher:
             pass
         while True:
             with self._cond:
-                while not self._todo and not self._closing:
-                    self._cond.wait()
+                while not self._closing and not (
+                        self._todo and (self._waiting or time.monotonic() >= self._next_at)):
+                    self._cond.wait(max(self._next_at - time.monotonic(), 0.001)
+                                    if self._todo else None)
                 if self._closing:
                     return
-                job = self._todo[0]
+                batch = self._next_batch()
+                self._inflight = batch
+            started = time.monotonic()
+            cpu0 = time.thread_time()
             try:
-                self._do(job)
-            except Unpushable as exc:  # the rows after it still go
-                logger.warning("%s", exc)
-                with self._cond:
-                    self._dropped.append(job.name)
-            except Exception as exc:  # any other failure is retried: training must go on
-                self._failed(job, exc)
+                pushed, dropped, git_cpu = self._do(batch)
+            except Exception as exc:  # any failure is retried: training must go on
+                self._failed(batch[0], exc)
                 continue
+            finally:
+                self.stats["cpu_s"] += time.thread_time() - cpu0
+            cpu = time.thread_time() - cpu0 + git_cpu
             with self._cond:
-                self._todo.remove(job)
-                if job.sha and job.name not in self._dropped:
-                    self._pushed.append(job.name)
+                self._next_at = started + min(cpu / CPU_SHARE, MAX_GAP_S)
+                if "first_cpu_s" not in self.stats:  # opening the repo and remote
+                    self.stats.update(first_cpu_s=cpu, first_rows=len(pushed))
+                self.stats["cpu_s"] += git_cpu
+                self.stats["rows"] += len(pushed)
+                for job in batch:
+                    if any(job is j for j in self._todo):
+                        self._todo.remove(job)
+                self._dropped += [j.name for j in dropped]
+                self._pushed += [j.name for j in pushed]
+                self._inflight = []
                 self._cond.notify_all()
 
-    def _do(self, job: Job) -> None:
-        if not job.sha:
-            delete_ref(self.dvc_root, self.git_remote, job.ref)
-            return
+    def _next_batch(self) -> list[Job]:
+        """The jobs queued (rows and deletions), up to a second one of a ref."""
+        batch: list[Job] = []
+        for job in self._todo[:MAX_BATCH]:
+            if any(job.ref == j.ref for j in batch):
+                break
+            batch.append(job)
+        return batch
+
+    def _do(self, batch: list[Job]) -> tuple[list[Job], list[Job], float]:
+        """(rows pushed, rows dropped: data gone, git's CPU seconds)."""
         t0 = time.perf_counter()
+        deletions = [j.ref for j in batch if not j.sha]
+        batch = [j for j in batch if j.sha]
+        if not batch:
+            return [], [], self._git(deletions, [])
         if self._repo is None:
             self._repo = dvc_door.open_repo(self.dvc_root)
-        failed = dvc_door.push_objects(self._repo, job.objs)
-        if failed:
-            raise OSError(f"{failed} file(s) of the row did not reach the DVC remote")
-        self._check_arrived(job)
-        push_ref(self.dvc_root, self.git_remote, job.sha, job.ref)
-        logger.info("pushed %s to %s (%.0f ms)", job.name, self.git_remote,
-                    (time.perf_counter() - t0) * 1000)
+            self._odb = None
+        if self._odb is None:
+            self._odb = dvc_door.remote_odb(self._repo)
+        lacking = dvc_door.upload_objects(self._repo, self._odb,
+                                          [o for job in batch for o in job.objs], self._known)
+        pushed, dropped = [], []
+        for job in batch:
+            gone = [md5 for o in job.objs for md5 in lacking.get(o.value, [])]
+            if not gone:
+                pushed.append(job)
+                continue
+            dropped.append(job)  # the rows after it still go
+            logger.warning(
+                "%s NOT pushed to %s: %d of its files are in neither the local DVC cache nor "
+                "the DVC remote (md5 %s%s); `dvc-dali push %s %s` names them; the rows after "
+                "it are still pushed", job.name, self.git_remote, len(gone),
+                ", ".join(gone[:3]), ", ..." if len(gone) > 3 else "", self.git_remote,
+                self.exp_name)
+        git_cpu = self._git(deletions, [(j.sha, j.ref) for j in pushed])
+        logger.info("pushed %s to %s (%.0f ms)", ", ".join(j.name for j in pushed) or "nothing",
+                    self.git_remote, (time.perf_counter() - t0) * 1000)
+        return pushed, dropped, git_cpu
 
-    def _check_arrived(self, job: Job) -> None:
-        """DVC's push skips, with a warning only, files missing from the local
-        cache: a row goes to the git remote only once all its data is on the
-        DVC remote."""
-        lacking = dvc_door.objects_missing(self._repo, job.objs, "remote")
-        if not lacking:
-            return
-        gone = [md5 for md5 in dvc_door.objects_missing(self._repo, job.objs, "cache")
-                if md5 in lacking]
-        if gone:
-            raise Unpushable(
-                f"{job.name} NOT pushed to {self.git_remote}: {len(gone)} of its files are in "
-                f"neither the local DVC cache nor the DVC remote (md5 {', '.join(gone[:3])}"
-                f"{', ...' if len(gone) > 3 else ''}); `dvc-dali push {self.git_remote} "
-                f"{self.exp_name}` names them; the rows after it are still pushed")
-        raise OSError(f"{len(lacking)} file(s) of the row did not reach the DVC remote")
+    def _git(self, deletions: list[str], refs: list[tuple[str, str]]) -> float:
+        """One `git push` of the rows' refs and the deletions; git's CPU."""
+        if not (refs or deletions):
+            return 0.0
+        self.stats["pushes"] += 1
+        try:
+            return push_refs(self.dvc_root, self.git_remote,
+                             refs + [("", ref) for ref in deletions])
+        except OSError as exc:  # an older git refuses to delete a ref the remote lacks
+            if not deletions or "remote ref does not exist" not in str(exc):
+                raise
+        for ref in deletions:
+            delete_ref(self.dvc_root, self.git_remote, ref)
+        return push_refs(self.dvc_root, self.git_remote, refs) if refs else 0.0
 
     def _failed(self, job: Job, exc: Exception) -> None:
         with self._cond:
+            self._inflight = []
             job.failures += 1
             self._failures += 1
             self._cond.notify_all()
@@ -208,7 +290,8 @@ class Pusher:
                 logger.warning("push of %s to %s failed (%s); retrying in the background, "
                                "training goes on", job.name or job.ref, self.git_remote,
                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            self._repo = None  # a fresh connection next time
+            self._repo = self._odb = None  # a fresh connection next time
+            self._known.clear()
             self._cond.wait(backoff(job.failures))
 
 

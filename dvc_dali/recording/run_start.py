@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..context import RunContext
+from ..flat_keys import flat_keys
 from ..log import logger
 from . import dvc_door
 from .cache import CACHE
@@ -51,18 +52,6 @@ def _read(path: str) -> Optional[bytes]:
             return fh.read()
     except OSError:
         return None
-
-
-def _flatten(values: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """{"train": {"lr": 0.1}} -> {"train.lr": 0.1}, as `-S train.lr=...` names it,
-    so a change is reported per param."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False) -> RunStart:
@@ -92,7 +81,7 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
             hash_info, values = dvc_door.params_now(dep)
             start.deps[dep.fs_path] = (hash_info, dep.meta)  # what every row records
             prefix = "" if os.path.basename(dep.fs_path) == "params.yaml" else f"{dep.def_path}:"
-            start.params.update(_flatten(values, prefix))
+            start.params.update(flat_keys(values, prefix))
     finally:
         dvc_door.unlock_repo(repo)
     CACHE.run_start = start
@@ -162,7 +151,7 @@ def stage_changed_since(ctx: RunContext, repo: Any, stage: Any, start: RunStart,
     params: dict[str, Any] = {}
     for path, values in (entry.get("params") or {}).items():
         prefix = "" if os.path.basename(path) == "params.yaml" else f"{path}:"
-        params.update(_flatten(values or {}, prefix))
+        params.update(flat_keys(values or {}, prefix))
     if params != start.params:
         return True
     for dep in entry.get("deps") or []:

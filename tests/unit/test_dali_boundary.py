@@ -1,5 +1,5 @@
 """DALI behind one door: only the modules in ALLOWED import nvidia or reach
-into DALI objects' private attributes (DESIGN.md section 4). Every other
+into DALI objects' private attributes (README, "How it is built"). Every other
 module in dvc_dali/ (subpackages included) goes through them.
 
 Static (ast): nothing is imported, so it runs without DALI.
@@ -26,6 +26,7 @@ ALLOWED = frozenset({
 FRAMEWORK_DOORS = {
     "tensorflow": frozenset({"dali_tf.py"}),
     "keras": frozenset({"keras_callback.py"}),
+    "lightning": frozenset({"lightning_callback.py"}),
 }
 
 #: Attributes of DALI objects that only the allowed modules may use: DALI's

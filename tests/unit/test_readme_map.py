@@ -1,0 +1,39 @@
+"""README's "How it is built" names every module of dvc_dali/ in its map,
+so the map stays complete: a new module fails here until it has its line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "dvc_dali"
+
+
+def _map() -> str:
+    """The indented block of the section that names checkpointer.py: the map."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## How it is built\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"(?:^ {4}.*\n)+", section, flags=re.MULTILINE)
+    return next(b for b in blocks if "checkpointer.py" in b)
+
+
+def _modules() -> list[str]:
+    """Every module under dvc_dali/ as a path relative to it (not the
+    templates, which `dvc-dali init` copies into a project)."""
+    return sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                  if "templates" not in p.relative_to(PACKAGE).parts)
+
+
+def test_map_names_every_module():
+    block = _map()
+    missing = [m for m in _modules()
+               if not re.search(rf"(?<![\w/.]){re.escape(m)}(?!\w)", block)]
+    assert not missing, (f"README.md, 'How it is built': the module map names no {missing}; "
+                         "add one line each (path, then what it holds)")
+
+
+def test_map_names_no_module_that_is_gone():
+    named = set(re.findall(r"(?<![\w/.])((?:recording/)?\w+\.py)\b", _map()))
+    gone = sorted(named - set(_modules()))
+    assert not gone, f"README.md, 'How it is built': the module map names {gone}, not in dvc_dali/"
