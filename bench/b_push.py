@@ -59,6 +59,11 @@ def trial(path: Path, steps: int, every: int, n: int) -> tuple[float, list[float
     return next(e["seconds"] for e in events if e["event"] == "loop"), delays, end
 
 
+def _counts(st: dict) -> tuple:
+    return (st.get("rows"), st.get("pushes"), round(st.get("cpu_s", 0), 3),
+            round(st.get("first_cpu_s", 0), 3))
+
+
 def _cpu(end: dict) -> float:
     return end.get("cpu_s", float("nan")) + end.get("children_cpu_s", float("nan"))
 
@@ -100,7 +105,7 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
         detail.append(f"8 every {every}: loop s on {[round(x, 2) for x in t_on]}, off "
                       f"{[round(x, 2) for x in t_off]}; {len(delays)} rows pushed; pusher "
                       f"(rows, git pushes, CPU s, first push's CPU s): "
-                      f"{[(s.get('rows'), s.get('pushes'), round(s.get('cpu_s', 0), 3), round(s.get('first_cpu_s', 0), 3)) for s in stats]}")
+                      f"{[_counts(s) for s in stats]}")
         raw[every] = {"on_s": t_on, "off_s": t_off, "delays_s": delays, "pusher": stats,
                       "cpu_per_row_s": per_row, "process_cpu_per_row_s": proc_row}
     return rows, detail, raw

@@ -19,8 +19,9 @@ ratio measured side by side in this run.
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
-9. restore of a 1 GB torch state (Checkpointer, dvc_dali.load) vs torch.load,
-   warm and cold page cache, and the memory each adds
+9. restore of a 1.06 GB torch model + AdamW state (336 tensors; --quick: 265 MB)
+   in a new process (Checkpointer, dvc_dali.load) vs torch.load, warm and cold
+   page cache, every page of every tensor read, and the memory each adds
 10. per-checkpoint cost with a stage deps directory of 10k and 100k files vs 10
 11. per-checkpoint cost with 10k and 100k git-tracked files vs 10
 12. 1 GB torch state save (durable) vs torch.save + fsync, DCP and the disk floor

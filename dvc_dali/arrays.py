@@ -89,14 +89,7 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
             return {"array": add_array(*leaf)}
         _refuse_subclass(name, value)
     if isinstance(value, dict):
-        items = []
-        for key, item in value.items():
-            if type(key) not in (str, int):
-                raise TypeError(f"{name!r}: key {key!r} is a {type(key).__name__}; only str "
-                                "and int keys can be saved without pickle")
-            items.append([key, type(key).__name__,
-                          flatten(f"{name}/{key}", item, add_array, depth + 1)])
-        return {"odict" if type(value) is OrderedDict else "dict": items}
+        return _flatten_dict(name, value, add_array, depth)
     if isinstance(value, (list, tuple)):
         return {type(value).__name__: [flatten(f"{name}/{i}", v, add_array, depth + 1)
                                         for i, v in enumerate(value)]}
@@ -106,6 +99,18 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
         return {"value": value}
     raise TypeError(f"{name!r}: a {type(value).__name__} cannot be saved without pickle; "
                     "save arrays, tensors, numbers, strings, and dicts/lists of them")
+
+
+def _flatten_dict(name: str, value: dict, add_array: Callable[[np.ndarray, dict], int],
+                  depth: int) -> dict[str, Any]:
+    items = []
+    for key, item in value.items():
+        if type(key) not in (str, int):
+            raise TypeError(f"{name!r}: key {key!r} is a {type(key).__name__}; only str "
+                            "and int keys can be saved without pickle")
+        items.append([key, type(key).__name__,
+                      flatten(f"{name}/{key}", item, add_array, depth + 1)])
+    return {"odict" if type(value) is OrderedDict else "dict": items}
 
 
 _TORCH_VIEWS = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}

@@ -117,7 +117,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
 
     if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
         if resumed is None:  # a bare script (the Checkpointer started its run itself)
-            branched = recording.start_bare_run(ctx, out) or branched
+            branched = recording.start_bare_run(ctx, out, late=True) or branched
         else:
             recording.start_run(ctx, out)
         _started.add(True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,18 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     from .recording.remove import exp_refs
 
     root = rows_root(repo)
-    refs = exp_refs(root)  # refuses a repository git reads only in part (a broken ref)
-    found = list_rows(root, exp if run is None else None)
+    # exp_refs refuses a repository git reads only in part (a broken ref); its
+    # git process runs beside list_rows' (two reads of refs/exps), its error first
+    got: dict[str, Any] = {}
+    reader = threading.Thread(target=_into, args=(got, exp_refs, root), daemon=True)
+    reader.start()
+    try:
+        found = list_rows(root, exp if run is None else None)
+    finally:
+        reader.join()
+        if "error" in got:
+            raise got["error"]
+    refs = got["value"]
     if run is not None:
         found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
                  if exp is None or r["exp"] == exp]
@@ -113,6 +124,14 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
             row["params"] = _params(blobs[len(files) * i + 1])
     mark_dvc_duplicates(root, found, refs, blobs[len(specs):])
     return found
+
+
+def _into(got: dict[str, Any], func: Any, *args: Any) -> None:
+    """func(*args) on a thread: its value or its exception into ``got``."""
+    try:
+        got["value"] = func(*args)
+    except BaseException as exc:  # handed to the caller's thread, raised there
+        got["error"] = exc
 
 
 def rows_root(repo: str | os.PathLike | None = None) -> str:

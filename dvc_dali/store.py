@@ -153,14 +153,12 @@ def _write_all(fd: int, parts: list, crc: _Crc32) -> None:
                 chunk = chunk[os.write(fd, chunk):]
 
 
-def _write_unsynced(path: Path, parts: list, digest: str, writeback: bool = True
-                    ) -> tuple[int, dict[str, Any]]:
+def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str, Any]]:
     """Write parts (bytes-like) to a new file at path, not yet fsynced; its
     open descriptor, and its size and digests: a CRC-32 always (what a read
     checks), and with ``digest="md5"`` the md5 too (handed to DVC).
 
-    The digests are of the bytes in memory, so nothing is read back.
-    ``writeback``: start the file's writeback now (see _start_writeback)."""
+    The digests are of the bytes in memory, so nothing is read back."""
     crc = _Crc32()
     md5 = hashlib.md5() if digest == "md5" else None
     size = sum(len(x) for x in parts)
@@ -179,8 +177,7 @@ def _write_unsynced(path: Path, parts: list, digest: str, writeback: bool = True
     try:  # the helper is joined whatever fails, the open included
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         _write_all(fd, parts, crc)
-        if writeback:
-            _start_writeback(fd)
+        _start_writeback(fd)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -365,9 +362,7 @@ class _Batch:
 
     def write_all(self, tmp: Path, work: dict[str, list]) -> None:
         self._threads = sum(len(x) for parts in work.values() for x in parts) >= _THREADS_FROM
-        # A small snapshot's files are fsynced right after they are written:
-        # starting their writeback first only adds a syscall each.
-        written, error = _each(_write_unsynced, [(tmp / rel, parts, self.digest, self._threads)
+        written, error = _each(_write_unsynced, [(tmp / rel, parts, self.digest)
                                                  for rel, parts in work.items()], self._threads)
         for rel, result in zip(work, written):
             if result is not None:  # taken so that close() closes it, also after an error
@@ -376,7 +371,7 @@ class _Batch:
             raise error
 
     def write(self, tmp: Path, rel: str, data: bytes, digest: str) -> dict[str, Any]:
-        self._take(rel, _write_unsynced(tmp / rel, [data], digest, self._threads))
+        self._take(rel, _write_unsynced(tmp / rel, [data], digest))
         return self.files[rel]
 
     def _take(self, rel: str, written: tuple[int, dict[str, Any]]) -> None:

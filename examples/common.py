@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from nvidia.dali import fn, pipeline_def, types
@@ -136,3 +137,31 @@ def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float
     if step == kill_at:
         print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_arrays_zip(path: Path, arrays) -> None:
+    """(name, NumPy array) pairs as .npy members of a zip with fixed
+    timestamps, so equal weights give equal bytes (torch.save's archive is
+    not byte-stable); written whole, then renamed."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name, array in arrays:
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with zf.open(info, "w") as fh:
+                np.lib.format.write_array(fh, array, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def cpu_adam_params(p: dict, framework: str, why: str) -> tuple[int, int, float]:
+    """(steps, checkpoint_every, Adam's lr) of the variants that run on the
+    CPU only (train.lr is the NumPy example's SGD step); one line and an exit
+    when the data is missing or a GPU is asked for."""
+    if not Path(p["data"]).is_dir():
+        sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
+    if p["device"] == "gpu":
+        sys.exit(f"train.framework {framework} runs on the CPU {why}; set train.device to cpu "
+                 "or auto.")
+    return int(p["steps"]), int(p["checkpoint_every"]), float(p["adam_lr"])

@@ -28,7 +28,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import sys  # noqa: E402
-import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -41,7 +40,8 @@ except ImportError as exc:
              "the tf extra as README says (two pip commands), or set train.framework to "
              "numpy or torch.")
 from common import (CLASSES, CROP, KILL_ENV, digits_pipeline, kill_at_step,  # noqa: E402
-                    parse_args, read_params)
+                    cpu_adam_params, parse_args, read_params,
+                    save_arrays_zip)
 
 import dvc_dali  # noqa: E402
 
@@ -63,29 +63,16 @@ def make_model(hidden: int, lr: float) -> "keras.Model":
 
 
 def save_model(path: Path, model: "keras.Model") -> None:
-    """The variables as .npy members of a zip with fixed timestamps, so equal
-    weights give equal bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        for variable in model.variables:
-            info = zipfile.ZipInfo(f"{variable.path}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w") as fh:
-                np.lib.format.write_array(fh, np.asarray(variable), allow_pickle=False)
-    os.replace(tmp, path)
+    """The variables, byte-stable (common.save_arrays_zip)."""
+    save_arrays_zip(path, ((variable.path, np.asarray(variable))
+                           for variable in model.variables))
 
 
 def main(argv=None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
     p = read_params(Path(args.params))
-    # Adam's step: train.lr is the NumPy example's SGD step
-    steps, every, lr = int(p["steps"]), int(p["checkpoint_every"]), float(p["adam_lr"])
+    steps, every, lr = cpu_adam_params(p, "keras", "here (tensorflow-cpu)")
     kill_at = kill_at_step()
-    if not Path(p["data"]).is_dir():
-        sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
-    if p["device"] == "gpu":
-        sys.exit("train.framework keras runs on the CPU here (tensorflow-cpu); set "
-                 "train.device to cpu or auto.")
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.experimental.enable_op_determinism()

@@ -22,11 +22,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import sys  # noqa: E402
-import zipfile  # noqa: E402
 from collections import OrderedDict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 try:
     import lightning.pytorch as pl  # noqa: E402
@@ -36,7 +34,8 @@ except ImportError as exc:
              "Install the lightning extra, pip install -e \".[example,lightning]\", or set "
              "train.framework to numpy.")
 from common import (CLASSES, CROP, KILL_ENV, digits_pipeline, kill_at_step,  # noqa: E402
-                    parse_args, read_params)
+                    cpu_adam_params, parse_args, read_params,
+                    save_arrays_zip)
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
 
 import dvc_dali  # noqa: E402
@@ -71,29 +70,16 @@ class Digits(pl.LightningModule):
 
 
 def save_model(path: Path, model: torch.nn.Module) -> None:
-    """The state_dict as .npy members of a zip with fixed timestamps, so equal
-    weights give equal bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, tensor in model.state_dict().items():
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w") as fh:
-                np.lib.format.write_array(fh, tensor.detach().cpu().contiguous().numpy(),
-                                          allow_pickle=False)
-    os.replace(tmp, path)
+    """The state_dict, byte-stable (common.save_arrays_zip)."""
+    save_arrays_zip(path, ((name, tensor.detach().cpu().contiguous().numpy())
+                           for name, tensor in model.state_dict().items()))
 
 
 def main(argv=None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
     p = read_params(Path(args.params))
-    steps, every, lr = int(p["steps"]), int(p["checkpoint_every"]), float(p["adam_lr"])
+    steps, every, lr = cpu_adam_params(p, "lightning", "in this example")
     kill_at = kill_at_step()
-    if not Path(p["data"]).is_dir():
-        sys.exit(f"train.data: {p['data']} is not a directory; run examples/prepare.py first")
-    if p["device"] == "gpu":
-        sys.exit("train.framework lightning runs on the CPU in this example; set "
-                 "train.device to cpu or auto.")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(int(p["seed"]))

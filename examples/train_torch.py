@@ -29,11 +29,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import sys  # noqa: E402
 import time  # noqa: E402
-import zipfile  # noqa: E402
 from collections import OrderedDict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 try:
     import torch  # noqa: E402
@@ -43,7 +41,8 @@ except ImportError as exc:
              "torch extra (python3 -m pip install -e \".[example,torch]\"), or set "
              "train.framework to numpy or keras.")
 from common import (CLASSES, CROP, IntervalMeter, checkpoint_interval,  # noqa: E402
-                    digits_pipeline, kill_at_step, parse_args, read_params)
+                    digits_pipeline, kill_at_step, parse_args, read_params,
+                    save_arrays_zip)
 
 import dvc_dali  # noqa: E402
 
@@ -102,17 +101,9 @@ def restore(ck, model, opt, lr: float) -> None:
 
 
 def save_model(path: Path, model: torch.nn.Module) -> None:
-    """The state_dict as .npy members of a zip with fixed timestamps, so equal
-    weights give equal bytes (torch.save's archive is not byte-stable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name, tensor in model.state_dict().items():
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w") as fh:
-                np.lib.format.write_array(fh, tensor.detach().cpu().contiguous().numpy(),
-                                          allow_pickle=False)
-    os.replace(tmp, path)
+    """The state_dict, byte-stable (common.save_arrays_zip)."""
+    save_arrays_zip(path, ((name, tensor.detach().cpu().contiguous().numpy())
+                           for name, tensor in model.state_dict().items()))
 
 
 def init_ranks(gpu: bool, torch_device: torch.device) -> tuple[int, int, torch.device]:

@@ -180,3 +180,22 @@ def test_dvc_dali_run_wrapper_refuses_an_unchanged_rerun_before_the_child(migrat
     assert (migrated / "foo").read_text() == "1"
     assert subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "dvc.yaml"],
                           cwd=migrated).returncode == 0
+
+
+def test_a_temp_run_that_read_its_state_too_early_is_refused_not_restarted(tmp_path):
+    """A bare script in a stage without `checkpoint: true` (so `import
+    dvc_dali` does not start the run): a --temp run has read its (absent)
+    state before the first make_checkpoint(); refused there, not a silent
+    restart from step 0."""
+    project = _project(tmp_path)
+    (project / "checkpoint.py").write_text(
+        CHECKPOINT_SCRIPT.replace('if os.getenv("DVC_CHECKPOINT"):', "if True:"))
+    (project / "dvc.yaml").write_text(DVC_YAML.replace(
+        "        checkpoint: true\n", "        persist: true\n").replace(
+        "    metrics:\n", "    always_changed: true\n    metrics:\n"))
+    commit_all(project, "a DVC 3 stage, bare script")
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    assert _rows(project) == {"a-step1": "1", "a-step2": "2"}
+    _refused(run(["dvc", "exp", "run", "--temp", "-S", "foo=2", "-n", "t"], project,
+                 check=False), "checkpoint: true", "nothing was recorded")
+    assert _rows(project) == {"a-step1": "1", "a-step2": "2"}

@@ -50,24 +50,32 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
-def start_bare_run(ctx: RunContext, out: Optional[str]) -> bool:
+def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> bool:
     """start_run for a script that reads its checkpoint itself (a bare
     make_checkpoint() port, `dvc-dali run`'s child), before it reads it: the
     workspace's checkpoint carried into a --temp/queued run, and DVC 2's
     "Nothing to do for unchanged checkpoint" for an applied row its run went
     on from. True when the rows branch off as a run of their own (trained
-    again on purpose, DVC_DALI_RETRAIN=1)."""
+    again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
+    make_checkpoint(), the script having read its state already (a stage
+    without `checkpoint: true`, where `import dvc_dali` did not start it)."""
     if CACHE.bare_start is None:
-        CACHE.bare_start = _start_bare_run(ctx, out)
+        CACHE.bare_start = _start_bare_run(ctx, out, late)
     return CACHE.bare_start
 
 
-def _start_bare_run(ctx: RunContext, out: Optional[str]) -> bool:
+def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
     from ..errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
     push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
-    start = run_start.capture(ctx, out, carry_checkpoint=True)
+    start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
+    if late and start.carried:  # it trained from step 0 though there was one to resume
+        raise RecordError(
+            "this --temp/queued run started without the workspace's checkpoint (DVC does not "
+            "carry it), and the script read its state before dvc_dali could bring it: declare "
+            "the checkpoint output `checkpoint: true` in dvc.yaml (then `import dvc_dali` "
+            "brings it first), or commit dvc.lock; nothing was recorded")
     row, later = start.resumed_row, start.later_rows
     if row is None or not later:
         return False

@@ -126,3 +126,26 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
         f"{'row ' + row if row else 'a recorded run'} ({md5}), but its data is neither in the "
         f"workspace nor in the DVC cache, so this run would start from step 0. Fetch it with "
         f"{fetch}, or start over on purpose with `dvc-dali reset`.")
+
+
+def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
+    """For a script that read its state before dvc-dali could carry it: the
+    md5 of the workspace's checkpoint this --temp/queued run should have
+    started from and DVC did not bring (dvc.lock at the run's HEAD does not
+    name it); None for workspace runs and when there was none."""
+    if not ctx.dvc_root or os.path.samefile(git_dirs(repo.root_dir)[0],
+                                            git_dirs(ctx.dvc_root)[0]):
+        return None
+    main = _entries(ctx, repo, stage)[1][1]
+    md5 = _out_md5(main, out.def_path)
+    if md5 is None or _workspace_busy(ctx, repo, out):
+        return None
+    from .commit import git
+
+    lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
+    proc = git(["show", f"HEAD:{lock_rel}"], cwd=repo.root_dir, check=False)
+    try:
+        committed = lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage.name)
+    except Exception:
+        committed = None
+    return None if _out_md5(committed, out.def_path) == md5 else md5

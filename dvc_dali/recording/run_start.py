@@ -31,7 +31,7 @@ from ..flat_keys import flat_keys
 from ..log import logger
 from . import dvc_door
 from .cache import CACHE
-from .carry import carry
+from .carry import carry, missed
 from .stage import find_stage, output_at
 
 
@@ -42,6 +42,9 @@ class RunStart:
     warned: bool = False
     deps: dict[str, Any] = field(default_factory=dict)  # dep path -> (hash, meta) at start
     replaced: bool = False  # another command checked another row out: nothing put back
+    # md5 of the workspace's checkpoint brought into this run (for a script
+    # that read its state already: the one it should have started from)
+    carried: Optional[str] = None
     resumed_row: Optional[dict] = None  # the recorded row the workspace checkpoint is
     later_rows: list = field(default_factory=list)  # rows its run recorded after it
 
@@ -54,10 +57,13 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
-def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False) -> RunStart:
+def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = False
+            ) -> RunStart:
     """Read the stage's params now (once per process); the flattened values
     are the run's params (keys of files other than params.yaml are
-    prefixed '<file>:'). ``carry_checkpoint``: before the checkpoint is read,
+    prefixed '<file>:'). ``carry_checkpoint`` "late": the script read its
+    state already, only note the checkpoint it missed (carry.missed);
+    true: before the checkpoint is read,
     bring the workspace's into a --temp/queued run (see carry.py)."""
     if CACHE.run_start is not None:
         return CACHE.run_start
@@ -67,9 +73,12 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool = False)
     stage = find_stage(repo, ctx.stage, out, ctx.stage)
     guard_workspace(ctx, repo)
     checkpoint = output_at(stage, out)
-    if carry_checkpoint and checkpoint is not None:
-        carry(ctx, repo, stage, checkpoint)
-    start = RunStart({})
+    carried = None
+    if carry_checkpoint == "late" and checkpoint is not None:
+        carried = missed(ctx, repo, stage, checkpoint)
+    elif carry_checkpoint and checkpoint is not None:
+        carried = carry(ctx, repo, stage, checkpoint)
+    start = RunStart({}, carried=carried)
     start.resumed_row, start.later_rows = _applied_row(ctx, repo, stage)
     # Under DVC's repo lock: `dvc exp run --temp`/`--queue` started meanwhile
     # stashes the workspace (params.yaml at HEAD for a moment) while holding it.
