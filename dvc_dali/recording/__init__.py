@@ -216,10 +216,8 @@ def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
                     new_entry: dict) -> bool:
     """Whether the params in dvc.lock differ from the parent row's, as DVC 2
     branched a resumed checkpoint experiment off when they did."""
-    proc = commit.git(["--git-dir", where.main_git_dir, "show", f"{parent}:{lock_rel}"],
-                      cwd=where.toplevel, check=False)
     try:
-        old = lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage_name)
+        old = lockfile.entry_at(where.main_git_dir, where.toplevel, parent, lock_rel, stage_name)
     except Exception:
         return False  # unreadable: continue the run, as before
     def canonical(entry: Any) -> str:  # order-insensitive: both are ordered maps

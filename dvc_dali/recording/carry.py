@@ -84,8 +84,13 @@ def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
         return _carry(ctx, repo, stage, out)
 
 
+def _workspace_run(ctx: RunContext, repo: Any) -> bool:
+    """This run's repository is the workspace's (not a --temp/queue clone)."""
+    return os.path.samefile(git_dirs(repo.root_dir)[0], git_dirs(ctx.dvc_root)[0])
+
+
 def _carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
-    if os.path.samefile(git_dirs(repo.root_dir)[0], git_dirs(ctx.dvc_root)[0]):
+    if _workspace_run(ctx, repo):
         # a workspace run: DVC checks persisted outputs out itself, when it can
         _require_cached(ctx, repo, stage, out)
         return None
@@ -133,19 +138,16 @@ def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     md5 of the workspace's checkpoint this --temp/queued run should have
     started from and DVC did not bring (dvc.lock at the run's HEAD does not
     name it); None for workspace runs and when there was none."""
-    if not ctx.dvc_root or os.path.samefile(git_dirs(repo.root_dir)[0],
-                                            git_dirs(ctx.dvc_root)[0]):
+    if not ctx.dvc_root or _workspace_run(ctx, repo):
         return None
     main = _entries(ctx, repo, stage)[1][1]
     md5 = _out_md5(main, out.def_path)
     if md5 is None or _workspace_busy(ctx, repo, out):
         return None
-    from .commit import git
-
     lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
-    proc = git(["show", f"HEAD:{lock_rel}"], cwd=repo.root_dir, check=False)
     try:
-        committed = lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage.name)
+        committed = lockfile.entry_at(git_dirs(repo.root_dir)[0], repo.root_dir, "HEAD",
+                                      lock_rel, stage.name)
     except Exception:
         committed = None
     return None if _out_md5(committed, out.def_path) == md5 else md5

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import RecordError
 from . import dvc_door
 from .cache import CACHE
-from .commit import sweep_leftovers
+from .commit import git, sweep_leftovers
 
 
 def read(path: str) -> tuple[str, Any]:
@@ -25,6 +25,14 @@ def read(path: str) -> tuple[str, Any]:
     except Exception as exc:
         raise RecordError(f"'{path}' is not valid YAML ({exc}). Restore it with "
                           f"`git checkout -- {os.path.basename(path)}` or delete it.") from exc
+
+
+def entry_at(git_dir: str, cwd: str, rev: str, lock_rel: str, stage_name: str) -> Any:
+    """The stage's entry in ``lock_rel`` as commit ``rev`` holds it (None when
+    it holds none); raises when that file is not YAML (callers decide what an
+    unreadable one means)."""
+    proc = git(["--git-dir", git_dir, "show", f"{rev}:{lock_rel}"], cwd=cwd, check=False)
+    return stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage_name)
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -138,13 +138,12 @@ def known_deps() -> dict[str, Any]:
 
 def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dict]:
     """The stage's dvc.lock entry as the row ``sha`` recorded it."""
-    from . import commit, lockfile, rows
+    from . import lockfile, rows
 
     lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
-    proc = commit.git(["--git-dir", rows.git_dirs(ctx.dvc_root)[0], "show",
-                       f"{sha}:{lock_rel}"], cwd=repo.root_dir, check=False)
     try:
-        return lockfile.stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage.name)
+        return lockfile.entry_at(rows.git_dirs(ctx.dvc_root)[0], repo.root_dir, sha, lock_rel,
+                                 stage.name)
     except Exception:  # unreadable: nothing to compare, so not called unchanged
         return None
 

@@ -9,7 +9,7 @@ always has its data on the DVC remote.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import DvcDaliError, RecordError
 from . import dvc_door
@@ -65,17 +65,23 @@ def _incomplete(targets, missing: dict[str, list[str]], lacking_here: dict[str, 
     return _files(said, most=8)
 
 
+def _transfer(repo: Any, shas: list[str], direction: str, dvc_remote: str | None) -> str:
+    """DVC's push or fetch of the commits' data; its error ("" when none):
+    some files failed, and which rows they hold is checked after it."""
+    try:
+        dvc_door.transfer_revs(repo, shas, direction, dvc_remote)
+    except RecordError as exc:
+        return str(exc)
+    return ""
+
+
 def _push_data(root: str, shas: list[str], dvc_remote: str | None
                ) -> tuple[dict[str, list[str]], dict[str, list[str]], str]:
     """`dvc push` of the commits' data; ({sha: files the DVC remote still
     lacks}, {sha: files of those the local cache lacks too}, DVC's error)."""
     repo = dvc_door.open_repo(root)
     try:
-        failure = ""
-        try:
-            dvc_door.transfer_revs(repo, shas, "push", dvc_remote)
-        except RecordError as exc:  # some files failed: which rows they hold, below
-            failure = str(exc)
+        failure = _transfer(repo, shas, "push", dvc_remote)
         try:
             missing = dvc_door.missing_data(repo, shas, "remote", dvc_remote)
         except RecordError:
@@ -127,11 +133,7 @@ def _fetch_data(root: str, shas: list[str], dvc_remote: str | None
     lacks}, DVC's error)."""
     repo = dvc_door.open_repo(root)
     try:
-        failure = ""
-        try:
-            dvc_door.transfer_revs(repo, shas, "fetch", dvc_remote)
-        except RecordError as exc:  # some files failed: which rows they hold, below
-            failure = str(exc)
+        failure = _transfer(repo, shas, "fetch", dvc_remote)
         return dvc_door.missing_data(repo, shas, "cache"), failure
     finally:
         repo.close()
