@@ -30,6 +30,8 @@ ratio measured side by side in this run.
     2,000 (and, full run only, 100,000) files vs 10
 15. the cost of pushing one row to remotes holding 10,000 experiment refs and
     10,000 checkpoints' files vs to empty ones
+16. DALI throughput with batch digests on vs off (recording, and a resume
+    comparing each batch), a save every 10 steps; the content digest's s/GB
 
 Every repository and data set lives in a temporary directory, removed at
 the end (--keep keeps it). Nothing is timed in the tests: timings live here.
@@ -68,8 +70,9 @@ GROUPS = {  # module: the benchmark numbers it covers
     "b_bigstate": {12, 13},
     "b_trackeddeps": {14},
     "b_busyremote": {15},
+    "b_verify": {16},
 }
-DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+DEFAULT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 
 
 def machine() -> dict[str, str]:

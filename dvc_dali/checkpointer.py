@@ -21,6 +21,7 @@ import numpy as np
 
 from . import arrays as arrays_mod
 from . import (
+    batch_digests,
     checkpoint_signal,
     dali_dynamic,
     dali_iterators,
@@ -128,6 +129,11 @@ class Checkpointer:
                     if resume else None)
         self.timings["restore_s"] = time.perf_counter() - t0
         self._saved = self._resume_from(snapshot)
+        # proof at runtime: the batches after each checkpoint (batch_digests.py)
+        self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
+                                               self._ctx.verify_batches, self._ctx.inexact)
+        if self._saved is not None:
+            self._resume_batch_proof()
         # the global random generators (rng_state): saved with each checkpoint;
         # restored once, when the loop first reads the checkpoint (.step, .arrays)
         self._rng = self._ctx.rng if rng is None else bool(rng)
@@ -181,6 +187,31 @@ class Checkpointer:
         if self._ctx.mode == "record":
             saved.explain_data = self._data_changes
         return saved
+
+    def _resume_batch_proof(self) -> None:
+        """The digests of the batches the resumed checkpoint was followed by:
+        kept beside it, else (an applied row on another machine) in the row
+        its run recorded next."""
+        manifest = self._saved.snapshot.manifest
+        log_id = batch_digests.log_id_of(manifest)
+        if log_id is None or not self._batches.on:
+            return
+        found = batch_digests.read_companion(self._batches.directory, log_id)
+        if not found and self._ctx.mode == "record":
+            from . import recording
+
+            found = recording.batches_after(str(self.path), log_id,
+                                            self._saved.snapshot.step)
+        saved_versions = manifest.get("versions") or {}
+
+        def why(name: str) -> str:
+            entry = manifest["pipelines"].get(name) or {}
+            contents = self._contents.get(name)
+            data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
+            return batch_digests.what_changed(saved_versions, _versions(), data)
+
+        self._batches.resume(log_id, found, self._saved.snapshot.step, why,
+                             str(self._saved.manifest_path))
 
     def _data_changes(self, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         """'<dir>: added ..., changed ...' for each data location whose digest
@@ -289,6 +320,7 @@ class Checkpointer:
             data_contents.check(contents, self._saved.snapshot.manifest["pipelines"][name],
                                 str(self._saved.manifest_path), self._ctx.inexact)
         self._contents[name] = contents
+        self._batches.watch(name, pipe, dali_state.keeps_outputs(pipe))
         dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
         self._pipelines[name] = (pipe, description)
         self._announce()
@@ -316,10 +348,14 @@ class Checkpointer:
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe)
+        contents = data_contents.start(name, description, self._ctx.content_digest_max)
         saved, where = None, ""
         if self._saved is not None:
             saved = self._saved.pipeline_state(name, description, kind=dali_tf.KIND)
             where = str(self._saved.state_file(name))
+            data_contents.check(contents, self._saved.snapshot.manifest["pipelines"][name],
+                                str(self._saved.manifest_path), self._ctx.inexact)
+        self._contents[name] = contents
         stream = dali_tf.Stream(saved, where)
         dataset = dali_tf.dataset(pipe, stream.started, output_dtypes, output_shapes, transform)
         self._tf[name] = (stream, description)
@@ -480,10 +516,9 @@ class Checkpointer:
         self._announce()
         return {
             "step": step,
-            "pipelines": {**data_contents.annotate(_pipeline_entries(self._pipelines,
-                                                                     self._iterators),
-                                                  self._contents),
-                          **_tf_entries(self._tf)},
+            "pipelines": data_contents.annotate(
+                {**self._batches.checkpoint(_pipeline_entries(self._pipelines, self._iterators)),
+                 **_tf_entries(self._tf)}, self._contents),
             "arrays": _with_rng(arrays, self._rng),
             "metadata": dict(metadata or {}),
             "versions": _versions(),
@@ -623,6 +658,7 @@ def _pipeline_entries(pipes: dict[str, tuple[Any, dict[str, Any]]],
             "description": description,
             "iter": info["iter"],
             "epoch_idx": info["epoch_idx"],
+            "serialized": dali_state.serialized(pipe),  # for `dvc-dali doctor --verify`
         }
     return entries
 

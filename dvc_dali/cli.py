@@ -378,6 +378,14 @@ def _doctor_gpu(report: _Report) -> None:
               "(device_id=None)")
 
 
+def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
+    """Replay a recorded checkpoint's pipelines and compare their batches."""
+    from . import recording, replay
+
+    for _stage, path in recording.checkpoint_outputs(str(root)):
+        replay.verify(root, os.path.relpath(path, root), row, report)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .context import repo_root
 
@@ -390,6 +398,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _doctor_leftovers(report, root)
     _doctor_stages(report, root)
     _doctor_gpu(report)
+    if args.verify is not None:
+        _doctor_verify(report, root, args.verify or None)
     return 1 if report.problems else 0
 
 
@@ -470,10 +480,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from .migrate import add_parser as add_migrate
 
         add_migrate(sub)
-    _subparser(sub, "doctor", cmd_doctor, "check versions, stage declarations, stale signals, "
-               "GPU", "Check the DVC version, that a stage has a checkpoint output DVC 3 can "
-               "resume from, files killed runs leave behind, and the GPU.")
+    _doctor_parser(sub)
     return parser
+
+
+def _doctor_parser(sub: "argparse._SubParsersAction") -> None:
+    p = _subparser(sub, "doctor", cmd_doctor, "check versions, stage declarations, stale "
+                   "signals, GPU; --verify replays a checkpoint", "Check the DVC version, that "
+                   "a stage has a checkpoint output DVC 3 can resume from, files killed runs "
+                   "leave behind, and the GPU. --verify [ROW]: restore the checkpoint of ROW "
+                   "(default: the workspace's) without training, and compare the batches its "
+                   "pipelines produce with those the run recorded after it.")
+    p.add_argument("--verify", nargs="?", const="", default=None, metavar="ROW",
+                   help="replay ROW's checkpoint (default: the workspace's) and compare its "
+                        "batches with the recorded digests")
 
 
 def _closed_pipe() -> int:

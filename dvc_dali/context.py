@@ -61,8 +61,10 @@ VARIABLES = {
     "DVC_DALI_CONTENT_DIGEST_MAX": "bytes of a reader's data (file_root, file_list) up to which "
                                    "its files' contents are digested and checked on resume "
                                    "(default 1000000000; 0: names and sizes only)",
-    "DVC_DALI_INEXACT": "1: resume on purpose although the data's contents changed since the "
-                        "checkpoint (the run is no longer exact)",
+    "DVC_DALI_VERIFY_BATCHES": "batches digested after each checkpoint and compared on resume "
+                               "(a number; 0: off; default all)",
+    "DVC_DALI_INEXACT": "1: resume on purpose although the data's contents or the batches "
+                        "changed since the checkpoint (the run is no longer exact)",
 }
 
 
@@ -125,6 +127,16 @@ def parse_bytes(value: str | None, name: str, default: int) -> int:
     return int(value)
 
 
+def parse_count(value: str | None, name: str) -> int:
+    """A number of batches (0 or more), or -1 for all (unset, empty or "all")."""
+    if value is None or value.strip().lower() in ("", "all"):
+        return -1
+    if not value.strip().isdigit():
+        raise ConfigError(f"{name}={value!r}: must be a number of batches (0 turns it off) or "
+                          f"'all'; unset it for the default, all")
+    return int(value)
+
+
 def parse_signal_file(value: str | None) -> str | None:
     """DVC_DALI_SIGNAL_FILE: an absolute file path (`dvc-dali run` sets one for its child)."""
     if value is None or value == "":
@@ -162,6 +174,7 @@ class RunContext:
     rng: bool = True  # DVC_DALI_RNG: save and restore the global random generators
     content_digest_max: int = CONTENT_DIGEST_MAX  # DVC_DALI_CONTENT_DIGEST_MAX (bytes)
     inexact: bool = False  # DVC_DALI_INEXACT: resume on purpose past a proof that failed
+    verify_batches: int = -1  # DVC_DALI_VERIFY_BATCHES: batches proved after a checkpoint; -1 all
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
@@ -187,6 +200,8 @@ class RunContext:
             content_digest_max=parse_bytes(env.get("DVC_DALI_CONTENT_DIGEST_MAX"),
                                            "DVC_DALI_CONTENT_DIGEST_MAX", CONTENT_DIGEST_MAX),
             inexact=parse_switch(env.get("DVC_DALI_INEXACT"), "DVC_DALI_INEXACT", default=False),
+            verify_batches=parse_count(env.get("DVC_DALI_VERIFY_BATCHES"),
+                                       "DVC_DALI_VERIFY_BATCHES"),
         )
 
     @property

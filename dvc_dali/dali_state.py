@@ -241,6 +241,39 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return lines
 
 
+def serialized(pipe: Any) -> str:
+    """The pipeline's graph as DALI serializes it, base64 (for a replay
+    without the training script: replay.py)."""
+    import base64
+
+    return base64.b64encode(pipe.serialize()).decode("ascii")
+
+
+def has_python_source(description: dict[str, Any]) -> bool:
+    """Operators fed by Python code, which DALI does not serialize."""
+    return any(op.get("type", "").startswith(("ExternalSource", "Python", "DLTensorPython"))
+               for op in description.get("operators", {}).values())
+
+
+def rebuild(serialized_graph: bytes, description: dict[str, Any], state: bytes) -> Any:
+    """A pipeline deserialized and built with ``state`` restored (on GPU 0
+    when an operator runs on a GPU, else on the CPU)."""
+    from nvidia.dali import Pipeline
+
+    gpu = any(op.get("args", {}).get("device") in ("gpu", "mixed")
+              for op in description.get("operators", {}).values())
+    pipe = Pipeline(batch_size=description["batch_size"], num_threads=2,
+                    device_id=0 if gpu else None, enable_checkpointing=True, checkpoint=state)
+    pipe.deserialize_and_build(serialized_graph)
+    return pipe
+
+
+def keeps_outputs(pipe: Any) -> bool:
+    """True when a returned batch stays valid while referenced (DALI's default
+    executor; the legacy one, exec_dynamic=False, reuses output buffers)."""
+    return pipe._exec_dynamic is not False
+
+
 def capture(pipe: Any) -> bytes:
     """The pipeline's state now (readers' positions, random generators)."""
     return pipe.checkpoint()

@@ -229,8 +229,31 @@ def _check_pipelines(c: _Checker, pipelines: Any, files: dict) -> None:
         if "contents" in info:  # optional: older manifests have none
             c.mapping(info["contents"], key(field, "contents"), lambda n, rec, path:
                       _check_contents(c, rec, path))
+        if "serialized" in info:  # optional: the graph, for a replay (replay.py)
+            c.text(info["serialized"], key(field, "serialized"), _BASE64, "base64 text")
+        if "batches" in info:  # optional: older manifests have none
+            _check_batches(c, info["batches"], key(field, "batches"))
 
     c.mapping(pipelines, "pipelines", entry)
+
+
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]{0,4000000}={0,2}$")
+_LOG_ID = re.compile(r"^[0-9a-f]{32}$")
+_BATCH_OUTPUT = re.compile(r"^[a-z0-9_]{1,24}/[0-9a-f]{8}/(?:c[0-9a-f]{8}|g[0-9a-f]{16}|-)$")
+
+
+def _check_batches(c: _Checker, record: Any, field: str) -> None:
+    """The digests of the batches after the previous checkpoint (batch_digests.py)."""
+    c.mapping(record, field)
+    c.text(c.get(record, field, "log"), key(field, "log"), _LOG_ID, "32 lowercase hex digits")
+    previous = c.get(record, field, "previous")
+    if previous is not None:
+        c.text(previous, key(field, "previous"), _LOG_ID, "32 lowercase hex digits or null")
+    batches = c.typed(c.get(record, field, "digests"), key(field, "digests"), list, "a list")
+    for i, batch in enumerate(batches):
+        where = f"{key(field, 'digests')}[{i}]"
+        for output in c.typed(batch, where, list, "a list of output digests"):
+            c.text(output, where, _BATCH_OUTPUT, "<dtype>/<8 hex>/<c + 8 hex | g + 16 hex>")
 
 
 _CRCS = re.compile(r"^(?:[0-9a-f]{8})*$")

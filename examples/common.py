@@ -54,8 +54,8 @@ def read_params(path: Path) -> dict:
 
 
 def kill_at_step() -> int:
-    """DVC_DALI_EXAMPLE_KILL_AT_STEP: the step after whose checkpoint the
-    trainer kills itself (0 or unset: never)."""
+    """DVC_DALI_EXAMPLE_KILL_AT_STEP: the step after which the trainer kills
+    itself, after its checkpoint if it has one (0 or unset: never)."""
     value = os.environ.get(KILL_ENV, "")
     try:
         step = int(value or 0)
@@ -134,6 +134,11 @@ def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float
     ck.make_checkpoint(step, arrays=arrays, metadata={**metadata, "loss": loss, "acc": acc})
     print(f"step {step:>6}/{steps}  loss {loss:.4f}  acc {acc:.3f}  "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    kill_if_at(step, kill_at)
+
+
+def kill_if_at(step: int, kill_at: int) -> None:
+    """SIGKILL at step ``kill_at``, as a preemption would (tests use it)."""
     if step == kill_at:
         print(f"train: {KILL_ENV}={kill_at}: killing myself (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -14,7 +14,8 @@ anything that shapes the DALI stream (batch_size, seed, data) is refused
 with dvc_dali.PipelineMismatchError.
 
 DVC_DALI_EXAMPLE_KILL_AT_STEP=N kills the process with SIGKILL right after
-the checkpoint at step N (to simulate preemption in tests).
+the checkpoint at step N, or after step N between two checkpoints (to
+simulate preemption in tests).
 """
 
 import os
@@ -32,7 +33,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from common import (CLASSES, CROP, IntervalMeter, checkpoint_interval,  # noqa: E402
-                    digits_pipeline, kill_at_step, parse_args, read_params)
+                    digits_pipeline, kill_at_step, kill_if_at, parse_args, read_params)
 
 import dvc_dali  # noqa: E402
 
@@ -194,6 +195,8 @@ def main(argv=None) -> int:
             checkpoint_interval(ck, live, step, steps, *meter.take(), t0, kill_at,
                                 lambda: save_model(Path(args.model), weights),
                                 arrays=weights, metadata={"lr": lr_value})
+        else:
+            kill_if_at(step, kill_at)
 
     save_model(Path(args.model), weights)
     live.end()

@@ -82,6 +82,24 @@ def validation_pipe(data):
     return fn.decoders.image(jpegs, device="cpu"), labels
 
 
+class ShiftedSource:
+    """An external_source callable of one argument (its position is saved)
+    whose values move with PROOF_SOURCE_SHIFT: a behaviour change the
+    pipeline's description cannot see."""
+
+    def __call__(self, info: types.SampleInfo) -> np.ndarray:
+        import os
+
+        shift = int(os.environ.get("PROOF_SOURCE_SHIFT", "0"))
+        return np.full((3,), info.idx_in_epoch * 10 + shift, dtype=np.int32)
+
+
+@pipeline_def
+def source_pipe():
+    values = fn.external_source(source=ShiftedSource(), batch=False, name="values")
+    return values, fn.random.uniform(range=(0.0, 1.0), name="noise")
+
+
 def make(kind: str, data: str, batch_size: int = 4, shuffle: bool = True, seed: int = 7,
          device: str = "cpu") -> dict:
     """{name: (pipeline_def function, keyword arguments)} for one test case."""
@@ -93,6 +111,8 @@ def make(kind: str, data: str, batch_size: int = 4, shuffle: bool = True, seed: 
         return {"train": (numpy_pipe, dict(data=data, shuffle=shuffle, **common))}
     if kind == "webdataset":
         return {"train": (webdataset_pipe, dict(data=data, shuffle=shuffle, **common))}
+    if kind == "source":
+        return {"train": (source_pipe, dict(**common))}
     if kind == "two":
         return {"train": (rotate_pipe, dict(data=data, shuffle=shuffle, **common)),
                 "val": (validation_pipe, dict(data=data, **{**common, "batch_size": 5}))}

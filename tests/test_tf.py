@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -79,6 +80,21 @@ def test_tf_dataset_refuses_another_seed_or_batch(data_dir, tmp_path):
                          tmp_path / "b.npz", ok=False)
         assert proc.returncode != 0
         assert "PipelineMismatchError" in proc.stderr and expect in proc.stderr, proc.stderr
+
+
+def test_tf_dataset_data_rewritten_in_place_is_refused_by_name(data_dir, tmp_path):
+    """The content digest covers a tf_dataset's readers too (data_contents)."""
+    from test_batch_digests import perturb_same_size_and_mtime
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    runner({"mode": "stream", "until": 3, "save_at": [3]}, data, tmp_path / "ck",
+           tmp_path / "a.npz")
+    perturb_same_size_and_mtime(data / "images" / "class1" / "003.jpg")
+    _, proc = runner({"mode": "stream", "until": 6}, data, tmp_path / "ck", tmp_path / "b.npz",
+                     ok=False)
+    assert proc.returncode != 0 and "PipelineMismatchError" in proc.stderr, proc.stderr
+    assert "changed class1/003.jpg" in proc.stderr, proc.stderr
 
 
 def test_a_damaged_tf_state_is_a_typed_error(data_dir, tmp_path):

@@ -1,0 +1,393 @@
+"""Proof at runtime: the batches a resumed pipeline produces are compared
+with the ones the run it continues produced.
+
+From each checkpoint on, every batch a registered pipeline hands out
+(``pipe.run()``, and the framework iterators, which call
+``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
+samples' shapes and a digest of its bytes (CRC-32 of the host bytes; on a
+GPU a weighted sum computed on the device, so nothing is copied to the host).
+At most ``DVC_DALI_VERIFY_BATCHES`` batches after each checkpoint (default:
+all of them).
+
+Where they go:
+- as each batch is produced, one JSON line appended (no fsync) to a
+  companion file named by the checkpoint's batch-log id, outside the
+  checkpoint output (DVC hashes that): ``<DVC root>/.dvc/tmp/dvc-dali/
+  batches/<id>.jsonl`` (for `--temp` and queued runs the workspace's, so a
+  later run there finds it), or beside the checkpoint directory outside DVC;
+  so a run killed between two checkpoints leaves them for the resume;
+- into the next checkpoint's manifest (each pipeline entry's ``batches``:
+  the id of the checkpoint they follow and the digests), so a resume of an
+  earlier row (after `dvc exp apply`, on another machine after `dvc exp
+  pull`) finds them in the row that came next.
+
+A resume compares each re-produced batch with its digest before it is
+returned, so the training step never sees a batch that differs: a mismatch
+is a :class:`BatchMismatchError` naming the pipeline, the step, what differs
+and what changed since. ``DVC_DALI_INEXACT=1`` continues on purpose, saying
+once that the run is no longer exact. Where no digest exists (a run killed
+right after its checkpoint), nothing is said and the batches are recorded.
+
+While recording (no digest to compare with), a batch's bytes are hashed on
+a background thread while the training step uses it, one batch at a time
+(the next batch waits for it): DALI's default executor keeps a returned
+batch alive while it is referenced, and the CRC releases the GIL. The legacy
+executor (``exec_dynamic=False``) reuses output buffers, so there, and for
+GPU batches (hashed on the device), it is done at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from .errors import PipelineMismatchError
+from .log import logger
+
+KEY = "batches"  # a pipeline entry's manifest field
+ALL = -1  # DVC_DALI_VERIFY_BATCHES unset: every batch between two checkpoints
+COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
+_KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
+_ID_CHARS = set("0123456789abcdef")
+
+
+class BatchMismatchError(PipelineMismatchError):
+    """A resumed pipeline produced a batch other than the one the run it
+    continues produced after the same checkpoint."""
+
+
+# -- digests -----------------------------------------------------------------
+def _crc(data: Any, value: int = 0) -> int:
+    from .store import crc32_function
+
+    return crc32_function()(data, value)
+
+
+def _host_bytes(tensor_list: Any) -> str:
+    """CRC-32 of the samples' bytes in order (a dense batch: one buffer)."""
+    parts = [tensor_list.as_tensor()] if tensor_list.is_dense_tensor() else tensor_list
+    value = 0
+    for part in parts:
+        try:
+            view = memoryview(part).cast("B")  # DALI's CPU tensors: the buffer protocol
+        except (TypeError, ValueError):
+            import numpy as np
+
+            view = memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
+        value = _crc(view, value)
+    return f"c{value:08x}"
+
+
+_weights: dict[int, Any] = {}  # device vectors of odd 64-bit weights, by length
+
+
+def _device_weights(n: int) -> Any:
+    import cupy
+
+    if n not in _weights:
+        w = cupy.arange(1, n + 1, dtype=cupy.uint64) * cupy.uint64(0x9E3779B97F4A7C15)
+        _weights[n] = w | cupy.uint64(1)
+    return _weights[n]
+
+
+def _device_bytes(tensor_list: Any) -> str:
+    """A position-weighted sum of each sample's 32-bit words, on the device
+    (one scalar comes back): the order of samples and of bytes counts."""
+    import cupy
+
+    total = 0
+    for k, sample in enumerate(tensor_list):
+        words = cupy.asarray(sample).reshape(-1).view(cupy.uint8)
+        pad = (-words.size) % 4096
+        if pad:
+            words = cupy.concatenate([words, cupy.zeros(pad, cupy.uint8)])
+        rows = words.view(cupy.uint32).reshape(-1, 1024).astype(cupy.uint64)
+        per_row = (rows * _device_weights(1024)).sum(axis=1)
+        part = int((per_row * _device_weights(per_row.size)).sum())
+        total = (total * 0x100000001B3 + part + k) % (1 << 64)
+    return f"g{total:016x}"
+
+
+def _on_device(tensor_list: Any) -> bool:
+    return type(tensor_list).__name__ == "TensorListGPU"
+
+
+def digest(outputs: Sequence[Any], hash_bytes: bool = True) -> list[str]:
+    """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``."""
+    out = []
+    for tl in outputs:
+        shapes = zlib.crc32(repr(tl.shape()).encode())
+        if not hash_bytes:
+            data = "-"
+        elif _on_device(tl):
+            data = _device_bytes(tl)
+        else:
+            data = _host_bytes(tl)
+        out.append(f"{str(tl.dtype).rsplit('.', 1)[-1].lower()}/{shapes:08x}/{data}")
+    return out
+
+
+def differences(want: list[str], got: list[str]) -> list[str]:
+    """What differs between two batch digests, output by output."""
+    if len(want) != len(got):
+        return [f"{len(got)} outputs where {len(want)} were produced"]
+    lines = []
+    for i, (a, b) in enumerate(zip(want, got)):
+        (dt_a, sh_a, by_a), (dt_b, sh_b, by_b) = a.split("/"), b.split("/")
+        if dt_a != dt_b:
+            lines.append(f"output {i}: dtype {dt_a} -> {dt_b}")
+        elif sh_a != sh_b:
+            lines.append(f"output {i}: sample shapes differ")
+        elif by_a[:1] == by_b[:1] and by_a != by_b:
+            lines.append(f"output {i}: same dtype and shapes, other bytes")
+    return lines
+
+
+# -- where they are kept -----------------------------------------------------
+def companion_dir(checkpoint: Path, environ: dict[str, str] | None = None) -> Path:
+    """Outside the checkpoint output, in the repository the run belongs to:
+    DVC_ROOT's (the workspace of a `--temp` or queued run), else the nearest
+    DVC repository's, else beside the checkpoint directory."""
+    from .context import repo_root
+
+    env = os.environ if environ is None else environ
+    root = env.get("DVC_ROOT") or repo_root(Path(checkpoint).resolve().parent)
+    if root:
+        return Path(root) / COMPANION
+    where = Path(checkpoint).resolve()
+    return where.parent / f".{where.name}.dvc-dali-batches"
+
+
+def _valid_id(log_id: Any) -> bool:
+    return isinstance(log_id, str) and len(log_id) == 32 and set(log_id) <= _ID_CHARS
+
+
+def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
+    """{pipeline: [batch digest, ...]} appended for checkpoint ``log_id``;
+    a torn last line (a kill mid-write) and anything malformed are skipped."""
+    found: dict[str, list[list[str]]] = {}
+    if not _valid_id(log_id):
+        return found
+    try:
+        text = (directory / f"{log_id}.jsonl").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+            name, index, value = rec["p"], rec["i"], rec["d"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        batches = found.setdefault(str(name), [])
+        if index == len(batches) and isinstance(value, list):  # in order, no gap
+            batches.append([str(v) for v in value])
+    return found
+
+
+def from_manifest(manifest: dict[str, Any], log_id: str) -> dict[str, list[list[str]]]:
+    """The digests a later checkpoint's manifest holds for the batches after
+    checkpoint ``log_id``."""
+    found = {}
+    for name, entry in (manifest.get("pipelines") or {}).items():
+        rec = entry.get(KEY) if isinstance(entry, dict) else None
+        if isinstance(rec, dict) and rec.get("previous") == log_id:
+            found[name] = [list(b) for b in rec.get("digests") or []]
+    return found
+
+
+def log_id_of(manifest: dict[str, Any]) -> str | None:
+    """The batch-log id of a checkpoint (the same for each of its pipelines)."""
+    for entry in (manifest.get("pipelines") or {}).values():
+        rec = entry.get(KEY) if isinstance(entry, dict) else None
+        if isinstance(rec, dict) and _valid_id(rec.get("log")):
+            return rec["log"]
+    return None
+
+
+def _prune(directory: Path) -> None:
+    try:
+        logs = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        for old in logs[:-_KEEP_LOGS]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+# -- the recorder --------------------------------------------------------------
+class _Expected:
+    """The digests a resume compares with, per pipeline, until they run out."""
+
+    def __init__(self, batches: dict[str, list[list[str]]], step: int, why: Callable[[str], str],
+                 where: str) -> None:
+        self.batches = batches
+        self.step = step
+        self.why = why  # pipeline name -> what changed since, for the message
+        self.where = where
+
+
+class Recorder:
+    """The batch digests of one Checkpointer's pipelines."""
+
+    def __init__(self, directory: Path, limit: int, inexact: bool) -> None:
+        self.directory = directory
+        self.limit = limit  # batches digested after each checkpoint; ALL; 0: off
+        self.inexact = inexact
+        self.log_id: str | None = None  # the checkpoint the batches follow
+        self._done: dict[str, list[list[str]]] = {}  # this segment's digests so far
+        self._count: dict[str, int] = {}
+        self._expected: _Expected | None = None
+        self._file = None
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None  # the one digest being computed
+
+    @property
+    def on(self) -> bool:
+        return self.limit != 0
+
+    def resume(self, log_id: str | None, batches: dict[str, list[list[str]]], step: int,
+               why: Callable[[str], str], where: str) -> None:
+        """Continue the segment after the resumed checkpoint: compare with what
+        it recorded, append what it did not."""
+        if not self.on or log_id is None:
+            return
+        self.log_id = log_id
+        self._done = {name: list(b) for name, b in batches.items()}
+        self._expected = _Expected(batches, step, why, where)
+        self._open()
+
+    def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
+        """Digest each batch ``pipe`` returns from ``outputs()`` and
+        ``share_outputs()`` (``run()`` and the iterators go through them)."""
+        if not self.on:
+            return
+        self._count.setdefault(name, 0)
+        self._done.setdefault(name, [])
+        for method in ("outputs", "share_outputs"):
+            original = getattr(pipe, method)
+            setattr(pipe, method, self._wrapped(name, original, dynamic_executor))
+
+    def _wrapped(self, name: str, original: Callable[..., Any], deferred: bool) -> Callable:
+        def produce(*args: Any, **kwargs: Any) -> Any:
+            outputs = original(*args, **kwargs)
+            self._on_batch(name, outputs, deferred)
+            return outputs
+
+        return produce
+
+    def _on_batch(self, name: str, outputs: Any, deferred: bool) -> None:
+        self._settle()
+        index = self._count[name]
+        self._count[name] = index + 1
+        if self.log_id is None or (self.limit != ALL and index >= self.limit):
+            return
+        expected = self._expected.batches.get(name, []) if self._expected else []
+        if index < len(expected):
+            self._check(name, index, expected[index], digest(outputs))
+            return
+        if deferred and not any(_on_device(tl) for tl in outputs):
+            self._in_background(name, index, outputs)
+        else:
+            self._append(name, index, digest(outputs))
+
+    def _check(self, name: str, index: int, want: list[str], got: list[str]) -> None:
+        diff = differences(want, got)
+        if not diff:
+            return
+        exp = self._expected
+        step = exp.step + index + 1
+        changed = exp.why(name)
+        if self.inexact:
+            logger.warning("pipeline %r produced another batch %d after the checkpoint at step "
+                           "%d than the run it resumes (%s); continuing on purpose "
+                           "(DVC_DALI_INEXACT=1): this run is no longer exact", name, index + 1,
+                           exp.step, "; ".join(diff))
+            self._expected = None  # said once; from here on the batches are recorded
+            return
+        raise BatchMismatchError(
+            f"pipeline {name!r}: the batch for step {step} (batch {index + 1} after the "
+            f"checkpoint at step {exp.step}, {exp.where}) differs from the one the run it "
+            f"resumes produced, so the training would not be exact; refused before it trains "
+            f"on it:\n  " + "\n  ".join(diff) + f"\n  since then: {changed}\n"
+            "Restore what changed (the data with `dvc checkout`, the DALI "
+            "version, the pipeline code) to resume, or start over with `dvc-dali reset`; to "
+            "continue on purpose, knowing the run is no longer exact, set DVC_DALI_INEXACT=1.")
+
+    def _settle(self) -> None:
+        """Wait for the digest in flight: at most one, so a kill loses at most
+        the last batch's, and the digests are appended in order."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+                logger.warning("a batch digest was not recorded (%s)", exc)
+
+    def _in_background(self, name: str, index: int, outputs: Any) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-batch-digest")
+        self._pending = self._pool.submit(lambda: self._append(name, index, digest(outputs)))
+
+    def _append(self, name: str, index: int, value: list[str]) -> None:
+        with self._lock:
+            done = self._done.setdefault(name, [])
+            if index != len(done):
+                return  # a segment ended meanwhile
+            done.append(value)
+            if self._file is not None:
+                try:
+                    self._file.write(json.dumps({"p": name, "i": index, "d": value}) + "\n")
+                    self._file.flush()
+                except OSError:
+                    self._file = None  # the manifest still gets them
+
+    def _open(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.directory / f"{self.log_id}.jsonl", "a", encoding="utf-8")
+        except OSError as exc:
+            logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
+
+    def checkpoint(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """At a save: the digests since the previous checkpoint go into each
+        pipeline's manifest entry, and a new segment begins."""
+        if not self.on:
+            return entries
+        self._settle()
+        with self._lock:
+            new_id = uuid.uuid4().hex
+            for name, entry in entries.items():
+                if name in self._count:
+                    entry[KEY] = {"log": new_id, "previous": self.log_id,
+                                  "digests": self._done.get(name, [])
+                                  if self.log_id is not None else []}
+            self.log_id = new_id
+            self._done = {name: [] for name in self._count}
+            self._count = dict.fromkeys(self._count, 0)
+            self._expected = None
+            self._open()
+        _prune(self.directory)
+        return entries
+
+
+def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
+                 data_lines: Iterable[str]) -> str:
+    """'DALI 2.3.0 -> 2.4.0; data ...' or what can still explain it."""
+    parts = [f"{k} {saved_versions.get(k)} -> {now_versions.get(k)}" for k in ("dali",)
+             if saved_versions.get(k) and saved_versions.get(k) != now_versions.get(k)]
+    parts += list(data_lines)
+    if not parts:
+        parts.append("the DALI version, the data files' names and sizes and the pipeline's "
+                     "description are unchanged; a file rewritten in place with its old size, "
+                     "a changed external_source callable, plugin or custom operator, or "
+                     "another kind of device would do this")
+    return "; ".join(parts)

@@ -1,0 +1,83 @@
+"""Proof at runtime under real `dvc exp run`: the example's data files
+rewritten in place (same names, sizes and mtimes: DVC and the data listing
+see nothing), with the content digest off so that only the batches can tell.
+A run killed between two checkpoints is refused at the first batch after its
+checkpoint; an applied earlier row is refused too, its digests read from the
+row its run recorded next (the companion files removed, as on another
+machine after `dvc exp pull`); with the data put back, it resumes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from dvc_project import clone_project, exp_rows, run
+
+KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+OFF = {"DVC_DALI_CONTENT_DIGEST_MAX": "0"}
+
+
+def rotate_same_size_files(images: Path, back: bool = False) -> int:
+    """Each PNG gets the bytes of another of the same size (a different
+    digit), its own mtime kept; ``back`` undoes it. Returns how many moved."""
+    by_size = defaultdict(list)
+    for path in sorted(images.rglob("*.png")):
+        by_size[path.stat().st_size].append(path)
+    moved = 0
+    for group in (g for g in by_size.values() if len(g) > 1):
+        blobs = [p.read_bytes() for p in group]
+        stats = [p.stat() for p in group]
+        for i, path in enumerate(group):
+            path.write_bytes(blobs[(i + 1) % len(group)] if back else blobs[i - 1])
+            os.utime(path, ns=(stats[i].st_atime_ns, stats[i].st_mtime_ns))
+        moved += len(group)
+    assert moved > 1000, moved  # most of the 1,797 digits: the next batches read some
+    return moved
+
+
+def refused(project: Path, *args: str) -> str:
+    proc = run(["dvc", "exp", "run", *args], project, check=False, env=OFF)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    assert "BatchMismatchError" in said and "Traceback" not in said, said
+    return said
+
+
+def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(tmp_path):
+    project = clone_project(tmp_path)
+    killed = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "25", **OFF})
+    assert killed.returncode != 0
+    assert {"a-step10", "a-step20"} <= set(exp_rows(project)) and "a-step30" not in exp_rows(
+        project)
+    images = project / "data" / "digits"
+    rotate_same_size_files(images)
+
+    said = refused(project)
+    assert "pipeline 'train': the batch for step 21 (batch 1 after the checkpoint at step 20" \
+        in said, said
+    assert "DVC_DALI_INEXACT=1" in said, said
+
+    rotate_same_size_files(images, back=True)
+    done = run(["dvc", "exp", "run"], project, env=OFF)
+    assert "resuming from step 20" in done.stdout, done.stdout
+    assert "a-step60" in exp_rows(project)
+    # replayed without training: the batches after a row's checkpoint are its run's
+    ok = run(["dvc-dali", "doctor", "--verify", "a-step30"], project, check=False)
+    assert "ok   a-step30, pipeline 'train': the 10 batches recorded after step 30 are " \
+        "reproduced exactly" in ok.stdout, ok.stdout + ok.stderr
+
+    # an earlier row applied, its batches' digests in the next row only
+    run(["dvc", "exp", "apply", "a-step30"], project)
+    shutil.rmtree(project / ".dvc" / "tmp" / "dvc-dali" / "batches")
+    rotate_same_size_files(images)
+    bad = run(["dvc-dali", "doctor", "--verify", "a-step30"], project, check=False)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "BAD  a-step30, pipeline 'train': batch 1 after step 30 differs from the one " \
+        "recorded" in bad.stdout, bad.stdout
+    said = refused(project, "-S", "train.lr=0.05")
+    assert "the batch for step 31 (batch 1 after the checkpoint at step 30" in said, said
+    rotate_same_size_files(images, back=True)
+    again = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project, env=OFF)
+    assert "resuming from step 30" in again.stdout, again.stdout

@@ -1,0 +1,83 @@
+"""The pure parts of the batch proof (dvc_dali/batch_digests.py): what
+differs between two digests, what a companion file yields when torn or
+forged, which manifest holds the digests after a checkpoint, the setting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dvc_dali import batch_digests as bd
+from dvc_dali.context import RunContext
+from dvc_dali.errors import ConfigError
+
+A = "uint8/0000aaaa/c11111111"
+ID1, ID2 = "1" * 32, "2" * 32
+
+
+@pytest.mark.parametrize("want, got, said", [
+    ([A], [A], []),
+    ([A], ["float/0000aaaa/c11111111"], ["output 0: dtype uint8 -> float"]),
+    ([A], ["uint8/0000bbbb/c11111111"], ["output 0: sample shapes differ"]),
+    ([A], ["uint8/0000aaaa/c22222222"], ["output 0: same dtype and shapes, other bytes"]),
+    ([A, A], [A, "uint8/0000aaaa/c2"], ["output 1: same dtype and shapes, other bytes"]),
+    ([A], [A, A], ["2 outputs where 1 were produced"]),
+    # a host CRC and a device sum are not comparable: dtype and shapes only
+    ([A], ["uint8/0000aaaa/g" + "0" * 16], []),
+])
+def test_differences(want, got, said):
+    assert bd.differences(want, got) == said
+
+
+def test_companion_file_keeps_whole_lines_in_order(tmp_path):
+    lines = [json.dumps({"p": "train", "i": i, "d": [A]}) for i in range(3)]
+    text = "\n".join([lines[0], lines[1], "{not json", json.dumps({"p": "train", "i": 5,
+                                                                    "d": [A]}),
+                      lines[2], '{"p": "train", "i": 3, "d": ["uint8/'])  # torn by a kill
+    (tmp_path / f"{ID1}.jsonl").write_text(text)
+    assert bd.read_companion(tmp_path, ID1) == {"train": [[A], [A], [A]]}
+    assert bd.read_companion(tmp_path, "../" + ID1[3:]) == {}  # never a path outside
+    assert bd.read_companion(tmp_path, ID2) == {}
+
+
+def test_the_next_manifest_holds_the_digests_after_a_checkpoint():
+    manifest = {"pipelines": {
+        "train": {bd.KEY: {"log": ID2, "previous": ID1, "digests": [[A]]}},
+        "val": {bd.KEY: {"log": ID2, "previous": None, "digests": []}},
+        "tf": {"kind": "tensorflow"}}}
+    assert bd.from_manifest(manifest, ID1) == {"train": [[A]]}
+    assert bd.from_manifest(manifest, ID2) == {}
+    assert bd.log_id_of(manifest) == ID2
+    assert bd.log_id_of({"pipelines": {"tf": {}}}) is None
+
+
+def test_what_changed_names_the_dali_version_and_the_files():
+    said = bd.what_changed({"dali": "2.3.0"}, {"dali": "2.4.0"}, ["reader.file_root: changed a"])
+    assert said == "dali 2.3.0 -> 2.4.0; reader.file_root: changed a"
+    assert "external_source callable" in bd.what_changed({"dali": "2.4.0"}, {"dali": "2.4.0"},
+                                                          [])
+
+
+def test_companion_dir_is_outside_the_checkpoint_output(tmp_path):
+    (tmp_path / "repo" / ".dvc").mkdir(parents=True)
+    ckpt = tmp_path / "repo" / "checkpoint"
+    assert bd.companion_dir(ckpt, {}) == tmp_path / "repo" / bd.COMPANION
+    # a --temp run's: the workspace's, where a later run looks
+    assert bd.companion_dir(ckpt, {"DVC_ROOT": str(tmp_path / "ws")}) == (
+        tmp_path / "ws" / bd.COMPANION)
+    assert bd.companion_dir(tmp_path / "plain" / "ck", {}) == (
+        tmp_path / "plain" / ".ck.dvc-dali-batches")
+
+
+@pytest.mark.parametrize("value, want", [(None, -1), ("", -1), ("all", -1), ("0", 0),
+                                         ("16", 16)])
+def test_verify_batches_setting(value, want):
+    env = {} if value is None else {"DVC_DALI_VERIFY_BATCHES": value}
+    assert RunContext.from_environ(env).verify_batches == want
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "1.5"])
+def test_a_bad_verify_batches_names_the_variable(value):
+    with pytest.raises(ConfigError, match="DVC_DALI_VERIFY_BATCHES"):
+        RunContext.from_environ({"DVC_DALI_VERIFY_BATCHES": value})
