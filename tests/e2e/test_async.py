@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 
 import dvc_dali
 
 from tests.helpers import pipelines
-from tests.helpers.dvc_project import commit_all, exp_rows, git_init, run, sigint_default
+from tests.helpers.dvc_project import make_project, run, sigint_default
+from tests.helpers.rows import exp_rows
 
 
 def test_async_checkpoint_captures_state_at_the_call(data_dir, tmp_path):
@@ -54,22 +56,17 @@ for step in range(ck.step + 1, 5):
 """
 
 
-def make_project(tmp_path, data_dir, mode):
-    tmp_path.mkdir()
-    git_init(tmp_path)
-    run(["dvc", "init", "-q"], tmp_path)
-    (tmp_path / "train.py").write_text(TRAIN)
-    shutil.copy(pipelines.__file__, tmp_path / "pipelines.py")
-    (tmp_path / "dvc.yaml").write_text(
-        f"stages:\n  train:\n    cmd: {sys.executable} train.py {data_dir} {mode}\n"
-        "    outs:\n      - checkpoint:\n          persist: true\n    always_changed: true\n")
-    commit_all(tmp_path)
-    return tmp_path
+def async_project(path, data_dir, mode):
+    return make_project(path, files={
+        "train.py": TRAIN, "pipelines.py": Path(pipelines.__file__),
+        "dvc.yaml": f"stages:\n  train:\n    cmd: {sys.executable} train.py {data_dir} {mode}\n"
+                    "    outs:\n      - checkpoint:\n          persist: true\n"
+                    "    always_changed: true\n"})
 
 
 def test_exit_and_ctrl_c_finish_the_checkpoint_in_flight(tmp_path, data_dir):
     for mode in ("exit", "sigint"):
-        project = make_project(tmp_path / mode, data_dir, mode)
+        project = async_project(tmp_path / mode, data_dir, mode)
         proc = run(["dvc", "exp", "run", "-n", mode], project, check=False,
                    preexec_fn=sigint_default)
         rows = exp_rows(project)

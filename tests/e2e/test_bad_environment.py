@@ -19,7 +19,8 @@ import dvc_dali
 from dvc_dali import checkpoint_signal as dvc_signal
 
 from tests.helpers import REPO
-from tests.helpers.dvc_project import clone_project, exp_rows, run
+from tests.helpers.dvc_project import make_project, run
+from tests.helpers.rows import exp_rows
 
 
 def _can_mount() -> bool:
@@ -113,7 +114,7 @@ def test_dvc_root_wrong_or_missing(tmp_path, monkeypatch):
 
 
 def test_dvc_root_wrong_under_dvc3_is_refused_before_training(tmp_path):
-    project = clone_project(tmp_path)
+    project = make_project(tmp_path, example=True)
     run(["dvc", "exp", "run"], project)  # prepares data/ and shows the stage works
     env = {**os.environ, "PYTHONPATH": str(REPO), "DVC_ROOT": str(tmp_path / "wrong"),
            "DVC_EXP_BASELINE_REV": "0" * 40, "DVC_STAGE": "train", "DVC_EXP_NAME": "x"}
@@ -124,7 +125,7 @@ def test_dvc_root_wrong_under_dvc3_is_refused_before_training(tmp_path):
 
 
 def test_stale_signal_from_a_crashed_run_is_removed_and_said(tmp_path):
-    project = clone_project(tmp_path)
+    project = make_project(tmp_path, example=True)
     (project / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
     (project / ".dvc" / "tmp" / "DVC_CHECKPOINT").write_text("")
     out = run(["dvc", "exp", "run", "-n", "s"], project)
@@ -137,7 +138,7 @@ def test_cache_on_another_filesystem(tmp_path):
     if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("/dev/shm is not another filesystem here")
     cache = Path("/dev/shm") / f"dvc-dali-cache-{uuid.uuid4().hex[:8]}"
-    project = clone_project(tmp_path)
+    project = make_project(tmp_path, example=True)
     try:
         run(["dvc", "cache", "dir", str(cache)], project)
         run(["git", "commit", "-qam", "cache elsewhere"], project)
@@ -222,7 +223,7 @@ def test_a_bad_variable_is_one_line_from_every_entry_point(tmp_path, entry, name
 
 
 def test_a_bad_variable_under_dvc_exp_run_is_one_line(tmp_path):
-    project = clone_project(tmp_path)
+    project = make_project(tmp_path, example=True)
     proc = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project, check=False,
                env={"DVC_DALI_KEEP_LAST": "0"})
     line = _the_line(proc, "DVC_DALI_KEEP_LAST")

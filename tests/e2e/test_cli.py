@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.dvc_project import clone_project, commit_all, exp_rows, git_init, run
+from tests.helpers.dvc_project import commit_all, make_project, run
+from tests.helpers.rows import exp_refs, exp_rows
 
 DVC_DALI = [sys.executable, "-m", "dvc_dali.cli"]
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
@@ -37,8 +38,7 @@ def test_every_subcommand_help_has_a_description(tmp_path, sub):
 def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     from PIL import Image
 
-    git_init(tmp_path)
-    run(["dvc", "init", "-q"], tmp_path)
+    make_project(tmp_path, message=None)
     run([*DVC_DALI, "init"], tmp_path)
     refused = run([*DVC_DALI, "init"], tmp_path, check=False)
     assert refused.returncode == 1 and "--force" in refused.stderr
@@ -57,11 +57,6 @@ def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     run(["dvc", "exp", "run", "-n", "tpl"], tmp_path)
     rows = exp_rows(tmp_path)
     assert [rows[f"tpl-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    return clone_project(tmp_path)
 
 
 def test_show_draws_the_checkpoints_by_step_with_a_branch(project):
@@ -134,15 +129,12 @@ done
 def shell_project(path: Path) -> Path:
     """A DVC project whose stage is SHELL_TRAINER under `dvc-dali run`: three
     rows in about a second."""
-    git_init(path)
-    run(["dvc", "init", "-q"], path)
-    (path / "train.sh").write_text(SHELL_TRAINER)
-    (path / "train.sh").chmod(0o755)
-    (path / "dvc.yaml").write_text(
-        f"stages:\n  train:\n    cmd: {sys.executable} -m dvc_dali.cli run -- ./train.sh\n"
-        "    outs:\n      - checkpoint:\n          persist: true\n"
-        "    metrics:\n      - metrics.json:\n          cache: false\n"
-        "    always_changed: true\n")
+    dvc_yaml = (f"stages:\n  train:\n    cmd: {sys.executable} -m dvc_dali.cli run -- ./train.sh\n"
+                "    outs:\n      - checkpoint:\n          persist: true\n"
+                "    metrics:\n      - metrics.json:\n          cache: false\n"
+                "    always_changed: true\n")
+    make_project(path, files={"train.sh": SHELL_TRAINER, "dvc.yaml": dvc_yaml}, message=None)
+    (path / "train.sh").chmod(0o755)  # before the commit: git records the mode
     commit_all(path)
     return path
 
@@ -167,10 +159,7 @@ def test_run_wrapper_records_a_non_python_trainer(tmp_path):
 @pytest.fixture
 def bare_project(tmp_path) -> Path:
     """A git + DVC repository with one commit and no stage."""
-    git_init(tmp_path)
-    run(["dvc", "init", "-q"], tmp_path)
-    commit_all(tmp_path)
-    return tmp_path
+    return make_project(tmp_path)
 
 
 def head_sha(repo: Path) -> str:
@@ -206,8 +195,7 @@ def add_rows(repo: Path, exp: str, steps, times=None, baseline: str | None = Non
 
 
 def exp_refnames(repo: Path) -> set[str]:
-    out = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], repo).stdout
-    return {ref.rsplit("/", 1)[-1] for ref in out.split()}
+    return {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(repo, dvc_exec=True)}
 
 
 def test_show_orders_runs_newest_first_and_marks_each_runs_latest_row(bare_project):

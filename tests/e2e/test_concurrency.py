@@ -26,13 +26,12 @@ import yaml
 
 from dvc_dali.recording import list_rows as list_checkpoint_rows
 
-from tests.helpers.dvc_project import clone_project, queue_report, run, wait_queue
+from tests.helpers.dvc_project import make_project, queue_report, run, wait_queue
 from tests.helpers.fuzz_harness import dvc_env, reset
 from tests.helpers.fuzz_harness import (
     ExpRun,
     cached_checkpoint_step,
     check_row_data,
-    exp_refs,
     git,
     is_train,
     model_digest,
@@ -40,6 +39,7 @@ from tests.helpers.fuzz_harness import (
     stale_files,
 )
 from tests.helpers.fuzz_kill import model_md5_in_row
+from tests.helpers.rows import exp_refs
 
 STEPS, EVERY = 40, 2
 LONG = 160  # steps of the runs that must overlap
@@ -55,7 +55,7 @@ def params(lr: float, steps: int = STEPS) -> list[str]:
 def project(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("concurrency")
     (path / "logs").mkdir()
-    return clone_project(path / "project")
+    return make_project(path / "project", example=True)
 
 
 def check_experiment(project: Path, exp: str, lr: float, total: int = STEPS) -> dict[int, str]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import HELPERS
-from tests.helpers.dvc_project import commit_all, git_init, run
+from tests.helpers.dvc_project import make_project, run
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
 
@@ -19,18 +19,13 @@ UNTIL, EVERY = 12, 3
 
 
 def project(path, data_dir, nproc):
-    path.mkdir()
-    git_init(path)
-    run(["dvc", "init", "-q"], path)
-    shutil.copy(HELPERS / "dist_runner.py", path / "dist_runner.py")  # imports tests.helpers
-    (path / ".gitignore").write_text("out-*\n")
-    (path / "dvc.yaml").write_text(
-        "stages:\n  train:\n"
+    return make_project(path, files={
+        "dist_runner.py": HELPERS / "dist_runner.py",  # imports tests.helpers (PYTHONPATH)
+        ".gitignore": "out-*\n",
+        "dvc.yaml": "stages:\n  train:\n"
         f"    cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node "
         f"{nproc} dist_runner.py {data_dir} $RUN_ID {UNTIL} {EVERY}\n"
-        "    outs:\n      - checkpoint:\n          persist: true\n    always_changed: true\n")
-    commit_all(path)
-    return path
+        "    outs:\n      - checkpoint:\n          persist: true\n    always_changed: true\n"})
 
 
 def exp_run(path, run_id, check=True, **env):

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.dvc2_venv import REPO, Dvc2InstallError, Dvc2Unavailable, ensure_dvc2
+from tests.helpers.dvc_project import make_project
 
 LOG = "dvc2_log.jsonl"  # what train.py says about itself, one JSON object a line
 LINEAGE_KEY = "dvc-dali-checkpoint:"  # in the message of every commit our recorder makes
@@ -166,11 +167,8 @@ stages:
 
 
 def _dvc2_project(dvc2: Path, path: Path, steps: int, outs_entry: str) -> Path:
-    path.mkdir()
-    _run(["git", "init", "-q", "-b", "main"], path)
-    for key, value in (("user.email", "test@example.invalid"), ("user.name", "dvc-dali tests"),
-                       ("commit.gpgsign", "false")):
-        _git(path, "config", key, value)
+    # the shared factory's git repository; DVC 2's own `dvc init`, not this DVC 3's
+    make_project(path, dvc_init=False, message=None)
     _run([dvc2, "init", "-q"], path)
     _run([dvc2, "config", "core.analytics", "false"], path)
     _run([dvc2, "config", "core.check_update", "false"], path)

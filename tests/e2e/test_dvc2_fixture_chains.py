@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from tests.helpers.dvc_project import commit_all, exp_rows, git_init, run, wait_queue
+from tests.helpers.dvc_project import commit_all, make_project, run, wait_queue
+from tests.helpers.rows import exp_rows
 
 # DVC 2.58.2's CHECKPOINT_SCRIPT, `from dvc.api import make_checkpoint` switched
 CHECKPOINT_SCRIPT = """\
@@ -71,14 +72,8 @@ stages:
 
 
 def _project(path):
-    git_init(path)
-    run(["dvc", "init", "-q"], path)
-    (path / "checkpoint.py").write_text(CHECKPOINT_SCRIPT)
-    (path / "params.yaml").write_text("foo: 1\n")
-    (path / "dvc.yaml").write_text(DVC_YAML)
-    (path / ".gitignore").write_text("/foo\n")
-    commit_all(path)
-    return path
+    return make_project(path, files={"checkpoint.py": CHECKPOINT_SCRIPT, "params.yaml": "foo: 1\n",
+                                     "dvc.yaml": DVC_YAML, ".gitignore": "/foo\n"})
 
 
 def _foo_of(project, rev: str) -> str:

@@ -22,7 +22,8 @@ from dvc_dali.context import RunContext
 from dvc_dali.errors import RecordError
 
 from tests.helpers import REPO
-from tests.helpers.dvc_project import queue_report, wait_queue
+from tests.helpers.dvc_project import make_project, queue_report, wait_queue
+from tests.helpers.rows import exp_rows
 
 TRAIN_PY = textwrap.dedent(
     """\
@@ -118,19 +119,9 @@ def env(tmp_path):
 
 @pytest.fixture
 def repo(tmp_path, env):
-    r = tmp_path / "repo"
-    r.mkdir()
-    git(r, "init", "-q", "-b", "master")
-    git(r, "config", "user.name", "Test")
-    git(r, "config", "user.email", "test@example.com")
-    dvc(r, "init", "-q", env=env)
-    (r / "train.py").write_text(TRAIN_PY)
-    (r / "dvc.yaml").write_text(DVC_YAML)
-    (r / "params.yaml").write_text("lr: 0.1\nsteps: 3\n")
-    (r / "progress.txt").write_text("step 0")
-    git(r, "add", "-A")
-    git(r, "commit", "-qm", "init")
-    return r
+    return make_project(tmp_path / "repo", branch="master", env=env, files={
+        "train.py": TRAIN_PY, "dvc.yaml": DVC_YAML, "params.yaml": "lr: 0.1\nsteps: 3\n",
+        "progress.txt": "step 0"})
 
 
 def read_log(env) -> list[dict]:
@@ -138,16 +129,6 @@ def read_log(env) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-def exp_rows(repo, env) -> dict[str, dict]:
-    data = json.loads(dvc(repo, "exp", "show", "--json", env=env).stdout)
-    rows = {}
-    for base in data:
-        for exp in base.get("experiments") or []:
-            for rev in exp["revs"]:
-                rows[rev["name"]] = rev
-    return rows
 
 
 def cached_state(cache_root: Path, dir_hash: str) -> str:
@@ -168,7 +149,7 @@ def lock_ckpt_hash(text: str) -> str:
 
 def check_rows(repo, env, exp, steps, lr, baseline):
     """Each checkpoint row: its commit's dvc.lock, cache, metrics, params."""
-    rows = exp_rows(repo, env)
+    rows = exp_rows(repo, all_commits=False, env=env)
     cache = repo / ".dvc" / "cache"
     by_name = {}
     for step in steps:

@@ -11,8 +11,8 @@ import pytest
 
 import dvc_dali
 
-from tests.helpers.dvc_project import (REPO, clone_project, exp_rows, model_sha, run,
-                                       uninterrupted_run)
+from tests.helpers.dvc_project import REPO, model_sha, run, uninterrupted_run
+from tests.helpers.rows import exp_rows
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
@@ -21,11 +21,6 @@ KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 def uninterrupted(tmp_path_factory) -> str:
     """The final model of one uninterrupted `dvc exp run`."""
     return uninterrupted_run(tmp_path_factory.mktemp("ref"))[0]
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    return clone_project(tmp_path)
 
 
 def test_sigkill_then_rerun_is_bit_identical(project, uninterrupted):

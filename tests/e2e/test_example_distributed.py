@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.helpers.dvc_project import clone_project, commit_all, exp_rows, model_sha, run
+from tests.helpers.dvc_project import commit_all, make_project, model_sha, run
+from tests.helpers.rows import exp_rows
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
 
@@ -16,7 +17,7 @@ KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
 
 def two_ranks(path):
-    project = clone_project(path)
+    project = make_project(path, example=True)
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace(
         "cmd: python examples/train.py",

@@ -5,11 +5,11 @@ the row at step 10 is in the middle of epoch 0, 20 in the middle of epoch 1."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import clone_project, exp_rows, model_sha, run, uninterrupted_run
+from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
+from tests.helpers.rows import exp_rows
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
@@ -25,11 +25,6 @@ def uninterrupted(tmp_path_factory) -> tuple[str, dict]:
     sha, out = uninterrupted_run(ref, tuple(KERAS))
     assert "starting (keras)" in out.stdout
     return sha, exp_rows(ref)
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    return clone_project(tmp_path)
 
 
 def test_keras_learns_with_the_shipped_params(uninterrupted):

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from tests.helpers.dvc_project import clone_project, exp_rows, model_sha, run, uninterrupted_run
+from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
+from tests.helpers.rows import exp_rows
 
 pytest.importorskip("lightning")
 pytest.importorskip("nvidia.dali.plugin.pytorch")
@@ -32,11 +33,6 @@ def uninterrupted(tmp_path_factory) -> str:
     sha, out = uninterrupted_run(tmp_path_factory.mktemp("ref_lightning"), tuple(LIGHTNING))
     assert "starting (lightning)" in out.stdout
     return sha
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    return clone_project(tmp_path)
 
 
 def _killed_then_resumed(project: Path, env: dict | None = None):

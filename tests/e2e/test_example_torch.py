@@ -3,11 +3,11 @@ to end under real `dvc exp run` in temporary git repos."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import clone_project, exp_rows, model_sha, run, uninterrupted_run
+from tests.helpers.dvc_project import make_project, model_sha, run, uninterrupted_run
+from tests.helpers.rows import exp_rows
 
 pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali.plugin.pytorch")
@@ -25,11 +25,6 @@ def uninterrupted(tmp_path_factory) -> str:
     sha, out = uninterrupted_run(tmp_path_factory.mktemp("ref_torch"), tuple(TORCH))
     assert "starting on cpu (torch)" in out.stdout or "starting on gpu (torch)" in out.stdout
     return sha
-
-
-@pytest.fixture
-def project(tmp_path) -> Path:
-    return clone_project(tmp_path)
 
 
 def test_torch_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
@@ -50,7 +45,7 @@ def test_torch_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
 
 
 def test_torch_killed_at_epoch_boundaries_resumes_exactly(project, tmp_path_factory):
-    ref = clone_project(tmp_path_factory.mktemp("ref_epochs"))
+    ref = make_project(tmp_path_factory.mktemp("ref_epochs"), example=True)
     run(["dvc", "exp", "run", "-n", "ref", *EPOCHS], ref)
     assert {exp_rows(ref)[f"ref-step{s}"]["step"] for s in (57, 114, 120)} == {57, 114, 120}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import clone_project, run
+from tests.helpers.dvc_project import make_project, run
 from tests.helpers.fuzz_harness import (ExpRun, load_checkpoint, model_digest, reset,
                                         stale_files, wait_for_phase)
 from tests.helpers.fuzz_kill import (EVERY, PARAMS, STEPS, check_rows, fuzz, md5_of,
@@ -38,7 +38,7 @@ RUN_PARAMS = {"steps": STEPS, "checkpoint_every": EVERY}
 
 
 def test_kill_fuzz_resumes_bit_identical(tmp_path, record_property):
-    project = clone_project(tmp_path / "project")
+    project = make_project(tmp_path / "project", example=True)
     logs = tmp_path / "logs"
     logs.mkdir()
     t0 = time.monotonic()
@@ -92,7 +92,7 @@ def test_kill_fuzz_resumes_bit_identical(tmp_path, record_property):
 @pytest.fixture(scope="module")
 def signal_project(tmp_path_factory):
     path = tmp_path_factory.mktemp("signals")
-    project = clone_project(path / "project")
+    project = make_project(path / "project", example=True)
     (path / "logs").mkdir()
     return project, path / "logs", reference_run(project, path / "logs")
 
@@ -197,7 +197,7 @@ def test_rerun_while_orphaned_trainer_still_runs(tmp_path, record_property):
     the checkpoint, or completes; whatever both recorded points at cached,
     complete data of the right step; a last rerun gives the identical model.
     """
-    project = clone_project(tmp_path / "project")
+    project = make_project(tmp_path / "project", example=True)
     logs = tmp_path / "logs"
     logs.mkdir()
     ref = reference_run(project, logs)

@@ -11,7 +11,8 @@ import pytest
 
 from dvc_dali.migrate import check_project
 
-from tests.helpers.dvc_project import commit_all, git_init, run
+from tests.helpers.dvc_project import commit_all, make_project, run
+from tests.helpers.rows import exp_refs
 
 MIGRATE = [sys.executable, "-m", "dvc_dali.migrate"]
 TOTAL = 5
@@ -64,17 +65,12 @@ if os.environ.get("DVC_CHECKPOINT"):
 
 
 def _project(path: Path, script: str) -> Path:
-    git_init(path)
-    run(["dvc", "init", "-q"], path)
-    (path / "dvc.yaml").write_text(DVC2_YAML)
-    (path / "train.py").write_text(script)
-    commit_all(path, "a DVC 2 project")
-    return path
+    return make_project(path, files={"dvc.yaml": DVC2_YAML, "train.py": script},
+                        message="a DVC 2 project")
 
 
 def _rows(path: Path) -> set[str]:
-    refs = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], path).stdout
-    return {ref.rsplit("/", 1)[1] for ref in refs.split()}
+    return {ref.rsplit("/", 1)[1] for _, ref in exp_refs(path, dvc_exec=True)}
 
 
 def _migrate(path: Path, *args: str, check: bool = True):

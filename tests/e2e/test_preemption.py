@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from tests.helpers.dvc_project import REPO, exp_rows, run, template_project
+from tests.helpers.dvc_project import REPO, run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
+from tests.helpers.rows import exp_rows
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import REPO, clone_project, exp_rows, model_sha
+from tests.helpers.dvc_project import REPO, make_project, model_sha
+from tests.helpers.rows import exp_rows
 
 README = REPO / "README.md"
 MAIN_JOB = 'python3 -m pip install -e ".[example]" && dvc exp run'
@@ -88,7 +89,7 @@ def runs(project: Path) -> dict[str, list[int]]:
 
 def test_readme_commands_run_in_the_order_written(tmp_path):
     state: dict = {}
-    walk = Walk(clone_project(tmp_path / "clone"))
+    walk = Walk(make_project(tmp_path / "clone", example=True))
 
     def first_run(p):
         ok(p, "Ran experiment(s)")

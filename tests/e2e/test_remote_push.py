@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import exp_rows, git_init, run, template_project
+from tests.helpers.dvc_project import git_init, run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.remotes import missing_data, remote_rows, with_remotes
+from tests.helpers.rows import exp_refs, exp_rows, row_refs
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +140,7 @@ def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_
     project = template_project(tmp_path)
     bare, _ = with_remotes(project, tmp_path, auto_push=False)
     run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
-    ref = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps/*/*/a-step10"],
-              project).stdout.strip()
+    ref = row_refs(project)["a-step10"][0]
     run(["git", "push", "-q", "origin", f"{ref}:{ref}"], project)  # the ref, not the data
     fresh = tmp_path / "fresh"
     run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
@@ -152,15 +152,6 @@ def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_
     assert "dvc.lock names the checkpoint checkpoint of row a-step10" in text, text
     assert "`dvc exp pull <git remote> a-step10`" in text and "Traceback" not in text, text
     assert "starting" not in text and "step 5/" not in text, text
-
-
-def row_refs(project: Path) -> dict[str, tuple[str, str]]:
-    """row name -> (ref, sha) of the local dvc-dali rows."""
-    out = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
-              project).stdout
-    return {ref.rsplit("/", 1)[1]: (ref, sha) for sha, ref in (line.split() for line in
-                                                               out.splitlines())
-            if "-step" in ref}
 
 
 def cached_files(project: Path, sha: str) -> dict[str, Path]:
@@ -208,8 +199,7 @@ def test_rows_whose_data_is_missing_are_not_pushed_nor_pulled_and_are_named(tmp_
     assert "Pushed with their data: 1 row of a" in line and "dvc exp pull" in line, said
     assert "Traceback" not in said
     assert set(remote_rows(bare)) == {"a-step15"}, said  # no ref of an incomplete row
-    sent = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
-               bare).stdout.split()[::2]
+    sent = [sha for sha, _ in exp_refs(bare, dvc_exec=True)]
     assert sent, said
     for sha in sent:  # the rows and DVC's own experiment ref: all their data
         assert missing_data(bare, store, sha) == [], sha

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import exp_rows, git_init, run, template_project
+from tests.helpers.dvc_project import git_init, run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.remotes import remote_rows
+from tests.helpers.rows import exp_rows
 
 pytest.importorskip("dvc_s3")
 boto3 = pytest.importorskip("boto3")

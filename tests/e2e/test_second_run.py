@@ -21,7 +21,7 @@ import yaml
 
 from dvc_dali.recording import list_rows as list_checkpoint_rows
 
-from tests.helpers.dvc_project import clone_project, run
+from tests.helpers.dvc_project import make_project, run
 from tests.helpers.fuzz_harness import (ExpRun, cached_checkpoint_step, check_row_data, git,
                                         reset, show)
 from tests.helpers.fuzz_kill import model_md5_in_row
@@ -65,7 +65,7 @@ runpy.run_path("examples/train.py", run_name="__main__")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("second_run")
     (root / "logs").mkdir()
-    project = clone_project(root / "project")
+    project = make_project(root / "project", example=True)
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("steps: 60", f"steps: {STEPS}"))
     (project / "gated_train.py").write_text(GATED_TRAIN)

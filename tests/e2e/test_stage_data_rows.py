@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from dvc_dali import recording as rec
+
+from tests.helpers.dvc_project import make_project
 
 DVC_YAML = textwrap.dedent("""\
     stages:
@@ -35,19 +36,10 @@ def run(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch) -> Path:
-    r = tmp_path / "repo"
-    r.mkdir()
-    run(r, "git", "init", "-q", "-b", "main")
-    run(r, "git", "config", "user.name", "Test")
-    run(r, "git", "config", "user.email", "test@example.com")
-    run(r, sys.executable, "-m", "dvc", "init", "-q")
-    (r / "train.py").write_text("print('trains')\n")
-    (r / "dvc.yaml").write_text(DVC_YAML)
-    for i in range(40):
-        (r / "data" / f"class{i % 4}").mkdir(parents=True, exist_ok=True)
-        (r / "data" / f"class{i % 4}" / f"{i:03d}.png").write_bytes(bytes([i]) * 64)
-    run(r, "git", "add", ".")
-    run(r, "git", "commit", "-qm", "data committed to git")
+    images = {f"data/class{i % 4}/{i:03d}.png": bytes([i]) * 64 for i in range(40)}
+    r = make_project(tmp_path / "repo", env={"DVC_NO_ANALYTICS": "1"},
+                     files={"train.py": "print('trains')\n", "dvc.yaml": DVC_YAML, **images},
+                     message="data committed to git")
     monkeypatch.setenv("DVC_ROOT", str(r))
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", run(r, "git", "rev-parse", "HEAD"))
     monkeypatch.setenv("DVC_EXP_NAME", "direct")

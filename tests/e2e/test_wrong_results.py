@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import git_init, run, template_project
+from tests.helpers.dvc_project import make_project, run, template_project
+from tests.helpers.rows import exp_refs
 
 BARE_TRAIN = textwrap.dedent("""\
     import os, sys, yaml
@@ -39,23 +40,8 @@ DVC2_STAGE = textwrap.dedent("""\
 
 
 def bare_project(tmp_path: Path, dvc_yaml: str) -> Path:
-    project = tmp_path / "p"
-    project.mkdir()
-    git_init(project)
-    run(["dvc", "init", "-q"], project)
-    (project / "train.py").write_text(BARE_TRAIN)
-    (project / "dvc.yaml").write_text(dvc_yaml)
-    (project / "params.yaml").write_text("steps: 4\n")
-    run(["git", "add", "-A"], project)
-    run(["git", "commit", "-qm", "init"], project)
-    return project
-
-
-def exp_refs(project: Path) -> list[str]:
-    """Experiment rows (not DVC's own refs/exps/exec/... bookkeeping)."""
-    refs = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"],
-               project).stdout.split()
-    return [r for r in refs if not r.startswith("refs/exps/exec/")]
+    return make_project(tmp_path / "p", files={
+        "train.py": BARE_TRAIN, "dvc.yaml": dvc_yaml, "params.yaml": "steps: 4\n"})
 
 
 @pytest.mark.parametrize("yaml_text", [
@@ -84,7 +70,7 @@ def test_bare_make_checkpoint_with_a_resumable_stage_records_and_resumes(tmp_pat
     assert killed.returncode != 0
     run(["dvc", "exp", "run", "-n", "port2"], project)
     assert (project / "checkpoint" / "state.txt").read_text() == "4"
-    names = {r.rsplit("/", 1)[-1] for r in exp_refs(project)}
+    names = {r.rsplit("/", 1)[-1] for _, r in exp_refs(project)}
     assert {"port-step1", "port-step2"} <= names, names
     assert json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
 
@@ -96,7 +82,7 @@ RESUMABLE = DVC2_STAGE.replace("checkpoint: true", "checkpoint: true\n          
 def row_names(project: Path) -> dict[str, set[str]]:
     """{baseline sha: row names} of the experiment rows."""
     out: dict[str, set[str]] = {}
-    for ref in exp_refs(project):
+    for _, ref in exp_refs(project):
         _, _, a, b, name = ref.split("/")
         out.setdefault(a + b, set()).add(name)
     return out
@@ -291,7 +277,7 @@ def test_reset_starts_a_bare_make_checkpoint_port_over(tmp_path):
     reset = run([sys.executable, "-m", "dvc_dali.cli", "reset"], project)
     assert "removed checkpoint" in reset.stdout and "dvc.lock:train" in reset.stdout
     run(["dvc", "exp", "run", "-n", "b"], project)
-    names = {r.rsplit("/", 1)[-1] for r in exp_refs(project)}
+    names = {r.rsplit("/", 1)[-1] for _, r in exp_refs(project)}
     assert {"b-step1", "b-step2", "b-step3", "b-step4"} <= names, names
 
 

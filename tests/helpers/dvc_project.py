@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -39,44 +38,78 @@ def run(cmd: list[str], cwd: Path, check: bool = True, env: dict | None = None,
     return proc
 
 
-def git_init(path: Path) -> None:
-    run(["git", "init", "-q", "-b", "main"], path)
-    run(["git", "config", "user.email", "test@example.invalid"], path)
-    run(["git", "config", "user.name", "dvc-dali tests"], path)
+def git_init(path: Path, branch: str = "main", env: dict | None = None) -> None:
+    """A git repository at ``path`` (again, for a clone: its identity only),
+    with the identity the rows are committed under and no commit signing."""
+    run(["git", "init", "-q", "-b", branch], path, env=env)
+    run(["git", "config", "user.email", "test@example.invalid"], path, env=env)
+    run(["git", "config", "user.name", "dvc-dali tests"], path, env=env)
+    run(["git", "config", "commit.gpgsign", "false"], path, env=env)
 
 
-def commit_all(path: Path, message: str = "init") -> None:
-    run(["git", "add", "-A"], path)
-    run(["git", "commit", "-q", "-m", message], path)
+def commit_all(path: Path, message: str = "init", env: dict | None = None) -> None:
+    run(["git", "add", "-A"], path, env=env)
+    run(["git", "commit", "-q", "-m", message], path, env=env)
 
 
-def clone_project(dest: Path) -> Path:
-    """This repository's DVC project (example, dvc.yaml, params) as a fresh
-    git repo: the files a clone would have, including uncommitted edits."""
+# What a clone of this repository holds of its own DVC project (the example).
+EXAMPLE_DIRS = (".dvc/", "examples/", "templates/")
+EXAMPLE_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore")
+
+
+def _copy_example(dest: Path) -> None:
+    """This repository's DVC project (example, dvc.yaml, params, .dvc/): the
+    files a clone would have, including uncommitted edits."""
     listed = run(["git", "ls-files", "-co", "--exclude-standard"], REPO).stdout.split()
     for rel in listed:
-        if rel.startswith((".dvc/", "examples/", "templates/")) or rel in (
-                "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        if rel.startswith(EXAMPLE_DIRS) or rel in EXAMPLE_FILES:
             if (REPO / rel).is_file():
                 (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / rel, dest / rel)
-    git_init(dest)
-    commit_all(dest)
-    return dest
+
+
+def make_project(path: Path, *, example: bool = False, template: bool = False,
+                 files: dict[str, str | bytes | Path] | None = None, dvc_init: bool = True,
+                 branch: str = "main", env: dict | None = None,
+                 message: str | None = "init") -> Path:
+    """A git + DVC project at ``path`` (made if absent), for end-to-end tests.
+
+    In this order: ``example``: this repository's DVC project copied in, as a
+    clone has it (it brings its own .dvc/: no `dvc init`); a git repository
+    on ``branch``; `dvc init` by this interpreter's DVC (unless ``dvc_init``
+    is false, or the example brought one); ``template``: what `dvc-dali init`
+    writes; ``files``: {relative path: text, bytes, or a file to copy}; then
+    everything committed with ``message`` (None: nothing committed, for
+    callers that add more first). ``env``: extra variables for each command.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    if example:
+        _copy_example(path)
+    git_init(path, branch, env)
+    if dvc_init and not example:
+        run([sys.executable, "-m", "dvc", "init", "-q"], path, env=env)
+    if template:
+        run([sys.executable, "-m", "dvc_dali.cli", "init"], path, env=env)
+    for rel, content in (files or {}).items():
+        target = path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            shutil.copy2(content, target)
+        elif isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    if message is not None:
+        commit_all(path, message, env)
+    return path
 
 
 def template_project(tmp_path: Path, classes: int = 3, steps: int = 20) -> Path:
     """`dvc-dali init` with generated images, committed, as a new user does."""
-    import sys
-
     import numpy as np
     from PIL import Image
 
-    project = tmp_path / "tpl"
-    project.mkdir()
-    git_init(project)
-    run(["dvc", "init", "-q"], project)
-    run([sys.executable, "-m", "dvc_dali.cli", "init"], project)
+    project = make_project(tmp_path / "tpl", template=True, message=None)
     rng = np.random.default_rng(0)
     for c in range(classes):
         (project / "data/images" / f"c{c}").mkdir(parents=True)
@@ -85,8 +118,7 @@ def template_project(tmp_path: Path, classes: int = 3, steps: int = 20) -> Path:
                 project / "data/images" / f"c{c}" / f"{i}.png")
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("steps: 100", f"steps: {steps}"))
-    run(["git", "add", "-A"], project)
-    run(["git", "commit", "-qm", "start"], project)
+    commit_all(project, "start")
     return project
 
 
@@ -149,31 +181,13 @@ def model_sha(path: Path) -> str:
     return hashlib.sha256((path / "model" / "model.npz").read_bytes()).hexdigest()
 
 
-def exp_rows(path: Path) -> dict[str, dict]:
-    """{experiment name: {"rev", "metrics", "params", "step"}} from `dvc exp show --json`."""
-    data = json.loads(run(["dvc", "exp", "show", "--json", "-A"], path).stdout)
-    rows = {}
-
-    def walk(node):
-        for exp in node.get("experiments") or []:
-            for rev in exp.get("revs") or []:
-                data = (rev.get("data") or {})
-                metrics = {}
-                for f in (data.get("metrics") or {}).values():
-                    metrics.update(f.get("data") or {})
-                rows[rev.get("name") or exp.get("name")] = {
-                    "rev": rev.get("rev"), "metrics": metrics, "step": metrics.get("step"),
-                    "deps": data.get("deps"), "outs": data.get("outs")}
-    for node in data:
-        walk(node)
-    return rows
-
-
 def uninterrupted_run(dest: Path, extra: tuple[str, ...] = ()
                       ) -> tuple[str, subprocess.CompletedProcess]:
     """One uninterrupted `dvc exp run -n ref` of the example (60 steps, a row
     every 10) in a fresh project: its final model's sha and its output."""
-    project = clone_project(dest)
+    from tests.helpers.rows import exp_rows  # rows.py runs its commands with run() above
+
+    project = make_project(dest, example=True)
     out = run(["dvc", "exp", "run", "-n", "ref", *extra], project)
     rows = exp_rows(project)
     assert {rows[f"ref-step{s}"]["step"] for s in range(10, 61, 10)} == set(range(10, 61, 10))

@@ -310,18 +310,6 @@ def load_checkpoint(path: Path) -> int:
     return ck.step
 
 
-def exp_refs(project: Path) -> list[tuple[str, str]]:
-    """(sha, ref) of every experiment ref refs/exps/<b[:2]>/<b[2:]>/<name>."""
-    out = git(project, "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps")
-    refs = []
-    for line in out.splitlines():
-        sha, ref = line.split()
-        parts = ref.split("/")
-        if len(parts) == 5 and len(parts[2]) == 2:
-            refs.append((sha, ref))
-    return refs
-
-
 def stale_files(project: Path) -> list[str]:
     """Files of ours (and git locks) a killed run may leave behind."""
     git_dir = Path(git(project, "rev-parse", "--absolute-git-dir").strip())

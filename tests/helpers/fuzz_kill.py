@@ -393,7 +393,8 @@ def check_rows(project: Path, ref: Reference, params: dict) -> list[dict]:
     """Every experiment row (DVC's own too) points only at cached data; every
     checkpoint row passes check_row. Returns the checkpoint rows."""
     from dvc_dali.recording import list_rows
-    from tests.helpers.fuzz_harness import check_row_data, exp_refs
+    from tests.helpers.fuzz_harness import check_row_data
+    from tests.helpers.rows import exp_refs
 
     for sha, _ in exp_refs(project):
         check_row_data(project, sha)
@@ -407,7 +408,7 @@ if __name__ == "__main__":  # long sessions by hand
     import argparse
     import tempfile
 
-    from tests.helpers.dvc_project import clone_project
+    from tests.helpers.dvc_project import make_project
 
     ap = argparse.ArgumentParser()
     ap.add_argument("dir", nargs="?")
@@ -417,7 +418,7 @@ if __name__ == "__main__":  # long sessions by hand
     base = Path(a.dir or tempfile.mkdtemp(prefix="dvc-dali-fuzz-"))
     (base / "project").mkdir(parents=True)
     (base / "logs").mkdir()
-    proj = clone_project(base / "project")
+    proj = make_project(base / "project", example=True)
     r = reference_run(proj, base / "logs")
     print("reference", r)
     t0 = time.monotonic()

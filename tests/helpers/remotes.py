@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tests.helpers.dvc_project import run
+from tests.helpers.rows import row_refs
 
 
 def with_remotes(project: Path, tmp_path: Path, auto_push: bool = True) -> tuple[Path, Path]:
@@ -25,11 +26,7 @@ def with_remotes(project: Path, tmp_path: Path, auto_push: bool = True) -> tuple
 
 def remote_rows(bare: Path) -> dict[str, str]:
     """row name -> sha of the dvc-dali rows on the git remote."""
-    out = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
-              bare).stdout
-    return {ref.rsplit("/", 1)[1]: sha for sha, ref in (line.split() for line in
-                                                        out.splitlines())
-            if "-step" in ref}
+    return {name: sha for name, (_, sha) in row_refs(bare).items()}
 
 
 def missing_data(bare: Path, store: Path, sha: str) -> list[str]:
