@@ -5,7 +5,6 @@ the row at step 10 is in the middle of epoch 0, 20 in the middle of epoch 1."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.helpers.dvc_project import model_sha, run, uninterrupted_run

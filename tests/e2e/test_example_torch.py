@@ -3,7 +3,6 @@ to end under real `dvc exp run` in temporary git repos."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.helpers.dvc_project import make_project, model_sha, run, uninterrupted_run

@@ -1,4 +1,5 @@
-"""Real git + DVC projects in temporary directories, for end-to-end tests."""
+"""Real git + DVC projects in temporary directories, for end-to-end tests:
+make_project builds every one of them; run, git and the queue around them."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-
 from tests.helpers import REPO
 
 
