@@ -13,11 +13,10 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from common import (BENCH, DVC3, PY, REPO, Row, dvc_project, fmt_s, median, read_log, run,
+from common import (BENCH, DVC3, PY, Row, dvc_project, fmt_s, median, read_log, run,
                     say, write_jpegs, yes_no)
 
 KB, MB = 1024, 1024 * 1024
@@ -47,15 +46,12 @@ assert "checkpoint: true" in DVC2_YAML and "always_changed" not in DVC2_YAML
 
 def dvc2_paths() -> tuple[Path, Path] | str:
     """(dvc, python) of the DVC 2.58 venv, or why there is none."""
-    sys.path.insert(0, str(REPO / "tests"))
-    try:
-        import dvc2_venv
+    try:  # bench/run.py puts the repository root on sys.path
+        from tests.helpers import dvc2_venv
 
         return dvc2_venv.ensure_dvc2(), dvc2_venv.python()
     except Exception as exc:  # Dvc2Unavailable, Dvc2InstallError
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    finally:
-        sys.path.remove(str(REPO / "tests"))
 
 
 def run_exp(tmp: Path, name: str, images: Path, *, plan: list[tuple[int, int]],

@@ -10,5 +10,5 @@ python3 -m venv "$lowest/venv"
 "$lowest/venv/bin/python" -m pip install -q "dvc==3.54.*" "pathspec<1" -e ".[example]" "pytest>=7"
 # PATH first: every `dvc` and stage `python` is the venv's
 PATH="$lowest/venv/bin:$PATH" "$lowest/venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_dvc_recorder.py tests/test_example.py tests/test_cli.py tests/test_remote_push.py \
-    tests/test_load.py
+    tests/e2e/test_dvc_recorder.py tests/e2e/test_example.py tests/e2e/test_cli.py \
+    tests/e2e/test_remote_push.py tests/e2e/test_load.py

@@ -10,7 +10,7 @@ import pytest
 from dvc_dali import manifest_schema
 from dvc_dali.errors import CheckpointCorruptError
 
-from test_manifest_schema import TODAY, WHERE
+from tests.unit.test_manifest_schema import TODAY, WHERE
 
 GOOD = {"reader.file_root": {"files": 2, "bytes": 10, "crc32": "0123abcd" "ffffffff"}}
 FIELD = "pipelines.train.contents['reader.file_root']"

@@ -1,6 +1,12 @@
-"""DALI behind one door: only the modules in ALLOWED import nvidia or reach
-into DALI objects' private attributes (README, "How it is built"). Every other
-module in dvc_dali/ (subpackages included) goes through them.
+"""DALI behind one door. The rule: in dvc_dali/ (subpackages included), only
+the modules in ALLOWED import anything under ``nvidia`` (with an import
+statement, or by name through importlib.import_module or __import__) or use
+the attributes in DALI_ATTRIBUTES (DALI's private ones, and the iterators'
+checkpoints()) on objects other than their own ``self``/``cls``. Every other
+module calls functions of those modules instead, so what DALI may change
+between releases (its private attributes, its module layout) is met in those
+modules alone. TensorFlow, Keras and Lightning each have a door of their
+own too (FRAMEWORK_DOORS): only that module imports the framework.
 
 Static (ast): nothing is imported, so it runs without DALI.
 """

@@ -2,7 +2,7 @@
 
 Each bullet of README's "Resume semantics" is at least one row (the
 pipeline-may-not-change half of the first is checked when a pipeline is
-built: tests/test_bad_inputs.py), then malformed manifests: any JSON value
+built: tests/integration/test_bad_inputs.py), then malformed manifests: any JSON value
 where the manifest's ``step``, ``run`` field or its parts belong (null ``run``
 or ``run.total_steps`` reads as absent, as manifest_schema does).
 """

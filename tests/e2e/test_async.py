@@ -1,0 +1,78 @@
+"""Asynchronous checkpoints: captured at the call, written and recorded in
+the background, one at a time, finished whole at exit or on Ctrl-C."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import dvc_dali
+
+from tests.helpers import pipelines
+from tests.helpers.dvc_project import make_project, run, sigint_default
+from tests.helpers.rows import exp_rows
+
+
+def test_async_checkpoint_captures_state_at_the_call(data_dir, tmp_path):
+    fn, kw = pipelines.make("rotate", str(data_dir))["train"]
+    ck = dvc_dali.Checkpointer(tmp_path / "c", asynchronous=True)
+    pipe = ck.pipeline("train", fn, **kw)
+    w = np.zeros(4)
+    batches = []
+    for step in range(1, 7):
+        batches.append(pipelines.outputs_of(pipe))
+        w += step
+        assert ck.make_checkpoint(step, arrays={"w": w}) is None  # returned before writing
+        if step == 3:
+            expected_w = w.copy()
+            ck.wait()
+            shutil.copytree(tmp_path / "c", tmp_path / "c3")
+        w += 100  # training goes on and mutates the arrays in place
+    ck.wait()
+    assert dvc_dali.Checkpointer(tmp_path / "c").step == 6
+    back = dvc_dali.Checkpointer(tmp_path / "c3")
+    assert back.step == 3 and np.array_equal(back.arrays["w"], expected_w)
+    # The DALI state is the one at the call: the restored pipeline yields batch 4.
+    restored = pipelines.outputs_of(back.pipeline("train", fn, **kw))
+    assert all(np.array_equal(a, b) for a, b in zip(restored, batches[3]))
+
+
+TRAIN = """
+import os, signal, sys, numpy as np, dvc_dali, pipelines
+ck = dvc_dali.Checkpointer("checkpoint", asynchronous=True, total_steps=4)
+fn, kw = pipelines.make("rotate", sys.argv[1])["train"]
+pipe = ck.pipeline("train", fn, **kw)
+mode = sys.argv[2]
+for step in range(ck.step + 1, 5):
+    pipe.run()
+    ck.make_checkpoint(step, arrays={"w": np.full(3, step)})
+    if step == 2 and mode == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C right after an async checkpoint
+    if step == 2 and mode == "exit":
+        sys.exit(0)                           # exit with the checkpoint in flight
+"""
+
+
+def async_project(path, data_dir, mode):
+    return make_project(path, files={
+        "train.py": TRAIN, "pipelines.py": Path(pipelines.__file__),
+        "dvc.yaml": f"stages:\n  train:\n    cmd: {sys.executable} train.py {data_dir} {mode}\n"
+                    "    outs:\n      - checkpoint:\n          persist: true\n"
+                    "    always_changed: true\n"})
+
+
+def test_exit_and_ctrl_c_finish_the_checkpoint_in_flight(tmp_path, data_dir):
+    for mode in ("exit", "sigint"):
+        project = async_project(tmp_path / mode, data_dir, mode)
+        proc = run(["dvc", "exp", "run", "-n", mode], project, check=False,
+                   preexec_fn=sigint_default)
+        rows = exp_rows(project)
+        assert {f"{mode}-step1", f"{mode}-step2"} <= set(rows), proc.stderr[-2000:]
+        assert f"{mode}-step3" not in rows
+        back = dvc_dali.Checkpointer(project / "checkpoint")
+        assert back.step == 2 and back.arrays["w"].tolist() == [2, 2, 2]
+        assert not (project / ".dvc/tmp/DVC_CHECKPOINT").exists()
+        assert not [p for p in (project / "checkpoint").iterdir() if p.name.startswith(".tmp")]

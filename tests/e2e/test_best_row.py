@@ -1,0 +1,29 @@
+"""One rule for "the best row by a metric" (issue 30): retention's
+DVC_DALI_KEEP_BEST, `dvc-dali show --best` and dvc_dali.best_row pick the
+same row, and where rows tie on the metric, the later step. Real `dvc exp
+run` of the template over real images."""
+
+from __future__ import annotations
+
+import dvc_dali
+
+from tests.helpers.dvc_project import run, template_project
+
+
+def test_keep_best_show_best_and_best_row_pick_the_later_of_tied_rows(tmp_path):
+    project = template_project(tmp_path, steps=15)
+    train = project / "train.py"
+    # steps 5 and 10 tie on train/acc (nested in DVCLive's metrics file); 15 is worse
+    train.write_text(train.read_text().replace(
+        '        live.log_metric("train/loss", loss)\n',
+        '        live.log_metric("train/loss", loss)\n'
+        '        live.log_metric("train/acc", 0.1 if step == p["steps"] else 0.9)\n'))
+    run(["git", "commit", "-qam", "a tied metric"], project)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+        env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/acc:max"})
+
+    rows = dvc_dali.rows("a", repo=project)
+    assert sorted(r["name"] for r in rows) == ["a-step10", "a-step15"], rows  # kept: the later
+    assert dvc_dali.best_row(rows, "train/acc:max")["name"] == "a-step10"
+    shown = run(["dvc-dali", "show", "a", "--best", "train/acc:max"], project).stdout
+    assert "best by train/acc:max: a-step10 (step 10, train/acc=0.9)" in shown, shown

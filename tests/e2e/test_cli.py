@@ -1,0 +1,338 @@
+"""The dvc-dali command against real DVC projects."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers.dvc_project import commit_all, make_project, run
+from tests.helpers.rows import exp_refs, exp_rows
+
+DVC_DALI = [sys.executable, "-m", "dvc_dali.cli"]
+KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+
+
+SUBCOMMANDS = ["init", "show", "run", "remove", "reset", "doctor"]
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_every_subcommand_has_help(tmp_path, sub):
+    out = run([*DVC_DALI, sub, "--help"], tmp_path)
+    assert out.stdout.startswith("usage: dvc-dali " + sub)
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_every_subcommand_help_has_a_description(tmp_path, sub):
+    paragraphs = run([*DVC_DALI, sub, "--help"], tmp_path).stdout.split("\n\n")
+    assert paragraphs[0].startswith("usage: dvc-dali " + sub)
+    assert not paragraphs[1].startswith(("positional arguments", "options")), paragraphs[1]
+    assert len(paragraphs[1].split()) >= 8  # a sentence, not a stub
+
+
+def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
+    from PIL import Image
+
+    make_project(tmp_path, message=None)
+    run([*DVC_DALI, "init"], tmp_path)
+    refused = run([*DVC_DALI, "init"], tmp_path, check=False)
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    (tmp_path / "train.py").write_text("# edited\n" + (tmp_path / "train.py").read_text())
+    run([*DVC_DALI, "init", "--force"], tmp_path)
+    assert not (tmp_path / "train.py").read_text().startswith("# edited")
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (tmp_path / "data/images" / str(c)).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8)).save(
+                tmp_path / "data/images" / str(c) / f"{i}.png")
+    params = tmp_path / "params.yaml"
+    params.write_text(params.read_text().replace("steps: 100", "steps: 30"))
+    commit_all(tmp_path)
+    run(["dvc", "exp", "run", "-n", "tpl"], tmp_path)
+    rows = exp_rows(tmp_path)
+    assert [rows[f"tpl-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
+
+
+def test_show_draws_the_checkpoints_by_step_with_a_branch(project):
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    run(["dvc", "exp", "apply", "a-step30"], project)
+    run(["dvc", "exp", "run", "-n", "b", "-S", "train.lr=0.05"], project)
+    rows = json.loads(run([*DVC_DALI, "show", "--json"], project).stdout)
+    a = [r for r in rows if r["exp"] == "a"]
+    assert [r["step"] for r in a] == [10, 20, 30, 40, 50, 60]
+    assert all("train/acc" in r["metrics"] for r in rows)
+    b40 = next(r for r in rows if r["name"] == "b-step40")
+    assert b40["parent"] == next(r for r in a if r["step"] == 30)["sha"]  # resumed from a-step30
+    text = run([*DVC_DALI, "show"], project).stdout
+    assert "a  (baseline" in text and "b  (baseline" in text
+    assert text.index("a-step10") < text.index("a-step20") < text.index("a-step60")
+    assert "b  (baseline" in text and "3 checkpoints, resumed from a-step30)" in text
+    assert "train/acc=" in text
+
+
+def test_reset_starts_over(project):
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "30"})
+    out = run([*DVC_DALI, "reset"], project)
+    assert "removed checkpoint" in out.stdout and "dvc.lock:train" in out.stdout
+    again = run(["dvc", "exp", "run", "-n", "fresh"], project)
+    assert "train: starting on " in again.stdout and "resuming" not in again.stdout
+    assert "a-step30" in exp_rows(project)  # recorded rows are kept
+
+
+def test_doctor_finds_stale_signal_and_bad_stage(project):
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    good = run([*DVC_DALI, "doctor"], project)
+    assert "ok   stage train: checkpoint output checkpoint is persisted" in good.stdout
+    assert (project / ".dvc/tmp/rwlock").is_file() and "rwlock" not in good.stdout
+    (project / ".dvc/tmp/DVC_CHECKPOINT").write_text("")
+    (project / ".dvc/tmp/rwlock").write_text("")  # as a kill mid-write leaves it
+    (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
+    (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("always_changed: true",
+                                                     "always_changed: false"))
+    bad = run([*DVC_DALI, "doctor"], project, check=False)
+    assert bad.returncode == 1
+    assert "BAD  " in bad.stdout and "stale checkpoint signal" in bad.stdout
+    assert "always_changed: true" in bad.stdout
+    assert "EXEC_BRANCH.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
+    assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
+
+
+def test_retention_keeps_last_n_and_the_best(project):
+    run(["dvc", "exp", "run", "-n", "r"], project,
+        env={"DVC_DALI_KEEP_LAST": "2", "DVC_DALI_KEEP_BEST": "train/loss:max"})
+    names = {n for n in exp_rows(project) if n.startswith("r-")}
+    # loss falls as training goes on: the max-loss row is the first one
+    assert names == {"r-step10", "r-step50", "r-step60"}
+
+
+SHELL_TRAINER = """#!/bin/sh
+# A non-Python trainer following DVC 2's protocol.
+set -e
+mkdir -p checkpoint
+for step in 1 2 3; do
+  echo "state at step $step" > checkpoint/state.txt
+  echo "{\\"step\\": $step}" > metrics.json
+  touch "$DVC_ROOT/.dvc/tmp/DVC_CHECKPOINT"
+  while [ -e "$DVC_ROOT/.dvc/tmp/DVC_CHECKPOINT" ]; do sleep 0.01; done
+done
+"""
+
+
+def shell_project(path: Path) -> Path:
+    """A DVC project whose stage is SHELL_TRAINER under `dvc-dali run`: three
+    rows in about a second."""
+    dvc_yaml = (f"stages:\n  train:\n    cmd: {sys.executable} -m dvc_dali.cli run -- ./train.sh\n"
+                "    outs:\n      - checkpoint:\n          persist: true\n"
+                "    metrics:\n      - metrics.json:\n          cache: false\n"
+                "    always_changed: true\n")
+    make_project(path, files={"train.sh": SHELL_TRAINER, "dvc.yaml": dvc_yaml}, message=None)
+    (path / "train.sh").chmod(0o755)  # before the commit: git records the mode
+    commit_all(path)
+    return path
+
+
+def test_run_wrapper_records_a_non_python_trainer(tmp_path):
+    shell_project(tmp_path)
+    out = run(["dvc", "exp", "run", "-n", "sh"], tmp_path)
+    assert out.stderr.count("dvc-dali: recorded sh-step") == 3
+    rows = exp_rows(tmp_path)
+    assert [rows[f"sh-step{s}"]["step"] for s in (1, 2, 3)] == [1, 2, 3]
+    run(["dvc", "exp", "apply", "sh-step2"], tmp_path)
+    assert (tmp_path / "checkpoint/state.txt").read_text() == "state at step 2\n"
+    assert not (tmp_path / ".dvc/tmp/DVC_CHECKPOINT").exists()
+
+
+# --------------------------------------------------------------------------
+# show, remove and messages on rows made by hand: commits carrying the
+# lineage line the recorder writes, under refs/exps/<b[:2]>/<b[2:]>/<row>
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bare_project(tmp_path) -> Path:
+    """A git + DVC repository with one commit and no stage."""
+    return make_project(tmp_path)
+
+
+def head_sha(repo: Path) -> str:
+    return run(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+
+
+def add_rows(repo: Path, exp: str, steps, times=None, baseline: str | None = None,
+             resumed_from: str | None = None, chain: bool = True) -> list[str]:
+    """Rows of run ``exp`` at ``steps`` (committed at ``times``, unix seconds),
+    each with a DVCLive metrics file, chained as the recorder chains them
+    (``chain=False``: each row on its own, as after resumes from elsewhere).
+    Returns their shas."""
+    import pygit2
+
+    repo_ = pygit2.Repository(str(repo))
+    base = baseline or head_sha(repo)
+    parent, shas = resumed_from, []
+    for i, step in enumerate(steps):
+        when = times[i] if times else 1_700_000_000 + i
+        metrics = json.dumps({"step": step, "train": {"acc": step / 1000}}).encode()
+        sub = repo_.TreeBuilder()
+        sub.insert("metrics.json", repo_.create_blob(metrics), pygit2.GIT_FILEMODE_BLOB)
+        top = repo_.TreeBuilder(repo_[base].peel(pygit2.Tree))
+        top.insert("dvclive", sub.write(), pygit2.GIT_FILEMODE_TREE)
+        who = pygit2.Signature("dvc-dali tests", "test@example.invalid", when, 0)
+        message = (f"dvc-dali checkpoint {exp} step {step}\n\ndvc-dali-checkpoint: exp={exp} "
+                   f"step={step} parent={parent or 'none'} stage=dvc.yaml:train "
+                   f"outs={'0123456789abcdef'}\n")
+        ref = f"refs/exps/{base[:2]}/{base[2:]}/{exp}-step{step}"
+        shas.append(str(repo_.create_commit(ref, who, who, message, top.write(), [base])))
+        parent = shas[-1] if chain else resumed_from
+    return shas
+
+
+def exp_refnames(repo: Path) -> set[str]:
+    return {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(repo, dvc_exec=True)}
+
+
+def test_show_orders_runs_newest_first_and_marks_each_runs_latest_row(bare_project):
+    add_rows(bare_project, "alpha", [1, 2], times=[1000, 1001])
+    add_rows(bare_project, "beta", [5], times=[3000])
+    # recorded within one second: the times tie, the steps must not reorder
+    add_rows(bare_project, "gamma", range(1, 13), times=[2000] * 12)
+    add_rows(bare_project, "delta", [2, 10, 9, 1], times=[1500] * 4, chain=False)
+    text = run([*DVC_DALI, "show"], bare_project).stdout
+    heads = [text.index(f"{exp}  (") for exp in ("beta", "gamma", "delta", "alpha")]
+    assert heads == sorted(heads), text  # by newest row, not by name
+    assert "beta  (baseline" in text and "1 checkpoint)" in text and "1 checkpoints" not in text
+    assert "gamma  (baseline" in text and "12 checkpoints)" in text
+
+    def steps(exp):
+        return [int(line.split()[2]) for line in text.splitlines() if f" {exp}-step" in line]
+    assert steps("gamma") == list(range(1, 13)) and steps("delta") == [1, 2, 9, 10]
+    latest = [line.split()[3] for line in text.splitlines() if line.endswith("latest")]
+    assert latest == ["beta-step5", "gamma-step12", "delta-step10", "alpha-step2"]
+    assert "train/acc=0.012" in text  # metrics read from the rows' commits
+    rows = json.loads(run([*DVC_DALI, "show", "--json"], bare_project).stdout)
+    assert [r["name"] for r in rows if r["latest"]] == latest
+    assert [r["step"] for r in rows if r["exp"] == "gamma"] == list(range(1, 13))
+
+
+def test_show_reads_every_metrics_file_with_one_git_process(bare_project, tmp_path_factory):
+    add_rows(bare_project, "many", range(1, 41))
+    wrap = tmp_path_factory.mktemp("bin")
+    log = wrap / "calls.log"
+    (wrap / "git").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("git")} "$@"\n')
+    (wrap / "git").chmod(0o755)
+    path = f"{wrap}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    text = run([*DVC_DALI, "show"], bare_project, env={"PATH": path}).stdout
+    assert "40 checkpoints" in text and "many-step40" in text and "train/acc=0.04" in text
+    calls = log.read_text().splitlines()
+    assert sum("cat-file" in c.split() for c in calls) == 1, calls
+    assert not any("show" in c.split() for c in calls), calls
+    assert len(calls) <= 5, calls  # not one process per row
+
+
+def test_show_into_head_ends_quietly(bare_project):
+    add_rows(bare_project, "long", range(1, 1501))  # ~150 KB, more than a pipe holds
+    shell = (f"{sys.executable} -m dvc_dali.cli show | head -n 2; "
+             'echo "show exited ${PIPESTATUS[0]}" >&2')
+    out = run(["bash", "-c", shell], bare_project)
+    assert out.stdout.startswith("long  (baseline") and len(out.stdout.splitlines()) == 2
+    # what `git log | head` gives: killed by SIGPIPE, 128 + 13, and not a word
+    assert out.stderr == "show exited 141\n"
+
+
+def test_show_unknown_experiment_exits_1(bare_project):
+    add_rows(bare_project, "a", [1])
+    out = run([*DVC_DALI, "show", "nosuch"], bare_project, check=False)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("dvc-dali show: ") and "'nosuch'" in out.stderr
+    out = run([*DVC_DALI, "show", "nosuch", "--json"], bare_project, check=False)
+    assert out.returncode == 1 and "'nosuch'" in out.stderr
+    empty = run([*DVC_DALI, "show"], bare_project)  # asked for nothing in particular: fine
+    assert "a  (baseline" in empty.stdout
+
+
+def test_show_says_when_git_fails(bare_project, tmp_path_factory):
+    add_rows(bare_project, "a", [1, 2])
+    ref = bare_project / ".git" / "refs/exps" / head_sha(bare_project)[:2]
+    broken = next(ref.rglob("a-step2"))
+    broken.write_text("not a sha\n")  # git skips such a ref with a warning, and exits 0
+    out = run([*DVC_DALI, "show"], bare_project, check=False)
+    assert out.returncode == 1 and "no dvc-dali checkpoints" not in out.stdout
+    assert out.stderr.startswith("dvc-dali show: git could not read the experiment refs")
+    assert "broken ref" in out.stderr and "dvc_dali:" not in out.stderr
+    broken.unlink()
+    wrap = tmp_path_factory.mktemp("bin")
+    (wrap / "git").write_text("#!/bin/sh\necho 'git: something broke' >&2\nexit 3\n")
+    (wrap / "git").chmod(0o755)
+    path = f"{wrap}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    out = run([*DVC_DALI, "show"], bare_project, check=False, env={"PATH": path})
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("dvc-dali show: ") and "something broke" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_remove_deletes_whole_runs_on_every_baseline(bare_project):
+    first = head_sha(bare_project)
+    add_rows(bare_project, "a", [1, 2, 3])
+    add_rows(bare_project, "b", [1, 2])
+    own = run(["git", "commit-tree", "-p", first, "-m", "dvc's own", f"{first}^{{tree}}"],
+              bare_project).stdout.strip()  # what `dvc exp run -n a` leaves at the end
+    run(["git", "update-ref", f"refs/exps/{first[:2]}/{first[2:]}/a", own], bare_project)
+    (bare_project / "more.txt").write_text("x\n")
+    commit_all(bare_project, "second baseline")
+    second = head_sha(bare_project)
+    add_rows(bare_project, "a", [4, 5], baseline=second)
+    before = exp_refnames(bare_project)
+
+    for args, why in ([["nosuch"], "no run named nosuch"], [["b", "nosuch"], "nosuch"],
+                      [["a-step1"], "a-step1 is one checkpoint row of run a"]):
+        out = run([*DVC_DALI, "remove", *args], bare_project, check=False)
+        assert out.returncode == 1 and why in out.stderr, out.stderr
+        assert out.stderr.startswith("dvc-dali remove: ") and "dvc_dali:" not in out.stderr
+        assert exp_refnames(bare_project) == before  # all or nothing
+    out = run([*DVC_DALI, "remove", "a"], bare_project)
+    assert f"removed 3 rows of a and DVC's experiment a (baseline {first[:7]})" in out.stdout
+    assert f"removed 2 rows of a (baseline {second[:7]})" in out.stdout
+    assert "`dvc gc`" in out.stdout
+    assert exp_refnames(bare_project) == {"b-step1", "b-step2"}
+    assert "a  (" not in run([*DVC_DALI, "show"], bare_project).stdout
+    out = run([*DVC_DALI, "remove", "b"], bare_project)
+    assert f"removed 2 rows of b (baseline {first[:7]})" in out.stdout
+    assert exp_refnames(bare_project) == set()
+
+
+def test_remove_a_recorded_run(tmp_path):
+    project = shell_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "sh"], project)
+    # resumes run sh: its rows keep the name (sh-step4..6); `kept` is DVC's own ref
+    run(["dvc", "exp", "run", "-n", "kept"], project)
+
+    def names(prefix):
+        return {n for n in exp_rows(project) if n and n.startswith(prefix)}
+    assert names("sh") == {"sh", *(f"sh-step{i}" for i in range(1, 7))}
+    assert names("kept") == {"kept"}
+    out = run([*DVC_DALI, "remove", "sh"], project)
+    assert "removed 6 rows of sh and DVC's experiment sh (baseline" in out.stdout
+    assert names("sh") == set() and names("kept") == {"kept"}
+
+
+def test_errors_carry_one_prefix(bare_project):
+    (bare_project / "dvc.yaml").write_text("stages:\n  train:\n    cmd: echo hi\n")
+    out = run([*DVC_DALI, "reset", "--stage", "nosuch"], bare_project, check=False)
+    assert out.returncode == 1 and out.stderr.startswith("dvc-dali reset: ")
+    assert "'nosuch'" in out.stderr and "dvc_dali:" not in out.stderr
+    assert not out.stderr.startswith(("dvc-dali reset: dvc-dali", "dvc-dali reset: dvc_dali"))
+
+
+def test_doctor_says_when_no_stage_has_a_checkpoint_output(bare_project):
+    (bare_project / "dvc.yaml").write_text(
+        "stages:\n  train:\n    cmd: echo hi\n    outs:\n      - model\n")
+    out = run([*DVC_DALI, "doctor"], bare_project, check=False)
+    assert out.returncode == 1
+    assert "BAD  no stage in " in out.stdout and "has a checkpoint output" in out.stdout

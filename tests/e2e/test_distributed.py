@@ -1,0 +1,99 @@
+"""One consistent checkpoint across ranks: torchrun (gloo, CPU) under real
+`dvc exp run`; kills of one rank or all; each rank resumes its own stream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import HELPERS
+from tests.helpers.dvc_project import make_project, run
+
+pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+
+UNTIL, EVERY = 12, 3
+
+
+def project(path, data_dir, nproc):
+    return make_project(path, files={
+        "dist_runner.py": HELPERS / "dist_runner.py",  # imports tests.helpers (PYTHONPATH)
+        ".gitignore": "out-*\n",
+        "dvc.yaml": "stages:\n  train:\n"
+        f"    cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node "
+        f"{nproc} dist_runner.py {data_dir} $RUN_ID {UNTIL} {EVERY}\n"
+        "    outs:\n      - checkpoint:\n          persist: true\n    always_changed: true\n"})
+
+
+def exp_run(path, run_id, check=True, **env):
+    # $RUN_ID in the cmd is expanded by the shell DVC runs it in.
+    return run(["dvc", "exp", "run", "-n", run_id], path, check=check,
+               env={"RUN_ID": f"out-{run_id}", **env})
+
+
+def batches(path, run_id, rank):
+    with np.load(path / f"out-{run_id}-rank{rank}.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def row_ranks(path, name):
+    """(rank dir, step) of every rank state in the row's cached checkpoint."""
+    sha = run(["git", "rev-parse", f"refs/exps/{_exp_prefix(path)}/{name}"], path).stdout.strip()
+    lock = run(["git", "show", f"{sha}:dvc.lock"], path).stdout
+    md5 = next(line.split()[-1] for line in lock.splitlines() if ".dir" in line)
+    listing = json.loads((path / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).read_text())
+    return sorted({(e["relpath"].split("/")[0], e["relpath"].split("/")[1][5:14])
+                   for e in listing if e["relpath"].startswith("rank-")})
+
+
+def _exp_prefix(path):
+    base = run(["git", "rev-parse", "HEAD"], path).stdout.strip()
+    return f"{base[:2]}/{base[2:]}"
+
+
+@pytest.mark.parametrize("nproc,kill", [(2, "1"), (4, "all")], ids=["2-ranks-kill-one",
+                                                                    "4-ranks-kill-all"])
+def test_ranks_resume_their_own_stream(tmp_path, data_dir, nproc, kill):
+    ref = project(tmp_path / "ref", data_dir, nproc)
+    exp_run(ref, "ref")
+    work = project(tmp_path / "work", data_dir, nproc)
+    killed = exp_run(work, "k", check=False, KILL_RANK=kill, KILL_AT="6")
+    assert killed.returncode != 0
+    resumed = exp_run(work, "r")
+    assert resumed.stderr.count("read step 6") == nproc
+    for rank in range(nproc):
+        want, got = batches(ref, "ref", rank), batches(work, "r", rank)
+        assert sorted(got) == sorted(k for k in want if k == "final_w" or int(k[:4]) > 6)
+        for key in got:
+            assert np.array_equal(want[key], got[key]), f"rank {rank}: {key} differs"
+    # Every recorded row holds every rank's state, all at the row's step.
+    for step in (3, 6, 9, 12):
+        name = f"k-step{step}"  # the resumed run keeps its name
+        assert row_ranks(work, name) == [(f"rank-{r:05d}", f"{step:09d}")
+                                         for r in range(nproc)], name
+
+
+def test_other_world_size_and_swapped_ranks_are_refused(tmp_path, data_dir):
+    work = project(tmp_path / "w", data_dir, 2)
+    exp_run(work, "k", check=False, KILL_RANK="all", KILL_AT="6")
+    dvc_yaml = work / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("--nproc_per_node 2", "--nproc_per_node 4"))
+    refused = exp_run(work, "w4", check=False)
+    assert refused.returncode != 0
+    assert "saved by 2 process(es), this run has 4" in refused.stderr
+    assert "--nproc_per_node 2" in refused.stderr
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("--nproc_per_node 4", "--nproc_per_node 2"))
+    # Another rank's state file: outside DVC (which would check the recorded
+    # version out again), rank 0 is handed rank 1's state and vice versa.
+    plain = tmp_path / "plain"
+    shutil.copytree(work / "checkpoint", plain / "checkpoint")
+    latest = plain / "checkpoint" / "LATEST"
+    latest.write_text("\n".join(reversed(latest.read_text().splitlines())) + "\n")
+    swapped = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", "2", str(HELPERS / "dist_runner.py"), str(data_dir),
+                   str(plain / "out"), str(UNTIL), str(EVERY)], plain, check=False)
+    assert swapped.returncode != 0
+    assert "holds the state of rank 1 of 2, but rank 0 of 2 is reading it" in swapped.stderr

@@ -1,0 +1,48 @@
+"""The PyTorch example on 2 processes (torchrun, gloo) under `dvc exp run`:
+killed and resumed, it ends with the uninterrupted run's model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers.dvc_project import commit_all, make_project, model_sha, run
+from tests.helpers.rows import exp_rows
+
+pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+
+TORCH = ["-S", "train.framework=torch", "-S", "train.lr=0.01"]
+KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
+
+
+def two_ranks(path):
+    project = make_project(path, example=True)
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "cmd: python examples/train.py",
+        f"cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
+        "examples/train.py"))
+    commit_all(project, "train on 2 processes")
+    return project
+
+
+def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
+    ref = two_ranks(tmp_path / "ref")
+    out = run(["dvc", "exp", "run", "-n", "ref", *TORCH], ref)
+    assert out.stderr.count("dvc-dali: rank 1/2 saved step 60") == 1
+    work = two_ranks(tmp_path / "work")
+    killed = run(["dvc", "exp", "run", "-n", "k", *TORCH], work, check=False, env={KILL: "20"})
+    assert killed.returncode != 0
+    resumed = run(["dvc", "exp", "run", "-n", "r", *TORCH], work)
+    assert resumed.stdout.count("resuming from step 20") == 2  # both ranks
+    assert model_sha(work) == model_sha(ref)
+    rows = exp_rows(work)
+    assert rows["k-step20"]["step"] == 20 and rows["k-step60"]["step"] == 60  # run k goes on
+    # --temp after `dvc exp apply`: DVC does not carry the applied checkpoint into
+    # its temporary repo; dvc-dali does, once, for both ranks (not step 0 silently)
+    run(["dvc", "exp", "apply", "k-step40"], work)
+    temp = run(["dvc", "exp", "run", "--temp", "-n", "t", *TORCH, "-S", "train.adam_lr=0.02"],
+               work)
+    assert temp.stdout.count("resuming from step 40") == 2, temp.stdout[-3000:]
+    assert exp_rows(work)["t-step50"]["step"] == 50

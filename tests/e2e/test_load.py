@@ -1,0 +1,144 @@
+"""Reading checkpoints without resuming them: `dvc_dali.load`, `dvc_dali.rows`
+and `dvc-dali show --best`. Real `dvc exp run`, real DALI, real git remotes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dvc_dali
+from dvc_dali import CheckpointCorruptError, ConfigError, DvcDaliError
+
+from tests.helpers.dvc_project import REPO, run, template_project
+from tests.helpers.preempt import preemptible_project, start, trainer_ready
+from tests.helpers.remotes import with_remotes
+
+
+def listing(path: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime_ns for p in sorted(path.rglob("*"))}
+
+
+def test_load_reads_the_workspace_checkpoint_while_training_holds_it(tmp_path, monkeypatch):
+    project = preemptible_project(tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=5", env={"PREEMPT_AT": "13"})
+    pid = trainer_ready(project, proc)
+    try:
+        before = listing(project / "checkpoint")
+        monkeypatch.chdir(project)
+        state = dvc_dali.load()  # the trainer holds the directory's writer lock
+        assert state.step == 10 and state.arrays["w"].shape == (256, 3)
+        assert state.params["lr"] == 0.1 and state.row is None  # the template passes params=
+        assert listing(project / "checkpoint") == before  # nothing written
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def test_load_imports_no_dali_and_prints_nothing(tmp_path):
+    project = template_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    code = ("import sys, dvc_dali; s = dvc_dali.load(); "
+            "print(s.step, 'nvidia.dali' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    assert out.stdout.split() == ["20", "False"] and out.stderr == "", out.stderr
+
+
+@pytest.fixture
+def finished(tmp_path) -> Path:
+    project = template_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    return project
+
+
+def test_load_a_row_by_name_after_applying_another(finished, monkeypatch):
+    monkeypatch.chdir(finished)
+    run(["dvc", "exp", "apply", "a-step5"], finished)
+    state = dvc_dali.load(rev="a-step15")
+    assert (state.step, state.row) == (15, "a-step15")
+    assert dvc_dali.load().step == 5  # the workspace is untouched
+    run(["dvc", "exp", "apply", "a-step15"], finished)
+    np.testing.assert_array_equal(state.arrays["w"], dvc_dali.load().arrays["w"])
+    with pytest.raises(DvcDaliError, match="nosuch"):
+        dvc_dali.load(rev="nosuch")
+
+
+def test_load_a_row_from_a_fresh_clone_fetches_its_data_on_demand(tmp_path):
+    project = template_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    run(["dvc-dali", "push", "origin", "a"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    run(["dvc", "exp", "pull", "--no-cache", "origin", "a-step10"], fresh)
+    assert not list((fresh / ".dvc" / "cache").rglob("*.npy")), "data came with the ref"
+    state = dvc_dali.load(rev="a-step10", repo=fresh)
+    assert (state.step, state.row) == (10, "a-step10")
+    mine = dvc_dali.load(rev="a-step10", repo=project)
+    np.testing.assert_array_equal(state.arrays["w"], mine.arrays["w"])
+
+
+def two_arrays(tmp_path: Path) -> Path:
+    # rng=False: the files are the user's arrays only (no generator state)
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    ck.save(3, arrays={"w": np.arange(6.0), "opt": {"m": np.ones(4), "v": np.zeros(4)}},
+            metadata={"lr": 0.5})
+    ck.close()
+    return tmp_path / "ck"
+
+
+def test_load_of_some_names_reads_only_their_files(tmp_path):
+    ck = two_arrays(tmp_path)
+    manifest = json.loads(next(ck.glob("step-*/manifest.json")).read_text())
+    w_file = manifest["array_files"][manifest["arrays"]["w"]["array"]]["file"]
+    opt_files = {ck / next(ck.glob("step-*")).name / info["file"]
+                 for info in manifest["array_files"] if info["file"] != w_file}
+    assert len(opt_files) == 2
+    for path in opt_files:  # opt's files damaged: w alone still reads
+        path.write_bytes(b"garbage")
+    state = dvc_dali.load(ck, names=["w"])
+    assert list(state.arrays) == ["w"] and state.metadata == {"lr": 0.5}
+    np.testing.assert_array_equal(state.arrays["w"], np.arange(6.0))
+    with pytest.raises(CheckpointCorruptError):
+        dvc_dali.load(ck)
+    with pytest.raises(ConfigError, match="no arrays named"):
+        dvc_dali.load(ck, names=["nosuch"])
+
+
+def test_load_refuses_a_hostile_checkpoint_with_a_typed_error(tmp_path):
+    ck = two_arrays(tmp_path)
+    manifest = next(ck.glob("step-*/manifest.json"))
+    text = manifest.read_text()
+    assert '"step":3,' in text
+    manifest.write_text(text.replace('"step":3,', '"step":-3,'))
+    with pytest.raises(CheckpointCorruptError, match="manifest.json"):
+        dvc_dali.load(ck)
+    with pytest.raises(CheckpointCorruptError, match="holds no dvc-dali checkpoint"):
+        dvc_dali.load(tmp_path)
+
+
+def test_rows_and_show_best(finished, monkeypatch):
+    monkeypatch.chdir(finished)
+    found = dvc_dali.rows("a")
+    assert [r["step"] for r in found] == [5, 10, 15, 20]
+    assert found[0]["params"]["train.lr"] == 0.1 and "train/loss" in found[0]["metrics"]
+    best = dvc_dali.best_row(found, "train/loss:min")
+    assert best["metrics"]["train/loss"] == min(r["metrics"]["train/loss"] for r in found)
+    out = run(["dvc-dali", "show", "--best", "train/loss:min"], finished).stdout
+    assert f"best by train/loss:min: {best['name']} (step {best['step']}" in out, out
+    # loaded by its ref: a name can repeat on another commit, a ref cannot
+    assert "★ best" in out and f"dvc_dali.load(rev='{best['ref']}')" in out
+    # DVC's own experiment `a` (committed when `dvc exp run` ended) is the last
+    # row's state, marked as such rather than shown as another state
+    assert [r["dvc_experiments"] for r in found] == [[], [], [], ["a"]]
+    assert "a-step20" in out and "(= DVC's experiment a)" in out.split("a-step20")[1].split(
+        "\n")[0], out
+    bad = run(["dvc-dali", "show", "--best", "loss"], finished, check=False)
+    assert bad.returncode == 1 and "'<metric>:max' or '<metric>:min'" in bad.stderr

@@ -1,0 +1,255 @@
+"""Rows pushed as they are recorded, whole runs pushed and pulled, resume on
+a fresh clone (issue: preemption-proof training). Real `dvc exp run`, a
+bare git repository as the git remote, a local directory as the DVC remote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.dvc_project import git_init, run, template_project
+from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
+from tests.helpers.remotes import missing_data, remote_rows, with_remotes
+from tests.helpers.rows import exp_refs, exp_rows, row_refs
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    project = template_project(tmp_path_factory.mktemp("ref"))
+    run(["dvc", "exp", "run", "-n", "ref"], project)
+    return weights(project)
+
+
+def test_a_killed_run_leaves_complete_rows_on_the_remotes_and_resumes_on_a_new_clone(
+        tmp_path, uninterrupted):
+    project = preemptible_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=5", env={"PREEMPT_AT": "13"})
+    trainer_ready(project, proc)
+    while "a-step10" not in remote_rows(bare):  # pushed while training went on
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine goes away
+    proc.communicate()
+    on_remote = remote_rows(bare)
+    assert set(on_remote) == {"a-step5", "a-step10"}, on_remote
+    for name, sha in on_remote.items():
+        assert missing_data(bare, store, sha) == [], name
+
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    git_init(fresh)  # identity for the rows
+    run(["dvc", "exp", "pull", "origin", "a-step10"], fresh)
+    run(["dvc", "exp", "apply", "a-step10"], fresh)
+    again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], fresh)
+    assert "resuming at step 10" in again.stdout + again.stderr
+    assert weights(fresh) == uninterrupted
+    # the run keeps its name and numbering on the new machine (DVC 2 did)
+    assert {"a-step15", "a-step20"} <= set(exp_rows(fresh)), exp_rows(fresh)
+
+
+def test_a_preempted_run_pushes_its_last_row_before_it_exits(tmp_path):
+    project = preemptible_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=1000",
+                 env={"PREEMPT_AT": "6"})
+    trainer_ready(project, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = proc.communicate()[0]
+    assert "step 6 is kept as row a-step6, pushed to origin; `dvc exp run` resumes" in out, out
+    on_remote = remote_rows(bare)
+    assert set(on_remote) == {"a-step6"} and missing_data(bare, store, on_remote["a-step6"]) \
+        == [], out
+
+
+def test_a_remote_that_fails_never_stops_training_and_the_rows_push_later(tmp_path):
+    project = template_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    store.parent.joinpath("store").write_text("not a directory")  # every data push fails
+    out = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    text = out.stdout + out.stderr
+    assert "push of a-step5 to origin failed" in text, text
+    assert "not pushed to origin: a-step5, a-step10, a-step15, a-step20; push them with " \
+           "`dvc-dali push origin a`" in text, text
+    assert {r for r in exp_rows(project) if "-step" in r} == {
+        "a-step5", "a-step10", "a-step15", "a-step20"}  # nothing local lost
+    assert remote_rows(bare) == {}  # no ref without its data
+    store.unlink()
+    pushed = run(["dvc-dali", "push", "origin", "a"], project)
+    assert "pushed 4 rows of a to origin, with their data" in pushed.stdout, pushed.stdout
+    on_remote = remote_rows(bare)
+    assert len(on_remote) == 4
+    for sha in on_remote.values():
+        assert missing_data(bare, store, sha) == []
+
+
+@pytest.mark.parametrize("breakage,says", [
+    (["dvc", "config", "exp.git_remote", "nosuch"], "'nosuch' is not a valid Git remote"),
+    (["git", "remote", "set-url", "origin", "/nonexistent/origin.git"],
+     "'origin' is not a valid Git remote or URL"),
+    (["dvc", "remote", "remove", "store"], "no remote specified")])
+def test_a_misconfigured_remote_is_refused_before_the_first_step(tmp_path, breakage, says):
+    project = template_project(tmp_path)
+    with_remotes(project, tmp_path)
+    run(breakage, project)
+    run(["git", "commit", "-qam", "bad remote", "--allow-empty"], project)
+    out = run(["dvc", "exp", "run", "-n", "a"], project, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "RecordError: experiment auto-push is on" in text and says in text, text
+    assert "step 10" not in text and "Traceback" not in text, text
+    assert not [r for r in exp_rows(project) if "-step" in r]
+
+
+def test_retention_prunes_the_remote_rows_too(tmp_path):
+    project = template_project(tmp_path)
+    bare, _ = with_remotes(project, tmp_path)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+        env={"DVC_DALI_KEEP_LAST": "1"})
+    assert set(remote_rows(bare)) == {"a-step20"}
+
+
+def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
+    project = template_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    assert remote_rows(bare) == {}
+    run(["dvc-dali", "push", "origin", "a"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    pulled = run(["dvc-dali", "pull", "origin", "a"], fresh)
+    assert "pulled 4 rows of a from origin" in pulled.stdout, pulled.stdout
+    assert {r for r in exp_rows(fresh) if "-step" in r} == {
+        "a-step5", "a-step10", "a-step15", "a-step20"}
+    store.rename(tmp_path / "store-gone")  # the data came with them
+    run(["dvc", "exp", "apply", "a-step15"], fresh)
+    assert (fresh / "checkpoint").is_dir()
+    nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
+    assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
+
+
+def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_path):
+    """DVC's own `dvc exp push` sends the ref before the data: a kill between
+    the two leaves a row whose data is nowhere. Pulling it exits 0 and
+    applying it fails; the run then must not silently start from step 0."""
+    project = template_project(tmp_path)
+    bare, _ = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    ref = row_refs(project)["a-step10"][0]
+    run(["git", "push", "-q", "origin", f"{ref}:{ref}"], project)  # the ref, not the data
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    run(["dvc", "exp", "pull", "origin", "a-step10"], fresh, check=False)
+    run(["dvc", "exp", "apply", "a-step10"], fresh, check=False)
+    out = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], fresh, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "dvc.lock names the checkpoint checkpoint of row a-step10" in text, text
+    assert "`dvc exp pull <git remote> a-step10`" in text and "Traceback" not in text, text
+    assert "starting" not in text and "step 5/" not in text, text
+
+
+def cached_files(project: Path, sha: str) -> dict[str, Path]:
+    """checkpoint/<relpath> -> its object in .dvc/cache, for a row's checkpoint."""
+    import yaml
+
+    cache = project / ".dvc" / "cache" / "files" / "md5"
+    lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
+    found = {}
+    for entry in lock["stages"].values():
+        for out in entry.get("outs", []):
+            if out["path"] == "checkpoint":
+                listing = cache / out["md5"][:2] / out["md5"][2:]
+                for item in json.loads(listing.read_text()):
+                    found[f"checkpoint/{item['relpath']}"] = \
+                        cache / item["md5"][:2] / item["md5"][2:]
+    return found
+
+
+def test_rows_whose_data_is_missing_are_not_pushed_nor_pulled_and_are_named(tmp_path):
+    """Issue 28.5: `dvc-dali push` pushed every ref and said "with their
+    data" while 4 rows' files were missing from the cache. A ref reaches the
+    git remote only with all its data on the DVC remote; the others are
+    named, with their missing files, and the command fails."""
+    project = template_project(tmp_path, steps=15)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    refs = row_refs(project)
+    assert set(refs) == {"a-step5", "a-step10", "a-step15"}, refs
+    files = {name: cached_files(project, sha) for name, (_, sha) in refs.items()}
+    deleted: dict[str, list[str]] = {}
+    for name in ("a-step5", "a-step10"):  # files only these rows have
+        others = {p for other, f in files.items() if other != name for p in f.values()}
+        deleted[name] = [rel for rel, obj in files[name].items() if obj not in others]
+        assert deleted[name], files[name]
+        for rel in deleted[name]:
+            files[name][rel].unlink()
+
+    pushed = run(["dvc-dali", "push", "origin", "a"], project, check=False)
+    said = pushed.stdout + pushed.stderr
+    assert pushed.returncode != 0, said
+    line = next(ln for ln in pushed.stderr.splitlines() if ln.startswith("dvc-dali push: "))
+    for name, rels in deleted.items():  # named, with the files it lacks
+        assert name in line and any(rel in line for rel in rels), said
+    assert "Pushed with their data: 1 row of a" in line and "dvc exp pull" in line, said
+    assert "Traceback" not in said
+    assert set(remote_rows(bare)) == {"a-step15"}, said  # no ref of an incomplete row
+    sent = [sha for sha, _ in exp_refs(bare, dvc_exec=True)]
+    assert sent, said
+    for sha in sent:  # the rows and DVC's own experiment ref: all their data
+        assert missing_data(bare, store, sha) == [], sha
+
+    # DVC's own `dvc exp push` of a row sends its ref even without the data
+    ref = refs["a-step5"][0]
+    run(["git", "push", "-q", "origin", f"{ref}:{ref}"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    pulled = run(["dvc-dali", "pull", "origin", "a"], fresh, check=False)
+    said = pulled.stdout + pulled.stderr
+    assert pulled.returncode != 0, said
+    line = next(ln for ln in pulled.stderr.splitlines() if ln.startswith("dvc-dali pull: "))
+    # not even the directories' listings reached the DVC remote
+    assert "a-step5 (not on the DVC remote: checkpoint/ (the whole directory)" in line, said
+    assert "Pulled with their data: 1 row of a" in line, said
+    assert "Traceback" not in said
+    assert set(row_refs(fresh)) == {"a-step15"}, said  # the complete row only
+
+
+def test_the_row_pusher_never_pushes_a_row_whose_data_is_gone(tmp_path, monkeypatch, capsys):
+    """The per-row auto-push (recording/push.py) had the same hole: DVC's
+    push skips files missing from the cache with a warning. The real pusher,
+    given real rows: the one whose files are gone stays off the git remote,
+    is said, and the row after it is still pushed."""
+    import yaml
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    from dvc_dali.recording.push import Pusher
+
+    project = template_project(tmp_path, steps=10)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
+    refs = row_refs(project)
+    files = {name: cached_files(project, sha) for name, (_, sha) in refs.items()}
+    for obj in set(files["a-step5"].values()) - set(files["a-step10"].values()):
+        obj.unlink()
+
+    def outputs(sha: str) -> list:  # what a recording hands the pusher: its outputs' hashes
+        lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
+        return [HashInfo("md5", out["md5"]) for entry in lock["stages"].values()
+                for out in entry.get("outs", []) if out["path"] in ("checkpoint", "model")]
+
+    monkeypatch.chdir(project)
+    pusher = Pusher(str(project), "origin", "a")
+    for name in ("a-step5", "a-step10"):
+        ref, sha = refs[name]
+        pusher.push(name, ref, sha, outputs(sha))
+    assert pusher.close() == ["a-step5"]  # waits until every row is pushed or given up
+    said = capsys.readouterr().err
+    assert "a-step5 NOT pushed to origin" in said and "dvc-dali push origin a" in said, said
+    assert set(remote_rows(bare)) == {"a-step10"}, said
+    assert missing_data(bare, store, refs["a-step10"][1]) == []

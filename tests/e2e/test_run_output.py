@@ -1,0 +1,79 @@
+"""What a person sees when a run under `dvc exp run` is interrupted or
+refused: one line to act on, no traceback. Real `dvc exp run`, real DALI."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.dvc_project import run, template_project
+
+# After the step-10 checkpoint, the trainer interrupts itself as Ctrl-C or a
+# SIGTERM would (SIGINT's default handler first: a suite started in the
+# background would otherwise have it ignored).
+INTERRUPT = '''
+    if step == 15 and os.environ.get("INTERRUPT"):
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), getattr(signal, os.environ["INTERRUPT"]))
+'''
+
+
+def interrupting_project(tmp_path):
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    text = train.read_text()
+    loop_body = "    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())\n"
+    train.write_text(text.replace(loop_body, loop_body + INTERRUPT.lstrip("\n")))
+    run(["git", "commit", "-qam", "interrupting"], project)
+    return project
+
+
+@pytest.mark.parametrize("sig,plain,says,step", [
+    ("SIGINT", False, "interrupted (Ctrl-C)", 10),
+    # the template's loop asks ck.should_save: SIGTERM checkpoints step 15 first
+    ("SIGTERM", False, "preempted (SIGTERM)", 15),
+    # a loop that does not: the last recorded step is kept
+    ("SIGTERM", True, "terminated (SIGTERM)", 10)])
+def test_interrupted_run_says_what_is_kept_without_a_traceback(tmp_path, sig, plain, says, step):
+    project = interrupting_project(tmp_path)
+    if plain:
+        train = project / "train.py"
+        train.write_text(train.read_text().replace(
+            'ck.should_save(step, p["checkpoint_every"])', 'step % p["checkpoint_every"] == 0'))
+        run(["git", "commit", "-qam", "no should_save"], project)
+    proc = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"INTERRUPT": sig})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"dvc-dali: {says}: step {step} is kept as row a-step{step}; `dvc exp run` " \
+           "resumes from it" in out, out
+    assert "Traceback" not in out, out
+    again = run(["dvc", "exp", "run", "-n", "b"], project)
+    assert f"resuming at step {step}" in again.stdout + again.stderr
+
+
+def test_a_refusal_prints_its_message_not_a_traceback(tmp_path):
+    project = interrupting_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"INTERRUPT": "SIGTERM"})
+    # batch_size shapes the DALI stream: an unfinished run cannot resume with another
+    proc = run(["dvc", "exp", "run", "-n", "b", "-S", "train.batch_size=8"], project,
+               check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "dvc-dali: PipelineMismatchError: " in out and "batch_size: 16 -> 8" in out, out
+    assert "Traceback" not in out, out
+    assert "resuming" not in out  # no "resuming ..." before a refusal that contradicts it
+    debug = run(["dvc", "exp", "run", "-n", "c", "-S", "train.batch_size=8"], project,
+                check=False, env={"DVC_DALI_DEBUG": "1"})
+    assert "Traceback" in debug.stdout + debug.stderr
+
+
+def test_a_missing_data_directory_is_named(tmp_path):
+    """Not DALI's C++ assertion at build(): the operator, argument and path."""
+    import dvc_dali
+    from tests.helpers import pipelines
+
+    fn, kw = pipelines.make("rotate", str(tmp_path / "nowhere"))["train"]
+    ck = dvc_dali.Checkpointer(tmp_path / "c")
+    with pytest.raises(dvc_dali.ConfigError,
+                       match=r"reader.file_root='.*nowhere/images': no such file"):
+        ck.pipeline("train", fn, **kw)

@@ -1,0 +1,347 @@
+"""Paths that once ended with `dvc exp run` reporting success while the rows
+or the model were wrong: each now gives the right rows or a clear refusal.
+Real `dvc exp run` in temporary git + DVC repositories."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.dvc_project import make_project, run, template_project
+from tests.helpers.rows import exp_refs
+
+BARE_TRAIN = textwrap.dedent("""\
+    import os, sys, yaml
+    from dvc_dali import make_checkpoint
+
+    steps = yaml.safe_load(open("params.yaml"))["steps"]
+    os.makedirs("checkpoint", exist_ok=True)
+    state = "checkpoint/state.txt"
+    start = int(open(state).read()) if os.path.exists(state) else 0
+    for step in range(start + 1, steps + 1):
+        open(state, "w").write(str(step))
+        make_checkpoint()
+        if os.environ.get("KILL_AT") == str(step):
+            os._exit(9)
+    """)
+
+DVC2_STAGE = textwrap.dedent("""\
+    stages:
+      train:
+        cmd: python train.py
+        params: [steps]
+        outs:
+          - checkpoint:
+              checkpoint: true
+    """)
+
+
+def bare_project(tmp_path: Path, dvc_yaml: str) -> Path:
+    return make_project(tmp_path / "p", files={
+        "train.py": BARE_TRAIN, "dvc.yaml": dvc_yaml, "params.yaml": "steps: 4\n"})
+
+
+@pytest.mark.parametrize("yaml_text", [
+    DVC2_STAGE,  # no persist, no always_changed: DVC 2's own form
+    DVC2_STAGE.replace("checkpoint: true", "checkpoint: true\n          persist: true"),
+    DVC2_STAGE.replace("    outs:", "    always_changed: true\n    outs:"),
+], ids=["dvc2-as-is", "persist-only", "always-changed-only"])
+def test_bare_make_checkpoint_refuses_a_stage_dvc3_cannot_resume(tmp_path, yaml_text):
+    """A DVC 2 project ported by changing only the import: refused at the
+    first make_checkpoint(), before any row, with the YAML to add."""
+    project = bare_project(tmp_path, yaml_text)
+    proc = run(["dvc", "exp", "run", "-n", "port"], project, check=False)
+    assert proc.returncode != 0
+    err = proc.stdout + proc.stderr
+    assert "cannot resume from checkpoints under DVC 3" in err
+    assert "persist: true" in err and "always_changed: true" in err
+    assert exp_refs(project) == []
+
+
+def test_bare_make_checkpoint_with_a_resumable_stage_records_and_resumes(tmp_path):
+    yaml_text = DVC2_STAGE.replace("checkpoint: true", "checkpoint: true\n          persist: true"
+                                   ).replace("    outs:", "    always_changed: true\n    outs:")
+    project = bare_project(tmp_path, yaml_text)
+    killed = run(["dvc", "exp", "run", "-n", "port"], project, check=False,
+                 env={"KILL_AT": "2"})
+    assert killed.returncode != 0
+    run(["dvc", "exp", "run", "-n", "port2"], project)
+    assert (project / "checkpoint" / "state.txt").read_text() == "4"
+    names = {r.rsplit("/", 1)[-1] for _, r in exp_refs(project)}
+    assert {"port-step1", "port-step2"} <= names, names
+    assert json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
+
+
+RESUMABLE = DVC2_STAGE.replace("checkpoint: true", "checkpoint: true\n          persist: true"
+                               ).replace("    outs:", "    always_changed: true\n    outs:")
+
+
+def row_names(project: Path) -> dict[str, set[str]]:
+    """{baseline sha: row names} of the experiment rows."""
+    out: dict[str, set[str]] = {}
+    for _, ref in exp_refs(project):
+        _, _, a, b, name = ref.split("/")
+        out.setdefault(a + b, set()).add(name)
+    return out
+
+
+def test_retention_prunes_only_its_own_runs_rows(tmp_path):
+    """DVC_DALI_KEEP_LAST=2 keeps the run's last 2 rows, and never reaches
+    the rows of an experiment of the same name on another baseline."""
+    project = bare_project(tmp_path, RESUMABLE)
+    first = run(["git", "rev-parse", "HEAD"], project).stdout.strip()
+    run(["dvc", "exp", "run", "-n", "same"], project)
+    (project / "params.yaml").write_text("steps: 8\n")
+    run(["git", "commit", "-qam", "more steps"], project)
+    second = run(["git", "rev-parse", "HEAD"], project).stdout.strip()
+    run(["dvc", "exp", "run", "-n", "same"], project, env={"DVC_DALI_KEEP_LAST": "2"})
+    rows = row_names(project)
+    assert {n for n in rows[first] if "-step" in n} == {f"same-step{s}" for s in range(1, 5)}
+    assert {n for n in rows[second] if "-step" in n} == {"same-step7", "same-step8"}
+
+
+@pytest.mark.parametrize("name,value", [
+    ("DVC_DALI_KEEP_LAST", "-1"), ("DVC_DALI_KEEP_LAST", "0"), ("DVC_DALI_KEEP_LAST", "abc"),
+    ("DVC_DALI_KEEP_BEST", "nonsense"), ("DVC_DALI_LOCK_TIMEOUT", "soon")])
+def test_bad_settings_are_refused_before_any_row(tmp_path, name, value):
+    """-1 once deleted every row; now no value that is not a count gets in."""
+    project = bare_project(tmp_path, RESUMABLE)
+    proc = run(["dvc", "exp", "run", "-n", "bad"], project, check=False,
+               env={name: value, "DVC_DALI_KEEP_LAST": "2"} if name != "DVC_DALI_KEEP_LAST"
+               else {name: value})
+    assert proc.returncode != 0
+    assert f"{name}={value!r}" in proc.stdout + proc.stderr
+    assert exp_refs(project) == []
+
+
+GATED_TRAIN = textwrap.dedent("""\
+    import os, time, yaml
+    from dvc_dali import make_checkpoint
+
+    params = yaml.safe_load(open("params.yaml"))
+    os.makedirs("checkpoint", exist_ok=True)
+    for step in range(1, params["steps"] + 1):
+        open("checkpoint/state.txt", "w").write(f"{step} lr={params['lr']}")
+        make_checkpoint()
+        open(os.environ["PROGRESS"], "a").write(f"{step}\\n")
+        while step == 2 and not os.path.exists(os.environ["GO_ON"]):
+            time.sleep(0.05)  # the test starts a second run here
+    """)
+
+
+def test_a_second_run_in_the_workspace_does_not_change_the_first_runs_rows(tmp_path):
+    """While a run trains, `dvc exp run -S lr=0.2` in the same workspace is
+    refused before it touches anything (dvc-dali holds DVC's experiment lock
+    for the workspace run): the first run's rows record the params it trains
+    with, and it ends well (tests/e2e/test_second_run.py has the other cases)."""
+    import subprocess
+    import sys
+    import time
+
+    project = bare_project(tmp_path, RESUMABLE.replace("params: [steps]", "params: [steps, lr]"))
+    (project / "train.py").write_text(GATED_TRAIN)
+    (project / "params.yaml").write_text("steps: 4\nlr: 0.1\n")
+    run(["git", "commit", "-qam", "gated"], project)
+    progress, go_on = tmp_path / "progress", tmp_path / "go"
+    env = {**dict(__import__("os").environ), "PROGRESS": str(progress), "GO_ON": str(go_on)}
+    first = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "-n", "first"],
+                             cwd=project, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    while first.poll() is None and "2" not in (progress.read_text().split()
+                                               if progress.exists() else []):
+        time.sleep(0.05)
+    second = run(["dvc", "exp", "run", "-S", "lr=0.2", "-n", "second"], project, check=False)
+    go_on.write_text("")
+    out, _ = first.communicate(timeout=300)
+    assert second.returncode != 0
+    assert "is busy" in second.stdout + second.stderr, second.stdout + second.stderr
+    assert first.returncode == 0, out[-3000:]
+    for step in range(1, 5):
+        sha = run(["git", "rev-parse", f"refs/exps/{'/'.join(_base(project))}/first-step{step}"],
+                  project).stdout.strip()
+        params = run(["git", "show", f"{sha}:params.yaml"], project).stdout
+        lock = run(["git", "show", f"{sha}:dvc.lock"], project).stdout
+        assert "lr: 0.1" in params and "lr: 0.2" not in params, (step, params)
+        assert "lr: 0.1" in lock and "lr: 0.2" not in lock, (step, lock)
+
+
+def _base(project: Path) -> tuple[str, str]:
+    head = run(["git", "rev-parse", "HEAD"], project).stdout.strip()
+    return head[:2], head[2:]
+
+
+def test_template_trains_again_when_params_change_after_the_end(tmp_path):
+    """A finished template run rerun with `-S train.lr=0.05` trains a new run
+    from step 0: no row records the new lr beside the old run's metrics."""
+    import numpy as np
+
+    project = template_project(tmp_path, classes=3)
+    first = run(["dvc", "exp", "run", "-n", "a"], project)
+    assert "starting: 20 steps, 3 classes" in first.stdout + first.stderr
+    w_a = np.load(project / "model" / "weights.npy")
+    assert w_a.shape == (256, 3)  # the class count comes from the data
+    again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.lr=0.05"], project)
+    said = again.stdout + again.stderr
+    assert "starting a new run from step 0" in said and "lr: 0.1 -> 0.05" in said
+    assert "step 10/20" in said and "step 20/20" in said  # it trained every step again
+    assert not np.array_equal(np.load(project / "model" / "weights.npy"), w_a)
+    same = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=30"], project)
+    said = same.stdout + same.stderr
+    assert "resuming at step 20" in said and "step 30/30" in said  # more steps: trains on
+    assert "step 10/30" not in said
+
+
+def test_a_checkpointer_under_dvc_exp_run_needs_total_steps(tmp_path):
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(', params=p, total_steps=p["steps"])', ")"))
+    run(["git", "commit", "-qam", "no total_steps"], project)
+    proc = run(["dvc", "exp", "run", "-n", "x"], project, check=False)
+    assert proc.returncode != 0
+    assert "pass total_steps=" in proc.stdout + proc.stderr
+    assert exp_refs(project) == []
+
+
+def test_params_default_to_the_stages_params(tmp_path):
+    """A script that passes no params=: the stage's `params:` (as DVC resolves
+    them, train.lr...) are the run's, so -S after the end still starts anew,
+    and raising train.steps trains further."""
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace("params=p, ", ""))
+    run(["git", "commit", "-qam", "stage params"], project)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.seed=1"], project)
+    said = again.stdout + again.stderr
+    assert "starting a new run from step 0" in said and "train.seed: 0 -> 1" in said
+    more = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=30"], project)
+    said = more.stdout + more.stderr
+    assert "resuming at step 20" in said and "train.steps: 20 -> 30" in said
+    from dvc_dali.recording import list_rows
+
+    rows = {r["name"]: r for r in list_rows(str(project))}
+    assert rows["b-step10"]["parent"] is None  # a new run from step 0 has no parent row
+    # the step count raised is the same run trained further, under its name
+    assert rows["b-step30"]["parent"] == rows["b-step20"]["sha"]
+    assert "c-step30" not in rows
+
+
+def _model_of(project: Path, row: str) -> str:
+    """md5 of the row's model output, from `dvc exp show`."""
+    data = json.loads(run(["dvc", "exp", "show", "--json", "-A"], project).stdout)
+    for base in data:
+        for exp in base.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                if (rev.get("name") or exp.get("name")) == row:
+                    return rev["data"]["outs"]["model"]["hash"]
+    raise AssertionError(f"no row {row}")
+
+
+@pytest.mark.parametrize("how", ["temp", "queue"])
+def test_temp_and_queued_runs_resume_an_applied_row(tmp_path, how):
+    """`dvc exp apply <row>` then `dvc exp run --temp` (or --queue and the
+    queue run) resumes that row, as the same in the workspace does, instead
+    of silently starting at step 0."""
+    project = template_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    run(["dvc", "exp", "apply", "a-step10"], project)
+    run(["dvc", "exp", "run", "-n", "ws", "-S", "train.lr=0.05"], project)
+    run(["dvc", "exp", "apply", "a-step10"], project)
+    if how == "temp":
+        out = run(["dvc", "exp", "run", "--temp", "-n", "tmp", "-S", "train.lr=0.05"], project)
+    else:
+        run(["dvc", "exp", "run", "--queue", "-n", "tmp", "-S", "train.lr=0.05"], project)
+        out = run(["dvc", "exp", "run", "--run-all", "-j", "1"], project)
+        out.stdout += run(["dvc", "queue", "logs", "tmp"], project).stdout
+    said = out.stdout + out.stderr
+    assert "resuming at step 10" in said, said
+    assert "step 10/20" not in said  # nothing trained twice
+    assert _model_of(project, "tmp-step20") == _model_of(project, "ws-step20")
+    from dvc_dali.recording import list_rows
+
+    rows = {r["name"]: r for r in list_rows(str(project))}
+    assert rows["tmp-step20"]["parent"] == rows["a-step10"]["sha"]
+
+
+def test_reset_starts_a_bare_make_checkpoint_port_over(tmp_path):
+    """`dvc-dali reset` is the way to start over for ports with a bare
+    make_checkpoint() too (their output holds no dvc-dali LATEST file);
+    deleting the directory would not do: DVC checks it out again."""
+    import sys
+
+    project = bare_project(tmp_path, RESUMABLE)
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"KILL_AT": "2"})
+    reset = run([sys.executable, "-m", "dvc_dali.cli", "reset"], project)
+    assert "removed checkpoint" in reset.stdout and "dvc.lock:train" in reset.stdout
+    run(["dvc", "exp", "run", "-n", "b"], project)
+    names = {r.rsplit("/", 1)[-1] for _, r in exp_refs(project)}
+    assert {"b-step1", "b-step2", "b-step3", "b-step4"} <= names, names
+
+
+def test_exp_show_lists_fast_rows_in_step_order(tmp_path):
+    """Rows recorded within one second (a bare make_checkpoint() per step) are
+    listed by `dvc exp show` newest step first, as the steps went."""
+    project = bare_project(tmp_path, RESUMABLE)
+    (project / "params.yaml").write_text("steps: 8\n")
+    run(["git", "commit", "-qam", "8 steps"], project)
+    run(["dvc", "exp", "run", "-n", "fast"], project)
+    data = json.loads(run(["dvc", "exp", "show", "--json"], project).stdout)
+    names = [rev["name"] for base in data for exp in base.get("experiments") or []
+             for rev in exp["revs"] if "-step" in (rev.get("name") or "")]
+    assert names == [f"fast-step{s}" for s in range(8, 0, -1)], names
+
+
+TYPES_TRAIN = textwrap.dedent("""\
+    import collections, json, os, sys
+    import numpy as np
+    import dvc_dali
+
+    ck = dvc_dali.Checkpointer("checkpoint", total_steps=2)
+    value = {"scalar": np.float64(1.5), "i": np.int32(7), "zero_d": np.array(2.5),
+             "od": collections.OrderedDict([("b", np.ones(2)), ("a", 1)]),
+             "nested": [collections.OrderedDict(z=np.float32(3)), (1, "x")]}
+    if ck.resumed:
+        back = ck.arrays["v"]
+        seen = {k: type(v).__name__ for k, v in back.items()}
+        seen["od_keys"] = list(back["od"])
+        seen["nested0"] = type(back["nested"][0]).__name__
+        seen["nested0z"] = type(back["nested"][0]["z"]).__name__
+        seen["nested1"] = type(back["nested"][1]).__name__
+        json.dump(seen, open(os.environ["SEEN"], "w"))
+    for step in range(ck.step + 1, 3):
+        ck.make_checkpoint(step, arrays={"v": value})
+        if step == 1 and os.environ.get("STOP"):
+            os._exit(9)
+    """)
+
+
+def test_values_come_back_as_they_went_in(tmp_path):
+    """A NumPy scalar comes back a scalar (not a 0-d array), an OrderedDict
+    an OrderedDict, through a real kill and resume under `dvc exp run`."""
+    project = bare_project(tmp_path, RESUMABLE)
+    (project / "train.py").write_text(TYPES_TRAIN)
+    run(["git", "commit", "-qam", "types"], project)
+    seen = tmp_path / "seen.json"
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"STOP": "1"})
+    run(["dvc", "exp", "run", "-n", "b"], project, env={"SEEN": str(seen)})
+    assert json.loads(seen.read_text()) == {
+        "scalar": "float64", "i": "int32", "zero_d": "ndarray", "od": "OrderedDict",
+        "nested": "list", "od_keys": ["b", "a"], "nested0": "OrderedDict",
+        "nested0z": "float32", "nested1": "tuple"}
+
+
+@pytest.mark.parametrize("value,what", [
+    (__import__("collections").namedtuple("Point", "x y")(1, 2), "Point"),
+    (__import__("collections").defaultdict(list), "defaultdict"),
+    (type("MyList", (list,), {})([1]), "MyList"),
+])
+def test_values_that_would_come_back_changed_are_refused_at_save(tmp_path, value, what):
+    import dvc_dali
+
+    ck = dvc_dali.Checkpointer(tmp_path / "c")
+    with pytest.raises(TypeError, match=f"a {what} .*would come back as a plain"):
+        ck.save(1, arrays={"v": {"inner": value}})
+    assert not (tmp_path / "c" / "LATEST").exists()

@@ -1,0 +1,70 @@
+"""A `dvc-dali init` template project whose trainer waits for a signal at step
+PREEMPT_AT, and `dvc exp run` started so that the test can signal it there
+(the preemption, load and push tests)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import REPO
+from tests.helpers.dvc_project import run, template_project
+
+# The trainer, at step PREEMPT_AT, says it is ready and waits for the
+# signal, so the test knows the step it lands on.
+WAIT_FOR_SIGNAL = '''
+    if step == int(os.environ.get("PREEMPT_AT", "0")):
+        import time
+        with open("preempt-ready.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace("preempt-ready.tmp", "preempt-ready")
+        while ck.preempted is None:
+            time.sleep(0.01)
+'''
+USER_HANDLER = '''
+import signal
+signal.signal(signal.SIGUSR1, lambda s, f: open("user-handler-ran", "w").close())
+'''
+
+
+def preemptible_project(tmp_path: Path, user_handler: bool = False) -> Path:
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    text = train.read_text()
+    loop_body = "    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())\n"
+    text = text.replace(loop_body, loop_body + WAIT_FOR_SIGNAL.lstrip("\n"))
+    if user_handler:
+        text = text.replace("import dvc_dali\n", "import dvc_dali\n" + USER_HANDLER)
+    train.write_text(text)
+    (project / ".gitignore").write_text("preempt-ready*\nuser-handler-ran\n")
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "preemptible"], project)
+    return project
+
+
+def start(project: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.Popen(["dvc", "exp", "run", *args], cwd=project, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PATH": path, "PYTHONPATH": str(REPO),
+                                 **(env or {})},
+                            start_new_session=True)
+
+
+def trainer_ready(project: Path, proc: subprocess.Popen) -> int:
+    """The trainer's pid, once it waits at PREEMPT_AT (it wrote the file)."""
+    ready = project / "preempt-ready"
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"dvc exp run ended before the trainer got ready:\n"
+                                 f"{proc.stdout.read()}")
+        time.sleep(0.02)
+    return int(ready.read_text())
+
+
+def weights(project: Path) -> str:
+    return hashlib.sha256((project / "model/weights.npy").read_bytes()).hexdigest()

@@ -1,0 +1,55 @@
+"""A project's experiment rows and refs, read back the one way every test does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.helpers.dvc_project import run
+
+
+def exp_rows(path: Path, *, all_commits: bool = True, env: dict | None = None
+             ) -> dict[str, dict]:
+    """{row name: {"rev", "metrics", "step", "deps", "outs", "data"}} from
+    `dvc exp show --json`, with every commit's experiments (-A) or, with
+    ``all_commits=False``, those of the workspace and HEAD only. "metrics"
+    merges every metrics file's values, "step" is its "step"; "data" is the
+    row's whole entry (params, metrics and outs by file). DVC's own
+    experiment (named without a step) is a row too. ``env``: extra variables
+    for `dvc`."""
+    cmd = [sys.executable, "-m", "dvc", "exp", "show", "--json"]
+    shown = json.loads(run([*cmd, "-A"] if all_commits else cmd, path, env=env).stdout)
+    rows = {}
+    for node in shown:
+        for exp in node.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = rev.get("data") or {}
+                metrics = {}
+                for f in (data.get("metrics") or {}).values():
+                    metrics.update(f.get("data") or {})
+                rows[rev.get("name") or exp.get("name")] = {
+                    "rev": rev.get("rev"), "metrics": metrics, "step": metrics.get("step"),
+                    "deps": data.get("deps"), "outs": data.get("outs"), "data": data}
+    return rows
+
+
+def exp_refs(path: Path, *, dvc_exec: bool = False) -> list[tuple[str, str]]:
+    """(sha, ref) of every experiment ref, refs/exps/<b[:2]>/<b[2:]>/<name>
+    (the rows and DVC's own experiments), in git's order; ``dvc_exec``: of
+    every ref under refs/exps, DVC's bookkeeping (refs/exps/exec/...) too.
+    ``path`` may be a bare repository (a git remote)."""
+    out = run(["git", "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps"],
+              path).stdout
+    refs = []
+    for line in out.splitlines():
+        sha, ref = line.split()
+        parts = ref.split("/")
+        if dvc_exec or (len(parts) == 5 and len(parts[2]) == 2):
+            refs.append((sha, ref))
+    return refs
+
+
+def row_refs(path: Path) -> dict[str, tuple[str, str]]:
+    """row name -> (ref, sha) of the dvc-dali rows (<experiment>-step<N>)."""
+    return {ref.rsplit("/", 1)[1]: (ref, sha) for sha, ref in exp_refs(path) if "-step" in ref}

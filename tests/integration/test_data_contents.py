@@ -1,0 +1,129 @@
+"""Proof at runtime, the data's contents: a file rewritten in place with its
+old size and mtime, between a kill and the resume, is refused by name
+(names, sizes and DVC see nothing); an untouched data set, and one copied
+afresh with new mtimes, resume. Real DALI pipelines over real image files,
+a process killed with SIGKILL between two checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import HELPERS, REPO
+
+REWRITTEN = "class1/003.jpg"
+
+
+def run(data: Path, ckpt: Path, out: Path, until: int, save_at=(), kill_after=None,
+        **env: str) -> subprocess.CompletedProcess:
+    args = ["rotate", str(data), str(ckpt), str(out), "--until", str(until)]
+    if save_at:
+        args += ["--save-at", *map(str, save_at)]
+    if kill_after is not None:
+        args += ["--kill-after", str(kill_after)]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    return subprocess.run([sys.executable, str(HELPERS / "proof_runner.py"), *args],
+                          capture_output=True, text=True,
+                          env={**environ, "PYTHONPATH": str(REPO), **env})
+
+
+def outputs(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+@pytest.fixture
+def killed(tmp_path, data_dir):
+    """A data set of our own and a run of it killed at step 4, saved at 2."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    ckpt = tmp_path / "ckpt"
+    proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return data, ckpt
+
+
+def rewrite_same_size_and_mtime(path: Path) -> None:
+    before = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one byte in the middle of the JPEG's entropy data
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def manifest(ckpt: Path) -> dict:
+    name = (ckpt / "LATEST").read_text().split()[0]
+    return json.loads((ckpt / name / "manifest.json").read_text())
+
+
+def test_a_file_rewritten_with_its_size_and_mtime_is_refused_by_name(tmp_path, killed):
+    data, ckpt = killed
+    record = manifest(ckpt)["pipelines"]["train"]["contents"]["reader.file_root"]
+    assert record["files"] == 24 and len(record["crc32"]) == 8 * 24
+    rewrite_same_size_and_mtime(data / "images" / REWRITTEN)
+
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "PipelineMismatchError" in text and "Traceback" not in text, text
+    assert f"reader.file_root ({data}/images): changed {REWRITTEN}" in text, text
+    assert "dvc-dali reset" in text and "DVC_DALI_INEXACT=1" in text, text
+    assert not (tmp_path / "resumed.npz").exists()
+
+    # on purpose: it resumes, and says the run is no longer exact
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6, DVC_DALI_INEXACT="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no longer exact" in proc.stderr and REWRITTEN in proc.stderr, proc.stderr
+    assert int(outputs(tmp_path / "resumed.npz")["restored_step"]) == 2
+
+
+def test_untouched_data_resumes_exactly(tmp_path, killed):
+    data, ckpt = killed
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "contents" not in proc.stderr, proc.stderr
+    whole = run(data, tmp_path / "whole", tmp_path / "whole.npz", 6)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    resumed, reference = outputs(tmp_path / "resumed.npz"), outputs(tmp_path / "whole.npz")
+    assert int(resumed["restored_step"]) == 2
+    keys = [k for k in resumed if k[:4].isdigit()]
+    assert keys and all(np.array_equal(resumed[k], reference[k]) for k in keys)
+
+
+def test_a_fresh_machine_copy_with_new_mtimes_resumes(tmp_path, killed):
+    data, ckpt = killed
+    images = data / "images"
+    moved = tmp_path / "elsewhere"
+    shutil.move(images, moved)
+    shutil.copytree(moved, images, copy_function=shutil.copyfile)  # new mtimes, same bytes
+    for path in images.rglob("*.jpg"):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(outputs(tmp_path / "resumed.npz")["restored_step"]) == 2
+
+
+def test_over_the_threshold_names_and_sizes_only_said_once(tmp_path, data_dir):
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    ckpt = tmp_path / "ckpt"
+    proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2, 4], kill_after=4,
+               DVC_DALI_CONTENT_DIGEST_MAX="1000")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "DVC_DALI_CONTENT_DIGEST_MAX" in line]
+    assert len(said) == 1 and "names and sizes, not their contents" in said[0], proc.stderr
+    assert "contents" not in manifest(ckpt)["pipelines"]["train"]
+    # a manifest without contents (as older ones) resumes under the default threshold
+    rewrite_same_size_and_mtime(data / "images" / REWRITTEN)
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(outputs(tmp_path / "resumed.npz")["restored_step"]) == 4

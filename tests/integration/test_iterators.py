@@ -1,0 +1,181 @@
+"""Framework iterators (PyTorch, JAX) and DALI dynamic mode resume bit for bit,
+in new processes, with the same helper shape as test_exact_resume.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers.launch import copy_checkpoint, requires_gpu, run_script
+
+torch = pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+
+TOTAL = 14  # 24 samples, batch 5: epochs of 5 batches (4 with DROP)
+
+
+def run_iter(cfg, data, ckpt, out, until, save_at=(), fresh=False):
+    args = [json.dumps(cfg), str(data), str(ckpt), str(out), "--until", str(until)]
+    if save_at:
+        args += ["--save-at", *map(str, save_at)]
+    if fresh:
+        args.append("--fresh")
+    return run_script("iter_runner.py", args, out)
+
+
+def events_from(results: dict, start: int) -> list[str]:
+    """Batches after step ``start`` (keys name the batch's 1-based step), and
+    ends of epoch from ``start`` on (an epoch may end right at the checkpoint)."""
+    return sorted(k for k in results if int(k[:4]) > start
+                  or (int(k[:4]) == start and k.endswith("epoch_end")))
+
+
+def assert_same_from(reference: dict, resumed: dict, start: int) -> None:
+    assert events_from(resumed, start) == events_from(reference, start), \
+        "batches or ends of epoch differ after the restore"
+    for key in events_from(reference, start):
+        assert np.array_equal(reference[key], resumed[key]), f"{key} differs after the restore"
+
+
+def epoch_end(cfg) -> int:
+    """The step after the last batch of the first epoch (before StopIteration)."""
+    return 4 if cfg.get("policy") == "DROP" else 5
+
+
+CONFIGS = {
+    "fill-autoreset": dict(policy="FILL", auto_reset=True),
+    "fill-manual-reset": dict(policy="FILL", auto_reset=False),
+    "drop-autoreset": dict(policy="DROP", auto_reset=True),
+    "drop-manual-reset": dict(policy="DROP", auto_reset=False),
+    "partial-autoreset": dict(policy="PARTIAL", auto_reset=True),
+    "partial-manual-reset": dict(policy="PARTIAL", auto_reset=False),
+    "prefetch-1": dict(policy="FILL", prefetch=1),
+    "prefetch-3": dict(policy="FILL", prefetch=3),
+    "no-reader-name": dict(policy="FILL", reader_name=False),
+    "classification": dict(policy="PARTIAL", iterator="classification"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    cache = {}
+
+    def get(cfg):
+        key = json.dumps(cfg, sort_keys=True)
+        if key not in cache:
+            d = tmp_path_factory.mktemp("iterref")
+            points = sorted({2, epoch_end(cfg), 12})
+            out = run_iter(cfg, data_dir, d / "ckpt", d / "ref.npz", TOTAL, points, fresh=True)
+            cache[key] = (d, out)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("point", ["mid-epoch", "epoch-end", "epochs-in"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_torch_iterator_resumes_bit_exact(reference, data_dir, tmp_path, name, point):
+    cfg = {"framework": "torch", **CONFIGS[name]}
+    at = {"mid-epoch": 2, "epoch-end": epoch_end(cfg), "epochs-in": 12}[point]
+    ref_dir, ref = reference(cfg)
+    ckpt = copy_checkpoint(ref_dir / f"ckpt-{at}", tmp_path / "ckpt")
+    assert_same_from(ref, run_iter(cfg, data_dir, ckpt, tmp_path / "r.npz", TOTAL), at)
+
+
+def test_plain_dali_restore_loses_the_end_of_epoch_and_the_package_does_not(
+        reference, data_dir, tmp_path):
+    """DALI's defaults (prepare_first_batch=True) swallow the StopIteration of
+    a checkpoint taken after an epoch's last batch; Checkpointer.iterator does not."""
+    cfg = {"framework": "torch", **CONFIGS["fill-autoreset"]}
+    ref_dir, ref = reference(cfg)
+    at = epoch_end(cfg)
+    plain = run_iter({**cfg, "plain": True}, data_dir,
+                     copy_checkpoint(ref_dir / f"ckpt-{at}", tmp_path / "a"), tmp_path / "p.npz",
+                     TOTAL)
+    assert f"{at:04d}_epoch_end" in ref and f"{at:04d}_epoch_end" not in plain
+    with pytest.raises(AssertionError):
+        assert_same_from(ref, plain, at)
+    ours = run_iter(cfg, data_dir, copy_checkpoint(ref_dir / f"ckpt-{at}", tmp_path / "b"),
+                    tmp_path / "o.npz", TOTAL)
+    assert_same_from(ref, ours, at)
+
+
+@pytest.mark.parametrize("framework", ["torch", "dynamic"])
+def test_chained_restores_equal_one_run(reference, data_dir, tmp_path, framework):
+    cfg = {"framework": framework, "policy": "PARTIAL"}
+    _, ref = reference(cfg)
+    ckpt = tmp_path / "ckpt"
+    run_iter(cfg, data_dir, ckpt, tmp_path / "0.npz", 3, [3], fresh=True)
+    pieces = {}
+    for i, (until, save) in enumerate([(5, 5), (9, 9), (TOTAL, None)]):
+        pieces.update(run_iter(cfg, data_dir, ckpt, tmp_path / f"{i}.npz", until,
+                               [save] if save else []))
+    assert_same_from(ref, pieces, 3)
+
+
+@pytest.mark.parametrize("point", [2, 5, 12])
+def test_dynamic_mode_resumes_bit_exact(reference, data_dir, tmp_path, point):
+    cfg = {"framework": "dynamic"}
+    ref_dir, ref = reference({**cfg, "policy": "PARTIAL"})
+    ckpt = copy_checkpoint(ref_dir / f"ckpt-{point}", tmp_path / "ckpt")
+    assert_same_from(ref, run_iter({**cfg, "policy": "PARTIAL"}, data_dir, ckpt,
+                                   tmp_path / "r.npz", TOTAL), point)
+
+
+@pytest.mark.parametrize("point", [2, 5, 12])
+def test_jax_iterator_resumes_bit_exact(reference, data_dir, tmp_path, point):
+    pytest.importorskip("jax", reason="JAX is not installed")
+    cfg = {"framework": "jax", "policy": "FILL"}
+    ref_dir, ref = reference(cfg)
+    ckpt = copy_checkpoint(ref_dir / f"ckpt-{point}", tmp_path / "ckpt")
+    assert_same_from(ref, run_iter(cfg, data_dir, ckpt, tmp_path / "r.npz", TOTAL), point)
+
+
+def test_torch_state_dicts_round_trip_and_training_continues_exactly(tmp_path):
+    import dvc_dali
+
+    torch.manual_seed(0)
+
+    def make():
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    def train(model, opt, steps, start):
+        for s in range(start, start + steps):
+            g = torch.Generator().manual_seed(s)
+            x, y = torch.randn(8, 6, generator=g), torch.randint(0, 2, (8,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    model, opt = make()
+    train(model, opt, 3, 0)
+    extra = {"bf16": torch.arange(5, dtype=torch.bfloat16) / 3, "ints": torch.arange(4),
+             "flags": torch.tensor([True, False])}
+    dvc_dali.Checkpointer(tmp_path / "c").save(
+        3, arrays={"model": model.state_dict(), "optim": opt.state_dict(), "extra": extra})
+    train(model, opt, 4, 3)
+
+    back = dvc_dali.Checkpointer(tmp_path / "c")
+    assert isinstance(next(iter(back.arrays["optim"]["state"])), int)  # int keys kept
+    for k, v in extra.items():
+        got = back.arrays["extra"][k]
+        assert got.dtype == v.dtype and torch.equal(got, v), k
+    model2, opt2 = make()
+    model2.load_state_dict(back.arrays["model"])
+    opt2.load_state_dict(back.arrays["optim"])
+    train(model2, opt2, 4, 3)
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("point", [2, 5, 12])
+def test_torch_iterator_on_gpu_resumes_bit_exact(reference, data_dir, tmp_path, point):
+    """Mixed (GPU) decoding, CUDA tensors out of the iterator."""
+    cfg = {"framework": "torch", "policy": "FILL", "device": "gpu"}
+    ref_dir, ref = reference(cfg)
+    ckpt = copy_checkpoint(ref_dir / f"ckpt-{point}", tmp_path / "ckpt")
+    assert_same_from(ref, run_iter(cfg, data_dir, ckpt, tmp_path / "r.npz", TOTAL), point)

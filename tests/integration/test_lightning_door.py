@@ -1,0 +1,73 @@
+"""What the Lightning door refuses, in-process with a real DALI pipeline and
+a real Trainer: values a checkpoint cannot hold without pickle, a resumed
+run fitted without its checkpoint, training data whose position is unseen."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from nvidia.dali.plugin.pytorch import DALIGenericIterator  # noqa: E402
+
+import dvc_dali  # noqa: E402
+
+from tests.helpers import pipelines  # noqa: E402
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, extra=None) -> None:
+        super().__init__()
+        if extra is not None:
+            self.save_hyperparameters({"extra": extra})
+        self.net = torch.nn.Linear(16 * 16 * 3, 3)
+
+    def training_step(self, batch, batch_idx):
+        x = batch[0]["images"].float().flatten(1) / 255.0
+        return torch.nn.functional.cross_entropy(self.net(x), batch[0]["labels"].reshape(-1).long())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _setup(path, data):
+    ck = dvc_dali.Checkpointer(path)
+    fn, kw = pipelines.make("rotate", str(data))["train"]
+    pipe = ck.pipeline("train", fn, **kw)
+    it = ck.iterator(DALIGenericIterator, [pipe], ["images", "labels", "angle"],
+                     reader_name="reader", auto_reset=True)
+    return ck, it
+
+
+def _trainer(cb, steps):
+    return pl.Trainer(max_steps=steps, callbacks=[cb], logger=False, accelerator="cpu",
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+
+
+def test_an_unrepresentable_value_is_refused_naming_it(data_dir, tmp_path):
+    ck, it = _setup(tmp_path / "a", data_dir)
+    cb = ck.lightning_callback(2)
+    with pytest.raises(dvc_dali.ConfigError, match="without pickle.*hyper_parameters/extra"):
+        cb.fit(_trainer(cb, 2), Tiny(extra={1, 2}), it)
+
+
+def test_a_resumed_run_must_fit_from_its_checkpoint(data_dir, tmp_path):
+    ck, it = _setup(tmp_path / "b", data_dir)
+    cb = ck.lightning_callback(2)
+    cb.fit(_trainer(cb, 2), Tiny(), it)
+    ck.close()
+    ck, it = _setup(tmp_path / "b", data_dir)
+    cb = ck.lightning_callback(2)
+    assert cb.ckpt_path == f"dvc-dali:{tmp_path / 'b'}"
+    with pytest.raises(dvc_dali.ConfigError, match="ckpt_path=cb.ckpt_path"):
+        _trainer(cb, 4).fit(Tiny(), train_dataloaders=cb.loader(it))
+
+
+def test_other_training_data_is_refused(data_dir, tmp_path):
+    ck, _ = _setup(tmp_path / "c", data_dir)
+    cb = ck.lightning_callback(2)
+    data = torch.utils.data.DataLoader(range(4))
+    with pytest.raises(dvc_dali.ConfigError, match="not cb.loader"):
+        _trainer(cb, 2).fit(Tiny(), train_dataloaders=data)

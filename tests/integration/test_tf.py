@@ -1,0 +1,245 @@
+"""TensorFlow: Checkpointer.tf_dataset (DALI's DALIDataset) and
+ck.keras_callback resume bit for bit in new processes; what cannot resume
+exactly is refused. Real TensorFlow, Keras 3 and DALI's TF plugin (the tf
+extra); the dvc exp run end to end is tests/e2e/test_example_keras.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow", reason="install the tf extra (README: two pip commands)")
+pytest.importorskip("nvidia.dali.plugin.tf", reason="install nvidia-dali-tf-plugin (README)")
+
+from dvc_dali import dali_tf  # noqa: E402
+from dvc_dali.errors import CheckpointCorruptError  # noqa: E402
+
+from tests.helpers import HELPERS, REPO
+
+
+def runner(cfg: dict, data, ckpt, out, ok: bool = True) -> tuple[dict, subprocess.CompletedProcess]:
+    proc = subprocess.run([sys.executable, str(HELPERS / "tf_runner.py"), json.dumps(cfg),
+                           str(data), str(ckpt), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if not ok:
+        return {}, proc
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(out, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}, proc
+
+
+def same_from(reference: dict, resumed: dict, start: int) -> None:
+    later = sorted(k for k in reference if int(k[:4]) > start)
+    assert later and sorted(resumed) == later, "the resumed run saw other steps"
+    for key in later:
+        assert np.array_equal(reference[key], resumed[key]), f"{key} differs after the restore"
+
+
+# 24 images: at batch 4 an epoch of the reader is 6 steps; at batch 5 a batch
+# spans two epochs (or, padded, an epoch is 5 steps). Saves in an epoch, right
+# at its end, and right after it.
+@pytest.mark.parametrize("batch,save,extra", [
+    (4, 3, {}), (4, 6, {}), (4, 7, {}), (5, 5, {}), (4, 12, {"prefetch": 1}),
+    (4, 6, {"transform": True}), (5, 9, {"prefetch": 3}),
+    # the reader pads an epoch's last batch: 5 batches an epoch, the 5th padded
+    (5, 5, {"pad": True}), (5, 4, {"pad": True}), (5, 11, {"pad": True}),
+])
+def test_tf_dataset_resumes_exactly_in_a_new_process(data_dir, tmp_path, batch, save, extra):
+    cfg = {"mode": "stream", "until": 16, "batch": batch, **extra}
+    reference, _ = runner(cfg, data_dir, tmp_path / "ref", tmp_path / "ref.npz")
+    runner({**cfg, "until": save, "save_at": [save]}, data_dir, tmp_path / "ck",
+           tmp_path / "first.npz")
+    resumed, _ = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "resumed.npz")
+    same_from(reference, resumed, save)
+
+
+def test_a_new_iterator_continues_the_stream_and_resumes_the_same(data_dir, tmp_path):
+    """Keras makes a new iterator per fit call: each continues where the last
+    stopped, in a fresh run as in a resumed one."""
+    cfg = {"mode": "stream", "until": 14, "save_at": [4, 9], "reiter": True}
+    fresh, _ = runner(cfg, data_dir, tmp_path / "a", tmp_path / "a.npz")
+    plain, _ = runner({"mode": "stream", "until": 14}, data_dir, tmp_path / "b",
+                      tmp_path / "b.npz")
+    for key in plain:
+        assert np.array_equal(fresh[key], plain[key]), f"{key}: a new iterator restarted"
+    runner({**cfg, "until": 9}, data_dir, tmp_path / "c", tmp_path / "c1.npz")
+    resumed, _ = runner(cfg, data_dir, tmp_path / "c", tmp_path / "c2.npz")
+    same_from(plain, resumed, 9)
+
+
+def test_tf_dataset_refuses_another_seed_or_batch(data_dir, tmp_path):
+    runner({"mode": "stream", "until": 3, "save_at": [3]}, data_dir, tmp_path / "ck",
+           tmp_path / "a.npz")
+    for change, expect in (({"seed": 8}, "seed: 7 -> 8"), ({"batch": 5}, "batch_size: 4 -> 5")):
+        _, proc = runner({"mode": "stream", "until": 6, **change}, data_dir, tmp_path / "ck",
+                         tmp_path / "b.npz", ok=False)
+        assert proc.returncode != 0
+        assert "PipelineMismatchError" in proc.stderr and expect in proc.stderr, proc.stderr
+
+
+def test_tf_dataset_data_rewritten_in_place_is_refused_by_name(data_dir, tmp_path):
+    """The content digest covers a tf_dataset's readers too (data_contents)."""
+    from test_batch_digests import perturb_same_size_and_mtime
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    runner({"mode": "stream", "until": 3, "save_at": [3]}, data, tmp_path / "ck",
+           tmp_path / "a.npz")
+    perturb_same_size_and_mtime(data / "images" / "class1" / "003.jpg")
+    _, proc = runner({"mode": "stream", "until": 6}, data, tmp_path / "ck", tmp_path / "b.npz",
+                     ok=False)
+    assert proc.returncode != 0 and "PipelineMismatchError" in proc.stderr, proc.stderr
+    assert "changed class1/003.jpg" in proc.stderr, proc.stderr
+
+
+def test_a_damaged_tf_state_is_a_typed_error(data_dir, tmp_path):
+    """Bytes that pass the store's digests (rewritten with them) but are not a
+    TensorFlow checkpoint: CheckpointCorruptError naming the file, no crash."""
+    runner({"mode": "stream", "until": 3, "save_at": [3]}, data_dir, tmp_path / "ck",
+           tmp_path / "a.npz")
+    from dvc_dali import store
+
+    snap = next(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))
+    member = next((snap / "pipelines").iterdir())
+    files = dali_tf.unpack(member.read_bytes(), str(member))
+    files[".index"] = files[".index"][:20] + bytes(len(files[".index"]) - 20)
+    rewrite_member(snap, member, dali_tf.pack(files), store)
+    _, proc = runner({"mode": "stream", "until": 6}, data_dir, tmp_path / "ck",
+                     tmp_path / "b.npz", ok=False)
+    assert proc.returncode != 0 and "CheckpointCorruptError" in proc.stderr, proc.stderr
+    assert str(member.relative_to(tmp_path / "ck")) in proc.stderr
+    assert "Segmentation" not in proc.stderr and proc.returncode > 0
+
+
+def rewrite_member(snap, member, data: bytes, store) -> None:
+    """Replace a member and fix its digest, the manifest's and LATEST's: what
+    a hostile writer can do."""
+    import hashlib
+    import zlib
+
+    member.write_bytes(data)
+    manifest = json.loads((snap / store.MANIFEST).read_text())
+    rel = member.relative_to(snap).as_posix()
+    digest = ({"md5": hashlib.md5(data).hexdigest()} if "md5" in manifest["files"][rel]
+              else {"crc32": f"{zlib.crc32(data):08x}"})
+    manifest["files"][rel] = {"size": len(data), **digest}
+    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    (snap / store.MANIFEST).write_bytes(text)
+    latest = snap.parent / store.LATEST
+    latest.write_text(latest.read_text().replace(
+        latest.read_text().split()[-1], hashlib.md5(text).hexdigest()))
+
+
+def test_damaged_tf_bytes_past_the_digests_restore_or_are_typed_errors(data_dir, tmp_path):
+    counts, proc = runner({"mode": "damaged", "seed": 1, "cases": 60}, data_dir, tmp_path / "ck",
+                          tmp_path / "c.npz")
+    assert int(counts["other"]) == 0, proc.stdout[-3000:]
+    assert int(counts["typed"]) > 30  # TensorFlow's own checksums see most damage
+
+
+@pytest.mark.parametrize("blob,why", [
+    (b"", "header"),
+    (b"garbage", "header"),
+    (dali_tf.MAGIC + b"\x05\x00", "truncated"),
+    (dali_tf.MAGIC + dali_tf._HEAD.pack(6, 1 << 40) + b".index", "runs past"),
+    (dali_tf.pack({"/../../etc": b"x"}), "unexpected member"),
+    (dali_tf.pack({".data-00000-of-00001": b"x"}), "no .index"),
+    (dali_tf.MAGIC + dali_tf._HEAD.pack(200, 0) + b"a" * 200, "runs past"),
+])
+def test_unpack_refuses_what_it_did_not_write(blob, why):
+    with pytest.raises(CheckpointCorruptError, match=why) as err:
+        dali_tf.unpack(blob, "ck/x.dali")
+    assert "ck/x.dali" in str(err.value)
+
+
+def test_pack_unpack_round_trip():
+    files = {".index": b"\x00" * 3, ".data-00000-of-00001": b"abc"}
+    assert dali_tf.unpack(dali_tf.pack(files), "x") == files
+    assert dali_tf.unpack(dali_tf.pack({}), "x") == {}
+
+
+KERAS = {"mode": "keras", "epochs": 3, "steps_per_epoch": 10, "every": 5}
+
+
+@pytest.fixture(scope="module")
+def keras_reference(data_dir, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("keras_ref")
+    weights, _ = runner({**KERAS, "fit": "cb"}, data_dir, tmp / "ck", tmp / "ref.npz")
+    return weights
+
+
+def same_weights(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert np.array_equal(a[key], b[key]), f"{key} differs from the uninterrupted fit"
+
+
+def test_keras_preempted_mid_epoch_saves_exits_and_resumes_exactly(
+        data_dir, tmp_path, keras_reference):
+    _, proc = runner({**KERAS, "fit": "cb", "signal_at": 13}, data_dir, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False)
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert "preempted (SIGTERM): step 14 is saved in" in proc.stderr, proc.stderr[-2000:]
+    weights, proc = runner({**KERAS, "fit": "cb"}, data_dir, tmp_path / "ck", tmp_path / "b.npz")
+    assert "trained to step 30" in proc.stdout
+    same_weights(weights, keras_reference)
+
+
+def test_keras_model_fit_resumes_at_an_epoch_boundary(data_dir, tmp_path, keras_reference):
+    """model.fit(callbacks=[cb]) itself: killed after the row at step 20 (the
+    end of epoch 1), rerun: the same weights."""
+    _, proc = runner({**KERAS, "fit": "model", "kill_at": 20}, data_dir, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False)
+    assert proc.returncode == -9
+    weights, _ = runner({**KERAS, "fit": "model"}, data_dir, tmp_path / "ck", tmp_path / "b.npz")
+    same_weights(weights, keras_reference)
+
+
+def test_keras_model_fit_refuses_to_start_mid_epoch(data_dir, tmp_path, keras_reference):
+    runner({**KERAS, "fit": "cb", "kill_at": 15}, data_dir, tmp_path / "ck",
+           tmp_path / "a.npz", ok=False)
+    _, proc = runner({**KERAS, "fit": "model"}, data_dir, tmp_path / "ck", tmp_path / "b.npz",
+                     ok=False)
+    assert proc.returncode != 0
+    assert "inside epoch 1 (step 5 of 10)" in proc.stderr and "cb.fit(" in proc.stderr
+    # cb.fit resumes that checkpoint exactly
+    weights, _ = runner({**KERAS, "fit": "cb"}, data_dir, tmp_path / "ck", tmp_path / "c.npz")
+    same_weights(weights, keras_reference)
+
+
+def test_keras_fit_on_a_dataset_mapped_outside_is_refused(data_dir, tmp_path):
+    _, proc = runner({**KERAS, "fit": "cb", "map_outside": True}, data_dir, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False)
+    assert proc.returncode != 0
+    assert "transform=" in proc.stderr and "ConfigError" in proc.stderr
+    assert not (tmp_path / "ck").exists() or not any(
+        p.name.startswith("step-") for p in (tmp_path / "ck").iterdir())
+
+
+def test_no_tf_extra_needed_to_import_dvc_dali(tmp_path):
+    """The package imports and `load`s without TensorFlow (the tf extra is optional)."""
+    code = ("import sys; sys.modules['tensorflow'] = None; sys.modules['keras'] = None; "
+            "import dvc_dali; dvc_dali.Checkpointer")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_without_tensorflow_tf_dataset_says_what_to_install(data_dir, tmp_path):
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "import dvc_dali\nfrom tests.helpers import pipelines\n"
+            f"ck = dvc_dali.Checkpointer({str(tmp_path / 'ck')!r})\n"
+            "try:\n"
+            f"    ck.tf_dataset('t', pipelines.rotate_pipe, data={str(data_dir)!r}, batch_size=4,"
+            " num_threads=1, device_id=None, output_dtypes=None)\n"
+            "except dvc_dali.ConfigError as exc:\n"
+            "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "tf_dataset() needs TensorFlow" in out.stdout and "no-build-isolation" in out.stdout, \
+        out.stdout + out.stderr
