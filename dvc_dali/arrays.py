@@ -271,9 +271,11 @@ def snapshot(value: Any) -> Any:
         return value.copy()
     if module.startswith("torch") and hasattr(value, "detach"):
         return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    # only the containers a save keeps are rebuilt (an OrderedDict stays one);
+    # any other subclass is handed on as it is, for the save to refuse by name
+    if type(value) in (dict, OrderedDict):
+        return type(value)((k, snapshot(v)) for k, v in value.items())
+    if type(value) in (list, tuple):
         return type(value)(snapshot(v) for v in value)
     return value  # scalars, NumPy scalars and JAX arrays are immutable
 

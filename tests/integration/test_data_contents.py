@@ -6,37 +6,22 @@ a process killed with SIGKILL between two checkpoints."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import proof
+from tests.helpers.proof import manifest, outputs, rewrite_same_size_and_mtime
 
 REWRITTEN = "class1/003.jpg"
 
 
 def run(data: Path, ckpt: Path, out: Path, until: int, save_at=(), kill_after=None,
-        **env: str) -> subprocess.CompletedProcess:
-    args = ["rotate", str(data), str(ckpt), str(out), "--until", str(until)]
-    if save_at:
-        args += ["--save-at", *map(str, save_at)]
-    if kill_after is not None:
-        args += ["--kill-after", str(kill_after)]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
-    return subprocess.run([sys.executable, str(HELPERS / "proof_runner.py"), *args],
-                          capture_output=True, text=True,
-                          env={**environ, "PYTHONPATH": str(REPO), **env})
-
-
-def outputs(out: Path) -> dict[str, np.ndarray]:
-    with np.load(out, allow_pickle=False) as npz:
-        return {k: npz[k] for k in npz.files}
+        **env: str):
+    return proof.run("rotate", data, ckpt, out, until, save_at, kill_after, **env)
 
 
 @pytest.fixture
@@ -48,21 +33,6 @@ def killed(tmp_path, data_dir):
     proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
     assert proc.returncode == -9, proc.stderr[-3000:]
     return data, ckpt
-
-
-def rewrite_same_size_and_mtime(path: Path) -> None:
-    before = path.stat()
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF  # one byte in the middle of the JPEG's entropy data
-    path.write_bytes(bytes(raw))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    after = path.stat()
-    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-
-
-def manifest(ckpt: Path) -> dict:
-    name = (ckpt / "LATEST").read_text().split()[0]
-    return json.loads((ckpt / name / "manifest.json").read_text())
 
 
 def test_a_file_rewritten_with_its_size_and_mtime_is_refused_by_name(tmp_path, killed):

@@ -85,7 +85,7 @@ def test_tf_dataset_refuses_another_seed_or_batch(data_dir, tmp_path):
 
 def test_tf_dataset_data_rewritten_in_place_is_refused_by_name(data_dir, tmp_path):
     """The content digest covers a tf_dataset's readers too (data_contents)."""
-    from test_batch_digests import perturb_same_size_and_mtime
+    from tests.helpers.proof import perturb_same_size_and_mtime
 
     data = tmp_path / "data"
     shutil.copytree(data_dir / "images", data / "images")

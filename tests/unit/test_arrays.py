@@ -262,11 +262,6 @@ def test_snapshot_copies_arrays_so_training_may_go_on():
     assert same(load(save(copy)), copy)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: arrays.snapshot (asynchronous checkpoints) turns an OrderedDict, a "
-    "defaultdict and other dict subclasses into a plain dict, and fails on a namedtuple "
-    "with the constructor's TypeError, so an asynchronous save gives back what a "
-    "synchronous one keeps or refuses"))
 def test_snapshot_keeps_what_a_save_would_keep_or_refuse():
     value = {"od": OrderedDict([("b", np.ones(2)), ("a", 1)])}
     assert same(load(save(arrays.snapshot(value))), value)

@@ -13,7 +13,8 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from dvc_project import clone_project, exp_rows, run
+from tests.helpers.dvc_project import run
+from tests.helpers.rows import exp_rows
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 OFF = {"DVC_DALI_CONTENT_DIGEST_MAX": "0"}
@@ -45,8 +46,7 @@ def refused(project: Path, *args: str) -> str:
     return said
 
 
-def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(tmp_path):
-    project = clone_project(tmp_path)
+def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(project):
     killed = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "25", **OFF})
     assert killed.returncode != 0
     assert {"a-step10", "a-step20"} <= set(exp_rows(project)) and "a-step30" not in exp_rows(

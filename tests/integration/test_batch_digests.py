@@ -7,51 +7,19 @@ are killed with SIGKILL between two checkpoints, as a preemption would."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, TESTS
-from test_data_contents import manifest, outputs
 
 from dvc_dali import batch_digests
-
-
-def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
-        kill_after=None, **env: str) -> subprocess.CompletedProcess:
-    args = [kind, str(data), str(ckpt), str(out), "--until", str(until)]
-    if save_at:
-        args += ["--save-at", *map(str, save_at)]
-    if kill_after is not None:
-        args += ["--kill-after", str(kill_after)]
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("DVC_", "PROOF_"))}
-    return subprocess.run([sys.executable, str(TESTS / "proof_runner.py"), *args],
-                          capture_output=True, text=True,
-                          env={**environ, "PYTHONPATH": str(REPO), **env})
+from tests.helpers.proof import manifest, outputs, perturb_same_size_and_mtime
+from tests.helpers.proof import run as proof_run
 
 
 def companion(ckpt: Path) -> Path:
     return ckpt.parent / f".{ckpt.name}.dvc-dali-batches"
-
-
-def perturb_same_size_and_mtime(path: Path) -> None:
-    """One bit of the JPEG's entropy data flipped (never into a 0xFF marker
-    byte, so it still decodes), its size and mtime kept."""
-    before = path.stat()
-    raw = bytearray(path.read_bytes())
-    sos = raw.index(b"\xff\xda")
-    start = sos + 2 + int.from_bytes(raw[sos + 2:sos + 4], "big")  # the scan's entropy data
-    i = (start + len(raw) - 2) // 2
-    while raw[i] >= 0xFE or raw[i - 1] == 0xFF or raw[i + 1] == 0xFF:
-        i += 1
-    raw[i] ^= 0x01
-    path.write_bytes(bytes(raw))
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 @pytest.fixture
@@ -66,7 +34,7 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
     # only the batches can tell
     ckpt = tmp_path / "ckpt"
     off = {"DVC_DALI_CONTENT_DIGEST_MAX": "0"}
-    proc = run("rotate", images, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4,
+    proc = proof_run("rotate", images, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4,
                **off)
     assert proc.returncode == -9, proc.stderr[-3000:]
     log_id = batch_digests.log_id_of(manifest(ckpt))
@@ -76,7 +44,7 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
     for path in (images / "images").rglob("*.jpg"):
         perturb_same_size_and_mtime(path)
 
-    proc = run("rotate", images, ckpt, tmp_path / "resumed.npz", 6, **off)
+    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 6, **off)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text
     assert "BatchMismatchError" in text and "Traceback" not in text, text
@@ -87,7 +55,8 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
     assert not (tmp_path / "resumed.npz").exists()
 
     # on purpose: it goes on, says so once, and records the new batches
-    proc = run("rotate", images, ckpt, tmp_path / "resumed.npz", 6, DVC_DALI_INEXACT="1", **off)
+    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 6,
+                     DVC_DALI_INEXACT="1", **off)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("no longer exact") == 1, proc.stderr
 
@@ -95,16 +64,16 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
 def test_a_changed_external_source_callable_is_refused(tmp_path):
     # the pipeline's description (operators, arguments, seed) is the same
     ckpt = tmp_path / "ckpt"
-    proc = run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
     assert proc.returncode == -9, proc.stderr[-3000:]
-    proc = run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6, PROOF_SOURCE_SHIFT="1")
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6, PROOF_SOURCE_SHIFT="1")
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "BatchMismatchError" in text, text
     assert "the batch for step 3" in text and "external_source callable" in text, text
     # the same callable resumes, and its batches are those of an uninterrupted run
-    proc = run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6)
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    whole = run("source", tmp_path, tmp_path / "whole", tmp_path / "whole.npz", 6)
+    whole = proof_run("source", tmp_path, tmp_path / "whole", tmp_path / "whole.npz", 6)
     assert whole.returncode == 0, whole.stderr[-3000:]
     resumed, reference = outputs(tmp_path / "resumed.npz"), outputs(tmp_path / "whole.npz")
     keys = [k for k in resumed if k[:4].isdigit()]
@@ -116,7 +85,7 @@ def test_the_next_checkpoint_holds_them_and_a_resume_of_it_reads_them(tmp_path):
     # 4's manifest (for a resume of step 2's row elsewhere: test_stage_batch_proof),
     # and step 5's in the companion file of step 4
     ckpt = tmp_path / "ckpt"
-    proc = run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2, 4],
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2, 4],
                kill_after=5)
     assert proc.returncode == -9, proc.stderr[-3000:]
     record = manifest(ckpt)["pipelines"]["train"]["batches"]
@@ -126,24 +95,24 @@ def test_the_next_checkpoint_holds_them_and_a_resume_of_it_reads_them(tmp_path):
 
 def test_verification_can_be_limited_or_turned_off(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=5,
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=5,
                DVC_DALI_VERIFY_BATCHES="1")
     assert proc.returncode == -9, proc.stderr[-3000:]
     log_id = batch_digests.log_id_of(manifest(ckpt))
     assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1
-    proc = run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, PROOF_SOURCE_SHIFT="1")
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, PROOF_SOURCE_SHIFT="1")
     assert proc.returncode != 0 and "the batch for step 3" in proc.stderr, proc.stderr
-    proc = run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, PROOF_SOURCE_SHIFT="1",
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, PROOF_SOURCE_SHIFT="1",
                DVC_DALI_VERIFY_BATCHES="0")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    bad = run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, DVC_DALI_VERIFY_BATCHES="x")
+    bad = proof_run("source", tmp_path, ckpt, tmp_path / "r.npz", 6, DVC_DALI_VERIFY_BATCHES="x")
     assert bad.returncode != 0 and "DVC_DALI_VERIFY_BATCHES='x'" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
 
 
 def test_a_manifest_with_forged_digests_names_the_field(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = run("source", tmp_path, ckpt, tmp_path / "first.npz", 4, save_at=[2, 4])
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 4, save_at=[2, 4])
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = (ckpt / "LATEST").read_text().split()[0]
     path = ckpt / name / "manifest.json"

@@ -1,0 +1,66 @@
+"""The proof-at-runtime tests' tools: the proof runner launched in a
+process of its own, what it wrote, and data files changed in place with
+their size and mtime kept (what DVC and a names-and-sizes listing miss)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers import HELPERS, REPO
+
+
+def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
+        kill_after=None, **env: str) -> subprocess.CompletedProcess:
+    """proof_runner.py KIND over ``data``, with only ``env`` of our variables."""
+    args = [kind, str(data), str(ckpt), str(out), "--until", str(until)]
+    if save_at:
+        args += ["--save-at", *map(str, save_at)]
+    if kill_after is not None:
+        args += ["--kill-after", str(kill_after)]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "PROOF_"))}
+    return subprocess.run([sys.executable, str(HELPERS / "proof_runner.py"), *args],
+                          capture_output=True, text=True,
+                          env={**environ, "PYTHONPATH": str(REPO), **env})
+
+
+def outputs(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def manifest(ckpt: Path) -> dict:
+    name = (ckpt / "LATEST").read_text().split()[0]
+    return json.loads((ckpt / name / "manifest.json").read_text())
+
+
+def _keep_size_and_mtime(path: Path, raw: bytes) -> None:
+    before = path.stat()
+    path.write_bytes(raw)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def rewrite_same_size_and_mtime(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one byte in the middle of the JPEG's entropy data
+    _keep_size_and_mtime(path, bytes(raw))
+
+
+def perturb_same_size_and_mtime(path: Path) -> None:
+    """One bit of the JPEG's entropy-coded scan flipped (never into or next
+    to a 0xFF marker byte, so it still decodes, to other pixels)."""
+    raw = bytearray(path.read_bytes())
+    sos = raw.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(raw[sos + 2:sos + 4], "big")
+    i = (start + len(raw) - 2) // 2
+    while raw[i] >= 0xFE or raw[i - 1] == 0xFF or raw[i + 1] == 0xFF:
+        i += 1
+    raw[i] ^= 0x01
+    _keep_size_and_mtime(path, bytes(raw))
