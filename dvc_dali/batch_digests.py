@@ -64,7 +64,7 @@ class BatchMismatchError(PipelineMismatchError):
 
 # -- digests -----------------------------------------------------------------
 def _crc(data: Any, value: int = 0) -> int:
-    from .store import crc32_function
+    from .store import crc32_function  # ISA-L's where installed (a dependency): ~6x zlib's
 
     return crc32_function()(data, value)
 
