@@ -17,7 +17,8 @@ Where they go:
   later run there finds it), or beside the checkpoint directory outside DVC;
   so a run killed between two checkpoints leaves them for the resume;
 - into the next checkpoint's manifest (each pipeline entry's ``batches``:
-  the id of the checkpoint they follow and the digests), so a resume of an
+  the id of the checkpoint they follow and the first MANIFEST_MAX digests,
+  so a long interval does not grow every manifest), so a resume of an
   earlier row (after `dvc exp apply`, on another machine after `dvc exp
   pull`) finds them in the row that came next.
 
@@ -53,6 +54,7 @@ from .log import logger
 KEY = "batches"  # a pipeline entry's manifest field
 ALL = -1  # DVC_DALI_VERIFY_BATCHES unset: every batch between two checkpoints
 COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
+MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
 _ID_CHARS = set("0123456789abcdef")
 
@@ -239,7 +241,8 @@ class Recorder:
         self.limit = limit  # batches digested after each checkpoint; ALL; 0: off
         self.inexact = inexact
         self.log_id: str | None = None  # the checkpoint the batches follow
-        self._done: dict[str, list[list[str]]] = {}  # this segment's digests so far
+        self._done: dict[str, list[list[str]]] = {}  # this segment's first digests
+        self._recorded: dict[str, int] = {}  # this segment's digests so far
         self._count: dict[str, int] = {}
         self._expected: _Expected | None = None
         self._file = None
@@ -258,7 +261,8 @@ class Recorder:
         if not self.on or log_id is None:
             return
         self.log_id = log_id
-        self._done = {name: list(b) for name, b in batches.items()}
+        self._done = {name: list(b[:MANIFEST_MAX]) for name, b in batches.items()}
+        self._recorded = {name: len(b) for name, b in batches.items()}
         self._expected = _Expected(batches, step, why, where)
         self._open()
 
@@ -336,10 +340,12 @@ class Recorder:
 
     def _append(self, name: str, index: int, value: list[str]) -> None:
         with self._lock:
+            if index != self._recorded.get(name, 0):
+                return  # out of order: never (one in flight, settled at each checkpoint)
+            self._recorded[name] = index + 1
             done = self._done.setdefault(name, [])
-            if index != len(done):
-                return  # a segment ended meanwhile
-            done.append(value)
+            if len(done) < MANIFEST_MAX:
+                done.append(value)
             if self._file is not None:
                 try:
                     self._file.write(json.dumps({"p": name, "i": index, "d": value}) + "\n")
@@ -372,6 +378,7 @@ class Recorder:
                                   if self.log_id is not None else []}
             self.log_id = new_id
             self._done = {name: [] for name in self._count}
+            self._recorded = dict.fromkeys(self._count, 0)
             self._count = dict.fromkeys(self._count, 0)
             self._expected = None
             self._open()

@@ -123,3 +123,25 @@ def test_a_manifest_with_forged_digests_names_the_field(tmp_path):
     with pytest.raises(Exception) as err:
         manifest_schema.validate(doc, str(path))
     assert "pipelines.train.batches.digests[0]" in str(err.value), err.value
+
+
+def test_a_manifest_holds_the_first_digests_the_companion_file_all(tmp_path, monkeypatch):
+    from tests.helpers import pipelines
+
+    import dvc_dali
+
+    monkeypatch.setattr(batch_digests, "MANIFEST_MAX", 3)
+    ckpt = tmp_path / "ckpt"
+    ck = dvc_dali.Checkpointer(ckpt)
+    fn, kwargs = pipelines.make("source", str(tmp_path))["train"]
+    pipe = ck.pipeline("train", fn, **kwargs)
+    ck.save(0)
+    first = batch_digests.log_id_of(manifest(ckpt))
+    for _ in range(5):
+        pipe.run()
+    ck.save(5)
+    ck.close()
+    record = manifest(ckpt)["pipelines"]["train"]["batches"]
+    assert record["previous"] == first and len(record["digests"]) == 3
+    kept = batch_digests.read_companion(companion(ckpt), first)["train"]
+    assert len(kept) == 5 and kept[:3] == record["digests"]
