@@ -16,7 +16,8 @@ from typing import Callable
 
 from ._version import __version__
 from .errors import DvcDaliError
-from .history import best_row, parse_batch, read_blobs, rows as history_rows  # noqa: F401
+from .gitcmd import parse_batch  # noqa: F401 (the `show` tests parse git's answers through it)
+from .row_queries import best_row, rows as recorded_rows
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -153,7 +154,7 @@ def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
-    rows = history_rows(args.exp, root, args.metrics_file, params=args.json)
+    rows = recorded_rows(args.exp, root, args.metrics_file, params=args.json)
     best = best_row(rows, args.best) if args.best else None
     if best is not None:
         best["best"] = True
@@ -203,8 +204,8 @@ def _remove_stale(sig: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import recording
     from .context import RECORDS_ITSELF, SIGNAL_NAME, RunContext
+    from .recording import pipeline as recording
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -278,7 +279,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    from .recording import reset_stage
+    from .recording.maintenance import reset_stage
 
     removed = reset_stage(args.stage)
     if not removed:
@@ -345,10 +346,10 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
 
 
 def _doctor_stages(report: _Report, root: Path) -> None:
-    from . import recording
     from .context import RunContext
+    from .recording import maintenance
 
-    outputs = recording.checkpoint_outputs(str(root))
+    outputs = maintenance.checkpoint_outputs(str(root))
     if not outputs:
         report(False, f"no stage in {root} has a checkpoint output: nothing would be recorded. "
                       "Declare the output the training saves checkpoints to `persist: true` "
@@ -360,7 +361,7 @@ def _doctor_stages(report: _Report, root: Path) -> None:
     ctx = RunContext.from_environ()
     for stage, path in outputs:
         try:
-            recording.check_stage(ctx, path, stage=stage)
+            maintenance.check_stage(ctx, path, stage=stage)
             report(True, f"stage {stage}: checkpoint output {os.path.relpath(path, root)} "
                    "is persisted and the stage always runs")
         except DvcDaliError as exc:

@@ -1,6 +1,6 @@
 """Nested mappings as one level of joined keys: ``{"train": {"lr": 0.1}}`` ->
 ``{"train.lr": 0.1}``, as `-S train.lr=...` names a param. The one helper for
-params (run_start, history) and pipeline descriptions (dali_state). Pure.
+params (run_start, row_queries) and pipeline descriptions (dali_state). Pure.
 
 (A checkpoint's array values are split by arrays.flatten, another idea:
 leaves to files and a JSON tree.)

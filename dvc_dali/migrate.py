@@ -25,13 +25,13 @@ import posixpath
 import re
 import shlex
 import stat
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from . import gitcmd
 from .checkpoint_outputs import checkpoint_outputs
 from .context import SIGNAL_NAME
 from .errors import DvcDaliError
@@ -647,18 +647,20 @@ def _dvc_yamls(root: Path) -> list[str]:
     """Every dvc.yaml under ``root`` (relative paths): git's list of tracked and
     untracked files, else a walk that skips .git and .dvc."""
     try:
-        proc = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard", "--",
-                               "*dvc.yaml"], cwd=root, capture_output=True, check=True)
+        proc = gitcmd.run(["ls-files", "-z", "-co", "--exclude-standard", "--", "*dvc.yaml"],
+                          str(root), check=False, text=False)
+    except OSError:  # no git
+        proc = None
+    if proc is not None and proc.returncode == 0:  # else no git, or not a git repository
         listed = proc.stdout.decode("utf-8", errors="replace").split("\0")
         return sorted({p for p in listed
                        if posixpath.basename(p) == "dvc.yaml" and (root / p).is_file()})
-    except (OSError, subprocess.CalledProcessError):  # no git, or not a git repository
-        found = []
-        for top, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in (".git", ".dvc")]
-            if "dvc.yaml" in names:
-                found.append(os.path.relpath(os.path.join(top, "dvc.yaml"), root))
-        return sorted(found)
+    found = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in (".git", ".dvc")]
+        if "dvc.yaml" in names:
+            found.append(os.path.relpath(os.path.join(top, "dvc.yaml"), root))
+    return sorted(found)
 
 
 def check_project(root: str | os.PathLike) -> list[str]:

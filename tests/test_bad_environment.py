@@ -18,7 +18,7 @@ from conftest import REPO
 from dvc_project import clone_project, exp_rows, run
 
 import dvc_dali
-from dvc_dali import checkpoint_signal as dvc_signal
+from dvc_dali import signal_file as dvc_signal
 
 
 def _can_mount() -> bool:

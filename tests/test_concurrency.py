@@ -38,7 +38,7 @@ from fuzz_harness import (
 )
 from fuzz_kill import model_md5_in_row
 
-from dvc_dali.recording import list_rows as list_checkpoint_rows
+from dvc_dali.exp_refs import list_rows as list_checkpoint_rows
 
 STEPS, EVERY = 40, 2
 LONG = 160  # steps of the runs that must overlap

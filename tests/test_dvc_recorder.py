@@ -1,4 +1,4 @@
-"""dvc_dali.recording against real `dvc exp run` in temporary git repos.
+"""dvc_dali.recording (pipeline.py) against real `dvc exp run` in temporary git repos.
 
 No mocks: every test builds a git + DVC repo, runs a small training script
 as the stage command, and reads back refs, dvc.lock, the DVC cache and
@@ -22,14 +22,14 @@ PKG_ROOT = Path(__file__).resolve().parents[1]
 
 from dvc_project import queue_report, wait_queue  # noqa: E402
 
-from dvc_dali import recording as rec  # noqa: E402
+from dvc_dali.recording import pipeline as rec  # noqa: E402
 from dvc_dali.context import RunContext  # noqa: E402
 from dvc_dali.errors import RecordError  # noqa: E402
 
 TRAIN_PY = textwrap.dedent(
     """\
     import json, os, signal, sys, time
-    from dvc_dali.recording import record
+    from dvc_dali.recording.pipeline import record
     from dvclive import Live
     from ruamel.yaml import YAML
 

@@ -22,7 +22,7 @@ from dvc_project import clone_project, run
 from fuzz_harness import ExpRun, cached_checkpoint_step, check_row_data, git, reset, show
 from fuzz_kill import model_md5_in_row
 
-from dvc_dali.recording import list_rows as list_checkpoint_rows
+from dvc_dali.exp_refs import list_rows as list_checkpoint_rows
 
 STEPS, EVERY, GATE_AT = 40, 10, 20
 LR, OTHER_LR = 0.05, 0.2  # the first run's (HEAD has 0.1), the second command's

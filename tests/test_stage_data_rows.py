@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_dali import recording as rec
+from dvc_dali.recording import pipeline as rec
 
 DVC_YAML = textwrap.dedent("""\
     stages:

@@ -1,4 +1,4 @@
-"""Record checkpoints of a running ``dvc exp run`` stage as DVC 3 experiments.
+"""The record pipeline: a running ``dvc exp run`` stage's checkpoints as DVC 3 experiments.
 
 DVC 3 removed checkpoint experiments. Called from inside the stage command
 while ``dvc exp run`` runs, :func:`record` turns the stage's current outputs
@@ -11,7 +11,7 @@ into one row of ``dvc exp show``, in named steps:
                           row_tree.py    a later row's tree from the last one's)
     name and link the row rows.py        (lineage line: run, step, parent row)
     publish               rows.py        (a ref in the main repo, never overwritten)
-    push the row          push.py        (only with DVC's experiment auto-push)
+    push the row          auto_push.py   (only with DVC's experiment auto-push)
     apply retention       retention.py
 
 without touching the user's HEAD, index or files other than dvc.lock. All of
@@ -27,13 +27,15 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from .. import exp_refs
 from ..context import RunContext
 from ..errors import RecordError
+from ..exp_refs import LINEAGE_KEY, list_rows
 from ..log import logger
-from . import commit, dvc_door, lockfile, outputs, push, retention, rows, run_start
+from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .cache import CACHE
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
-from .rows import LINEAGE_KEY, Lineage, list_rows
+from .rows import Lineage
 
 __all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
            "record", "record_and_prune", "reset_stage", "start_bare_run", "start_run"]
@@ -46,7 +48,7 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     called before the checkpoint is read (a Checkpointer), so a --temp or
     queued run can get the workspace's checkpoint first."""
     check_stage(ctx, out)
-    push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
@@ -68,7 +70,7 @@ def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
     from ..errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
-    push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
     start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
     if late and start.carried:  # it trained from step 0 though there was one to resume
         raise RecordError(
@@ -162,8 +164,8 @@ def _locate(ctx: RunContext) -> _Where:
         raise RecordError(f"DVC_ROOT='{ctx.dvc_root}' is not a DVC repo (no .dvc directory). "
                           "Unset DVC_ROOT or run through `dvc exp run`.")
     root = dvc_door.find_root(os.getcwd())
-    git_dir, toplevel = rows.git_dirs(root)
-    main_git_dir, _ = rows.git_dirs(ctx.dvc_root)
+    git_dir, toplevel = exp_refs.git_dirs(root)
+    main_git_dir, _ = exp_refs.git_dirs(ctx.dvc_root)
     where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
                    git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
                    repo_at(root))
@@ -232,7 +234,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
     key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
     if key not in CACHE.tips:
         parent, step, run = (rows.find_resume_parent(
-            where.main_git_dir, where.toplevel, stage_addr, rows.outs_digest(old_entry))
+            where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
         branched = args.branched
         if parent and args.resumed is None:  # a bare port: its params tell
@@ -241,7 +243,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
         CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
     parent, last_step, run = CACHE.tips[key]
     return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
-                   stage_addr, rows.outs_digest(new_entry))
+                   stage_addr, exp_refs.outs_digest(new_entry))
 
 
 def _publish(where: _Where, sha: str, row: str, named: bool) -> tuple[str, str]:
@@ -407,7 +409,7 @@ def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str]
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,
                  ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
-    pusher = push.pusher()
+    pusher = auto_push.pusher()
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
     for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,

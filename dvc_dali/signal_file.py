@@ -6,7 +6,7 @@ the caller waits until it is removed. Three answerers:
 - DVC 2's own watcher (it sets DVC_CHECKPOINT=1 for checkpoint stages);
 - the `dvc-dali run -- CMD` wrapper (it sets DVC_CHECKPOINT=1 too);
 - on DVC 3 with a plain `cmd: python train.py`, nobody watches, so this
-  process records the checkpoint itself (``recording``) and removes the file.
+  process records the checkpoint itself (``recording/pipeline.py``) and removes the file.
 Outside `dvc exp run` the checkpoint stays on disk and nothing is recorded.
 """
 
@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from . import distributed, exit_messages
+from . import distributed, exit_hooks
 from .context import SIGNAL_NAME, RunContext, repo_root
 from .errors import SignalError
 from .log import logger
@@ -101,10 +101,10 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     Checkpointer's: the LATEST it just wrote, and whether the run resumed
     (``branched``: with changed params, so its rows are a run of their own).
     """
-    exit_messages.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+    exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
     ctx = ctx or RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
-    exit_messages.install(ctx, sigterm=distributed.world()[1] == 1)
+    exit_hooks.install(ctx, sigterm=distributed.world()[1] == 1)
     if ctx.mode == "off":
         _say_not_recording(ctx)
         return
@@ -113,7 +113,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
         write_signal(path)
         wait_removed(path, ctx.signal_timeout)
         return
-    from . import recording
+    from .recording import pipeline as recording
 
     if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
         if resumed is None:  # a bare script (the Checkpointer started its run itself)
@@ -127,6 +127,6 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
         result = recording.record_and_prune(ctx, step, out=out, keep=keep,
                                             expect_latest=expect_latest, resumed=resumed,
                                             branched=branched)
-        exit_messages.kept(result.step, result.name)
+        exit_hooks.kept(result.step, result.name)
     finally:
         path.unlink(missing_ok=True)
