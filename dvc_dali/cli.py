@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ._version import __version__
+from .context import SIGNAL_NAME
 from .errors import DvcDaliError
 from .gitcmd import parse_batch  # noqa: F401 (the `show` tests parse git's answers through it)
 from .row_queries import best_row, rows as recorded_rows
@@ -196,16 +197,10 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
-def _remove_stale(sig: Path) -> None:
-    if sig.exists():
-        print(f"dvc-dali run: removing {sig}, a stale signal left by a killed run",
-              file=sys.stderr)
-        sig.unlink()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from .context import RECORDS_ITSELF, SIGNAL_NAME, RunContext
+    from .context import RECORDS_ITSELF, RunContext
     from .recording import pipeline as recording
+    from .signal_file import in_repo, remove_stale
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -223,8 +218,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # an unchanged rerun of an applied row refused
     branched = recording.start_bare_run(ctx, str(checkpoint))
     root = _project_root("run")
-    sig = root / ".dvc" / "tmp" / SIGNAL_NAME
-    _remove_stale(sig)
+    sig = in_repo(root)
+    remove_stale(sig)
     # The child sees DVC 2's protocol; DVC_ROOT is this run's own repository,
     # so parallel --temp/queued runs each watch their own signal file.
     env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
@@ -323,9 +318,9 @@ def _doctor_versions(report: _Report) -> None:
 
 def _doctor_leftovers(report: _Report, root: Path) -> None:
     """Files a killed run leaves behind, on which later runs fail."""
-    from .context import SIGNAL_NAME
+    from .signal_file import in_repo
 
-    stale = root / ".dvc" / "tmp" / SIGNAL_NAME
+    stale = in_repo(root)
     report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
@@ -438,9 +433,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--metrics-file", default=DEFAULT_METRICS,
                    help=f"metrics file to show (default: {DEFAULT_METRICS})")
     p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
-                   "each DVC_CHECKPOINT signal it makes, as a DVC 3 stage command",
-                   "Run CMD with DVC 2's checkpoint protocol (DVC_CHECKPOINT=1; CMD touches "
-                   "$DVC_ROOT/.dvc/tmp/DVC_CHECKPOINT and waits until it is gone) and record "
+                   f"each {SIGNAL_NAME} signal it makes, as a DVC 3 stage command",
+                   f"Run CMD with DVC 2's checkpoint protocol ({SIGNAL_NAME}=1; CMD touches "
+                   f"$DVC_ROOT/.dvc/tmp/{SIGNAL_NAME} and waits until it is gone) and record "
                    "each checkpoint as an experiment row. Use it as the stage's cmd.")
     p.add_argument("--checkpoint", default="checkpoint",
                    help="the checkpoint output directory (default: checkpoint)")

@@ -132,7 +132,7 @@ def parse_signal_file(value: str | None) -> str | None:
     if not os.path.isabs(value) or os.path.isdir(value):
         raise ConfigError(f"DVC_DALI_SIGNAL_FILE={value!r}: must be the absolute path of a "
                           "file, the signal file `dvc-dali run` watches (it sets this for its "
-                          "child); unset it to use .dvc/tmp/DVC_CHECKPOINT")
+                          f"child); unset it to use .dvc/tmp/{SIGNAL_NAME}")
     return value
 
 

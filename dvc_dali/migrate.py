@@ -24,14 +24,12 @@ import os
 import posixpath
 import re
 import shlex
-import stat
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from . import gitcmd
+from . import atomic_file, gitcmd
 from .checkpoint_outputs import checkpoint_outputs
 from .context import SIGNAL_NAME
 from .errors import DvcDaliError
@@ -583,20 +581,12 @@ def _read(file: Path) -> str:
 
 
 def _write_atomic(file: Path, text: str) -> None:
-    """Replace ``file`` whole: a crash leaves the old or the new, never half."""
-    target = Path(os.path.realpath(file))  # a symlinked dvc.yaml: write where it points
-    tmp = None
+    """Replace ``file`` whole: a crash leaves the old or the new, never half (a
+    symlinked dvc.yaml: written where it points, its permissions kept)."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
-        os.replace(tmp, target)
+        atomic_file.replace_durable(file, text, edit=True)
     except OSError as exc:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
+        target = Path(os.path.realpath(file))
         raise MigrateError(f"{file}: cannot write it ({exc.strerror or exc}); it is unchanged. "
                            f"Make {target.parent} writable, then run `dvc-dali migrate` "
                            "again") from None

@@ -23,26 +23,27 @@ from .gitcmd import read_blobs
 DEFAULT_METRICS = "dvclive/metrics.json"
 
 
-def flatten_metrics(node: object, prefix: str = "") -> dict[str, float]:
+def flatten_metrics(node: object) -> dict[str, float]:
     """{"train/acc": 0.9, ...}: a DVCLive metrics file's numbers but the step."""
-    flat: dict[str, float] = {}
-    for key, value in (node.items() if isinstance(node, dict) else []):
-        if isinstance(value, dict):
-            flat.update(flatten_metrics(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)) and key != "step":
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flat_keys(node, sep="/", empty_as_leaf=False,
+                     keep=lambda key, value: isinstance(value, (int, float)) and key != "step")
 
 
-def _params(blob: bytes | None) -> dict[str, Any]:
-    if blob is None:
-        return {}
+def _safe_yaml(text: bytes | str | None) -> Any:
+    """A YAML file of a row (params.yaml, dvc.lock) as plain data; None when
+    there is none or it does not parse (the row is listed anyway)."""
+    if text is None:
+        return None
     from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
 
     try:
-        return flat_keys(YAML(typ="safe", pure=True).load(blob.decode()))
-    except Exception:  # a params file that does not parse: list the row anyway
-        return {}
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception:  # not YAML, or not text
+        return None
+
+
+def _params(blob: bytes | None) -> dict[str, Any]:
+    return flat_keys(_safe_yaml(blob))
 
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
@@ -201,13 +202,9 @@ def _checkpoint_step(ckpt: Path) -> int | None:
         return None
 
 
-def _lock_yaml(text: bytes | str) -> dict[str, Any]:
-    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
-
-    try:
-        data = YAML(typ="safe", pure=True).load(text)
-    except Exception:  # a dvc.lock that does not parse: no match
-        return {}
+def _lock_yaml(text: bytes | str | None) -> dict[str, Any]:
+    """The stages of a dvc.lock; {} when it does not parse (no match)."""
+    data = _safe_yaml(text)
     stages = data.get("stages") if isinstance(data, dict) else None
     return stages if isinstance(stages, dict) else {}
 
@@ -245,14 +242,8 @@ def _lock_entry(ckpt: Path) -> tuple[str, str, str, str] | None:
 
 def _lock_outs(blob: bytes | None) -> set[str]:
     """The outs digests (as rows' lineage records them) of a dvc.lock's stages."""
-    from ruamel.yaml import YAML
-
-    try:
-        data = YAML(typ="safe", pure=True).load(blob.decode()) if blob else None
-        return {outs_digest(entry) for entry in (data.get("stages") or {}).values()
-                if isinstance(entry, dict) and entry.get("outs")}
-    except Exception:  # not a dvc.lock we can read: no match
-        return set()
+    return {outs_digest(entry) for entry in _lock_yaml(blob or None).values()
+            if isinstance(entry, dict) and entry.get("outs")}
 
 
 def _dvc_experiments(found: list[dict[str, Any]], refs: list[tuple[str, str]]

@@ -22,7 +22,6 @@ from .errors import SignalError
 from .log import logger
 
 _said_not_recording = False
-_started: set = set()  # the run's stage checked and its params taken, once per process
 
 
 def signal_path(ctx: RunContext) -> Path:
@@ -36,8 +35,13 @@ def signal_path(ctx: RunContext) -> Path:
         raise SignalError(
             f"DVC_ROOT={root!r} is not a DVC repository (no .dvc directory) and none was "
             f"found above {Path.cwd()}: run the training under `dvc exp run` in the repository, "
-            "or unset DVC_ROOT/DVC_CHECKPOINT to train without recording")
-    return root_path / ".dvc" / "tmp" / SIGNAL_NAME
+            f"or unset DVC_ROOT/{SIGNAL_NAME} to train without recording")
+    return in_repo(root_path)
+
+
+def in_repo(root: Path) -> Path:
+    """The signal file of the DVC repository at ``root``."""
+    return root / ".dvc" / "tmp" / SIGNAL_NAME
 
 
 def write_signal(path: Path) -> None:
@@ -115,12 +119,9 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
         return
     from .recording import pipeline as recording
 
-    if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
-        if resumed is None:  # a bare script (the Checkpointer started its run itself)
-            branched = recording.start_bare_run(ctx, out, late=True) or branched
-        else:
-            recording.start_run(ctx, out)
-        _started.add(True)
+    # before the first row: a stage DVC 3 cannot resume is refused; resumed None:
+    # a bare script (a Checkpointer started its run itself)
+    branched = recording.start_before_first_row(ctx, out, bare=resumed is None) or branched
     remove_stale(path)
     write_signal(path)
     try:

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from .. import gitcmd
+from .. import atomic_file, gitcmd
 from ..errors import RecordError
 from . import dvc_door
 from .cache import CACHE
@@ -37,13 +37,9 @@ def entry_at(git_dir: str, cwd: str, rev: str, lock_rel: str, stage_name: str) -
 
 
 def write_atomic(path: str, text: str) -> None:
+    """dvc.lock replaced durably (a killed process's temporary files swept first)."""
     sweep_leftovers(f"{path}.dvc-dali-*.tmp")
-    tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fobj:
-        fobj.write(text)
-        fobj.flush()
-        os.fsync(fobj.fileno())
-    os.replace(tmp, path)
+    atomic_file.replace_durable(path, text)
 
 
 def current(path: str) -> Any:

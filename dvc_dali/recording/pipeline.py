@@ -61,9 +61,23 @@ def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> b
     again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
     make_checkpoint(), the script having read its state already (a stage
     without `checkpoint: true`, where `import dvc_dali` did not start it)."""
-    if CACHE.bare_start is None:
-        CACHE.bare_start = _start_bare_run(ctx, out, late)
-    return CACHE.bare_start
+    if CACHE.run_started is None:
+        CACHE.run_started = _start_bare_run(ctx, out, late)
+    return CACHE.run_started
+
+
+def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> bool:
+    """At this process's first make_checkpoint(), once (the one run-start guard,
+    with start_bare_run's): a stage DVC 3 cannot resume is refused before any
+    row. ``bare``: a script without a Checkpointer (start_bare_run, late);
+    else the Checkpointer's start_run again. True when the rows branch off
+    as a run of their own (see start_bare_run)."""
+    if bare:
+        return start_bare_run(ctx, out, late=True)
+    if CACHE.run_started is None:
+        start_run(ctx, out)
+        CACHE.run_started = False
+    return False
 
 
 def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:

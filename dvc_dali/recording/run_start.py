@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import exp_refs
+from .. import atomic_file, exp_refs
 from ..context import RunContext
 from ..flat_keys import flat_keys
 from ..log import logger
@@ -205,10 +205,7 @@ def _put_params_back(root: str, lock_timeout: float) -> None:
         if changed and not start.warned:
             _warn_changed(changed)
         for path, data in changed.items():
-            tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+            atomic_file.replace_whole(path, data)
     except OSError as exc:
         logger.warning("cannot put the params this run trained with back: %s", exc)
     finally:
