@@ -1,4 +1,4 @@
-"""Benchmark 15: the cost of pushing one row (recording/push.py's pusher:
+"""Benchmark 15: the cost of pushing one row (recording/auto_push.py's pusher:
 its data to the DVC remote, then its ref to the git remote) to remotes that
 already hold 10,000 experiment refs (git) and 10,000 checkpoints' files
 (DVC), vs to empty ones, side by side, alternating row by row. The rows are
@@ -80,7 +80,7 @@ def rows_of(path: Path) -> list[tuple[str, str, list[Any]]]:
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
-    from dvc_dali.recording import push
+    from dvc_dali.recording import auto_push as push
 
     refs, checkpoints = 10_000, 10_000
     alone, steady_n = (8, 40) if quick else (20, 80)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import bigstate
 import dvc_dali
-from dvc_dali import recording
+from dvc_dali.recording import pipeline as recording
 
 perf = time.perf_counter
 LOG = os.environ["BENCH_LOG"]

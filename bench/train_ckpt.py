@@ -65,8 +65,9 @@ def wrap(module, name, key):
 wrap(dvc_dali.Checkpointer, "_write", "write")
 MODE = RunContext.from_environ().mode
 if MODE == "record":  # DVC 3: we record; under DVC 2 its watcher does
-    from dvc_dali import recording
+    from dvc_dali import gitcmd
     from dvc_dali.recording import commit as rec_commit
+    from dvc_dali.recording import pipeline as recording
     from dvc_dali.recording import lockfile as rec_lockfile
     from dvc_dali.recording import retention as rec_retention
     from dvc_dali.recording import stage as rec_stage
@@ -89,7 +90,7 @@ def _timed_fsync(fd):
 
 os.fsync = _timed_fsync
 if MODE == "record":
-    _real_git = rec_commit.git
+    _real_git = gitcmd.run
 
     def _timed_git(args, *rest, **kwargs):
         t = perf()
@@ -110,7 +111,7 @@ if MODE == "record":
             sub = " ".join(words[:2]) if words[:1] == ["add"] else (words or ["?"])[0]
             git[sub] = git.get(sub, 0.0) + perf() - t
 
-    rec_commit.git = _timed_git
+    gitcmd.run = _timed_git
 
     # Inside record.save/commit: looking the stage up again (repo.index: YAML
     # of dvc.yaml and dvc.lock), re-reading dvc.lock (ruamel round trip),

@@ -15,8 +15,8 @@ import numpy as np
 
 import dvc_dali
 from dali_pipes import PIPE_ARGS, decode_crop
-from dvc_dali import recording
-from dvc_dali.recording import push
+from dvc_dali.recording import auto_push as push
+from dvc_dali.recording import pipeline as recording
 
 LOG = os.environ["BENCH_LOG"]
 STEPS, EVERY = int(os.environ["BENCH_STEPS"]), int(os.environ["BENCH_EVERY"])

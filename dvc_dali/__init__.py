@@ -30,15 +30,15 @@ from .errors import (
 
 # The rest on first use: `dvc-dali show` and `dvc_dali.load` need neither
 # NumPy's import nor the Checkpointer's (a third of a short command's time).
-_LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "checkpoint_signal",
-         "rows": "history", "best_row": "history", "current_row": "history",
-         "load": "read_only", "Loaded": "read_only"}
+_LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "signal_file",
+         "rows": "row_queries", "best_row": "row_queries", "current_row": "row_queries",
+         "load": "loading", "Loaded": "loading"}
 
 if TYPE_CHECKING:
-    from .checkpoint_signal import make_checkpoint
     from .checkpointer import Checkpointer
-    from .history import best_row, current_row, rows
-    from .read_only import Loaded, load
+    from .loading import Loaded, load
+    from .row_queries import best_row, current_row, rows
+    from .signal_file import make_checkpoint
 
 
 def __getattr__(name: str) -> Any:

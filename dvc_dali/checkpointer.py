@@ -4,7 +4,7 @@ A facade: DALI is reached only through dali_state (pipelines),
 dali_iterators (framework iterators), dali_dynamic (dynamic mode) and
 dali_tf (the TF plugin); the on-disk format is store's; what a rerun does
 with the checkpoint it finds is resume's; recording into DVC is
-checkpoint_signal's.
+signal_file's (and recording/pipeline.py's).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import numpy as np
 from . import arrays as arrays_mod
 from . import (
     batch_digests,
-    checkpoint_signal,
     dali_dynamic,
     dali_iterators,
     dali_state,
@@ -30,9 +29,10 @@ from . import (
     data_contents,
     dirlock,
     distributed,
-    exit_messages,
+    exit_hooks,
     preemption,
     rng_state,
+    signal_file,
     store,
 )
 from ._version import __version__
@@ -94,11 +94,11 @@ class Checkpointer:
         self.path = Path(path)
         # The environment and the retention arguments are checked now, before
         # any training step, not at the first checkpoint.
-        exit_messages.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+        exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
         self._ctx = RunContext.from_environ()
         # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
         # process only: torchrun's agent uses it to stop the other ranks)
-        exit_messages.install(self._ctx, sigterm=distributed.world()[1] == 1)
+        exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._keep = self._ctx.retention(keep_last, keep_best)
         self.asynchronous = asynchronous
         self._worker: _Background | None = None  # the one background save in flight
@@ -145,7 +145,7 @@ class Checkpointer:
         DVC 3 cannot resume; the run's params default to the stage's `params:`
         as DVC resolves them, taken now; and total_steps is required, else a
         finished run could not tell more steps from other params."""
-        from . import recording
+        from .recording import pipeline as recording
 
         # One process only may bring a --temp run the workspace's checkpoint.
         stage_params = recording.start_run(self._ctx, str(self.path),
@@ -198,7 +198,7 @@ class Checkpointer:
             return
         found = batch_digests.read_companion(self._batches.directory, log_id)
         if not found and self._ctx.mode == "record":
-            from . import recording
+            from .recording import pipeline as recording
 
             found = recording.batches_after(str(self.path), log_id,
                                             self._saved.snapshot.step)
@@ -216,7 +216,7 @@ class Checkpointer:
     def _data_changes(self, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         """'<dir>: added ..., changed ...' for each data location whose digest
         changed, as far as the recorded rows tell."""
-        from . import recording
+        from .recording import pipeline as recording
 
         lines = []
         for key, digest in (new.get("data") or {}).items():
@@ -237,7 +237,7 @@ class Checkpointer:
         what the later rows hold, under new names."""
         if self._ctx.mode != "record":
             return
-        from . import recording
+        from .recording import pipeline as recording
 
         row, later = recording.superseding_rows(step)
         # trained again on purpose: a run of its own, beside the one it left
@@ -474,7 +474,7 @@ class Checkpointer:
         process received SIGTERM or SIGUSR1 (see :attr:`preempted`). The
         :meth:`make_checkpoint` of such a step records the checkpoint, then
         ends the process with status 128 + the signal's number."""
-        preemption.FLAG.install(ours=(exit_messages.on_sigterm,))
+        preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         return preemption.due(step, every, self.preempted is not None)
 
     @property
@@ -494,11 +494,11 @@ class Checkpointer:
             return
         self.wait()
         if self._ctx.mode == "record":
-            from .recording import push
+            from .recording import auto_push
 
-            pushed = push.settle(self._ctx.push_grace) if self.rank == 0 else ""
-            logger.warning(exit_messages.interruption_line(f"preempted ({sig.name})",
-                                                           exit_messages.last_kept(), pushed))
+            pushed = auto_push.settle(self._ctx.push_grace) if self.rank == 0 else ""
+            logger.warning(exit_hooks.interruption_line(f"preempted ({sig.name})",
+                                                        exit_hooks.last_kept(), pushed))
         else:
             logger.warning("preempted (%s): step %d is saved in %s; run again to resume from it",
                            sig.name, step, self.path)
@@ -536,7 +536,7 @@ class Checkpointer:
             written = _publish_one(self.path, captured)
         else:
             written = _publish_ranks(self.path, captured, self.rank, self.world_size)
-        if self.rank == 0:  # what the recording must find there (see checkpoint_signal)
+        if self.rank == 0:  # what the recording must find there (see signal_file)
             self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
         self.timings["save_s"] = time.perf_counter() - t0
         if self.world_size > 1:
@@ -547,7 +547,7 @@ class Checkpointer:
     def _signal(self, step: int) -> None:
         """Rank 0 signals once every rank has written; all wait for the record."""
         if self.rank == 0:
-            checkpoint_signal.make_checkpoint(step, out=str(self.path), keep_last=self._keep[0],
+            signal_file.make_checkpoint(step, out=str(self.path), keep_last=self._keep[0],
                                               keep_best=self._keep[1], ctx=self._ctx,
                                               expect_latest=self._latest, resumed=self.resumed,
                                               branched=self._branched or bool(

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from ._version import __version__
+from .context import SIGNAL_NAME
 from .errors import DvcDaliError
-from .history import best_row, parse_batch, read_blobs, rows as history_rows  # noqa: F401
+from .gitcmd import parse_batch  # noqa: F401 (the `show` tests parse git's answers through it)
+from .row_queries import best_row, rows as recorded_rows
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -153,7 +155,7 @@ def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
-    rows = history_rows(args.exp, root, args.metrics_file, params=args.json)
+    rows = recorded_rows(args.exp, root, args.metrics_file, params=args.json)
     best = best_row(rows, args.best) if args.best else None
     if best is not None:
         best["best"] = True
@@ -195,16 +197,10 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
-def _remove_stale(sig: Path) -> None:
-    if sig.exists():
-        print(f"dvc-dali run: removing {sig}, a stale signal left by a killed run",
-              file=sys.stderr)
-        sig.unlink()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import recording
-    from .context import RECORDS_ITSELF, SIGNAL_NAME, RunContext
+    from .context import RECORDS_ITSELF, RunContext
+    from .recording import pipeline as recording
+    from .signal_file import in_repo, remove_stale
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -222,8 +218,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # an unchanged rerun of an applied row refused
     branched = recording.start_bare_run(ctx, str(checkpoint))
     root = _project_root("run")
-    sig = root / ".dvc" / "tmp" / SIGNAL_NAME
-    _remove_stale(sig)
+    sig = in_repo(root)
+    remove_stale(sig)
     # The child sees DVC 2's protocol; DVC_ROOT is this run's own repository,
     # so parallel --temp/queued runs each watch their own signal file.
     env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
@@ -278,7 +274,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    from .recording import reset_stage
+    from .recording.maintenance import reset_stage
 
     removed = reset_stage(args.stage)
     if not removed:
@@ -322,9 +318,9 @@ def _doctor_versions(report: _Report) -> None:
 
 def _doctor_leftovers(report: _Report, root: Path) -> None:
     """Files a killed run leaves behind, on which later runs fail."""
-    from .context import SIGNAL_NAME
+    from .signal_file import in_repo
 
-    stale = root / ".dvc" / "tmp" / SIGNAL_NAME
+    stale = in_repo(root)
     report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
@@ -345,10 +341,10 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
 
 
 def _doctor_stages(report: _Report, root: Path) -> None:
-    from . import recording
     from .context import RunContext
+    from .recording import maintenance
 
-    outputs = recording.checkpoint_outputs(str(root))
+    outputs = maintenance.checkpoint_outputs(str(root))
     if not outputs:
         report(False, f"no stage in {root} has a checkpoint output: nothing would be recorded. "
                       "Declare the output the training saves checkpoints to `persist: true` "
@@ -360,7 +356,7 @@ def _doctor_stages(report: _Report, root: Path) -> None:
     ctx = RunContext.from_environ()
     for stage, path in outputs:
         try:
-            recording.check_stage(ctx, path, stage=stage)
+            maintenance.check_stage(ctx, path, stage=stage)
             report(True, f"stage {stage}: checkpoint output {os.path.relpath(path, root)} "
                    "is persisted and the stage always runs")
         except DvcDaliError as exc:
@@ -380,9 +376,10 @@ def _doctor_gpu(report: _Report) -> None:
 
 def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
     """Replay a recorded checkpoint's pipelines and compare their batches."""
-    from . import recording, replay
+    from . import replay
+    from .recording import maintenance
 
-    for _stage, path in recording.checkpoint_outputs(str(root)):
+    for _stage, path in maintenance.checkpoint_outputs(str(root)):
         replay.verify(root, os.path.relpath(path, root), row, report)
 
 
@@ -447,9 +444,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--metrics-file", default=DEFAULT_METRICS,
                    help=f"metrics file to show (default: {DEFAULT_METRICS})")
     p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
-                   "each DVC_CHECKPOINT signal it makes, as a DVC 3 stage command",
-                   "Run CMD with DVC 2's checkpoint protocol (DVC_CHECKPOINT=1; CMD touches "
-                   "$DVC_ROOT/.dvc/tmp/DVC_CHECKPOINT and waits until it is gone) and record "
+                   f"each {SIGNAL_NAME} signal it makes, as a DVC 3 stage command",
+                   f"Run CMD with DVC 2's checkpoint protocol ({SIGNAL_NAME}=1; CMD touches "
+                   f"$DVC_ROOT/.dvc/tmp/{SIGNAL_NAME} and waits until it is gone) and record "
                    "each checkpoint as an experiment row. Use it as the stage's cmd.")
     p.add_argument("--checkpoint", default="checkpoint",
                    help="the checkpoint output directory (default: checkpoint)")

@@ -10,7 +10,7 @@ touched, naming the variable and what it accepts.
 Read elsewhere, before or outside a context: DVC_DALI_DEBUG by log.py (the
 logger exists first), a quick look at DVC_STAGE, DVC_ROOT and
 DVC_EXP_BASELINE_REV by stage_start.py (is this a stage at all), DVC_ROOT by
-history.py (where the rows are), and DVC's own DVC_EXP_AUTO_PUSH and
+row_queries.py (where the rows are), and DVC's own DVC_EXP_AUTO_PUSH and
 DVC_EXP_GIT_REMOTE by DVC's helpers (dvc_door.py).
 """
 
@@ -144,7 +144,7 @@ def parse_signal_file(value: str | None) -> str | None:
     if not os.path.isabs(value) or os.path.isdir(value):
         raise ConfigError(f"DVC_DALI_SIGNAL_FILE={value!r}: must be the absolute path of a "
                           "file, the signal file `dvc-dali run` watches (it sets this for its "
-                          "child); unset it to use .dvc/tmp/DVC_CHECKPOINT")
+                          f"child); unset it to use .dvc/tmp/{SIGNAL_NAME}")
     return value
 
 

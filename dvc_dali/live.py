@@ -10,9 +10,10 @@ step-0 summary. Trimming the history to the checkpoint's step and setting
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from . import atomic_file
 
 
 def _trim_history(plots: Path, step: int) -> dict[str, float]:
@@ -64,9 +65,7 @@ def resume_live(step: int, resumed: bool, dir: str = "dvclive", **kwargs: Any):
                 for part in parents:
                     node = node.setdefault(part, {})
                 node[leaf] = value
-            tmp = summary.with_name(".metrics.json.tmp")
-            tmp.write_text(json.dumps(nested, indent=4), encoding="utf-8")
-            os.replace(tmp, summary)
+            atomic_file.replace_whole(summary, json.dumps(nested, indent=4))
     kwargs.setdefault("save_dvc_exp", False)
     kwargs.setdefault("dvcyaml", False)
     live = Live(dir=dir, resume=resumed, **kwargs)

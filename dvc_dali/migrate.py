@@ -24,14 +24,12 @@ import os
 import posixpath
 import re
 import shlex
-import stat
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from . import atomic_file, gitcmd
 from .checkpoint_outputs import checkpoint_outputs
 from .context import SIGNAL_NAME
 from .errors import DvcDaliError
@@ -583,20 +581,12 @@ def _read(file: Path) -> str:
 
 
 def _write_atomic(file: Path, text: str) -> None:
-    """Replace ``file`` whole: a crash leaves the old or the new, never half."""
-    target = Path(os.path.realpath(file))  # a symlinked dvc.yaml: write where it points
-    tmp = None
+    """Replace ``file`` whole: a crash leaves the old or the new, never half (a
+    symlinked dvc.yaml: written where it points, its permissions kept)."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
-        os.replace(tmp, target)
+        atomic_file.replace_durable(file, text, edit=True)
     except OSError as exc:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
+        target = Path(os.path.realpath(file))
         raise MigrateError(f"{file}: cannot write it ({exc.strerror or exc}); it is unchanged. "
                            f"Make {target.parent} writable, then run `dvc-dali migrate` "
                            "again") from None
@@ -647,18 +637,20 @@ def _dvc_yamls(root: Path) -> list[str]:
     """Every dvc.yaml under ``root`` (relative paths): git's list of tracked and
     untracked files, else a walk that skips .git and .dvc."""
     try:
-        proc = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard", "--",
-                               "*dvc.yaml"], cwd=root, capture_output=True, check=True)
+        proc = gitcmd.run(["ls-files", "-z", "-co", "--exclude-standard", "--", "*dvc.yaml"],
+                          str(root), check=False, text=False)
+    except OSError:  # no git
+        proc = None
+    if proc is not None and proc.returncode == 0:  # else no git, or not a git repository
         listed = proc.stdout.decode("utf-8", errors="replace").split("\0")
         return sorted({p for p in listed
                        if posixpath.basename(p) == "dvc.yaml" and (root / p).is_file()})
-    except (OSError, subprocess.CalledProcessError):  # no git, or not a git repository
-        found = []
-        for top, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in (".git", ".dvc")]
-            if "dvc.yaml" in names:
-                found.append(os.path.relpath(os.path.join(top, "dvc.yaml"), root))
-        return sorted(found)
+    found = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in (".git", ".dvc")]
+        if "dvc.yaml" in names:
+            found.append(os.path.relpath(os.path.join(top, "dvc.yaml"), root))
+    return sorted(found)
 
 
 def check_project(root: str | os.PathLike) -> list[str]:

@@ -29,7 +29,7 @@ def _snapshot(root: Path, path: str, row: str | None, tmp: Path) -> tuple[store.
         return store.read_snapshot(root / path), {}
     from dvc.api import DVCFileSystem
 
-    from .read_only import _resolve
+    from .loading import _resolve
 
     sha, found, where = _resolve(row, str(root))
     try:
@@ -49,10 +49,10 @@ def _recorded(root: Path, path: str, manifest: dict, row: dict) -> dict[str, lis
     found = batch_digests.read_companion(root / batch_digests.COMPANION, log_id)
     if found or not row.get("sha"):
         return found
-    from . import history
-    from .read_only import load
+    from .loading import load
+    from .row_queries import rows
 
-    for child in history.rows(repo=str(root)):
+    for child in rows(repo=str(root)):
         if child.get("parent") == row["sha"]:
             try:
                 later = load(path, rev=child, repo=str(root), names=[]).manifest

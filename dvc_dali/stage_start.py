@@ -41,23 +41,23 @@ def _checkpoint_stage(ctx: RunContext) -> bool:
 
 def on_import() -> None:
     """Called once, when dvc_dali is imported; a refusal is a one-line error
-    (exit_messages) raised from the import, before the script's first line
+    (exit_hooks) raised from the import, before the script's first line
     of training."""
     env = os.environ
     if env.get(SIGNAL_NAME) or not (env.get("DVC_STAGE") and env.get("DVC_ROOT")
                                     and env.get("DVC_EXP_BASELINE_REV")):
         return
-    from . import exit_messages
+    from . import exit_hooks
 
-    exit_messages.install_hook()  # a bad DVC_DALI_* value: refused here, in one line
+    exit_hooks.install_hook()  # a bad DVC_DALI_* value: refused here, in one line
     ctx = RunContext.from_environ()
     if ctx.mode != "record" or not _checkpoint_stage(ctx):
         return
-    from . import recording
+    from .recording import pipeline as recording
 
     # torch is not imported yet: torchrun's variable tells a rank (whose agent
     # stops the others with SIGTERM) from a single process
-    exit_messages.install(ctx, sigterm=env.get("WORLD_SIZE", "1") == "1")
+    exit_hooks.install(ctx, sigterm=env.get("WORLD_SIZE", "1") == "1")
     # first: a process started from here (or later) inherits it and does not
     # do all this again
     env[SIGNAL_NAME] = "1"  # what DVC 2 set for checkpoint stages

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import arrays as arrays_mod
-from . import manifest_schema, npy, safe_json
+from . import atomic_file, manifest_schema, npy, safe_json
 from .errors import (
     CheckpointCorruptError,
     CheckpointWriteError,
@@ -63,14 +63,6 @@ _LATEST_ENTRY = re.compile(r"^(rank-\d{5}/)?step-\d{9,}-[0-9a-f]{8}$")
 _FIX = manifest_schema.FIX
 # Never follow a symlink, never block on a FIFO; fstat then tells what was opened.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _CHUNK = 16 << 20
@@ -432,7 +424,7 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
         batch.dirs.append(tmp)
         batch.sync()  # every file and directory durable before the snapshot is named
         os.rename(tmp, root / name)
-        _fsync_dir(root)
+        atomic_file.fsync_dir(root)
     except OSError as exc:
         # A full disk, a file size limit, a read-only directory: the previous
         # checkpoint and LATEST are untouched; drop the partial one now.
@@ -449,20 +441,11 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
 def publish(root: Path, entries: list[tuple[str, str]]) -> None:
     """Atomically make LATEST name these snapshots: one line per rank,
     "<snapshot path> <manifest md5>"."""
-    latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"
-    data = "".join(f"{name} {sha}\n" for name, sha in entries).encode()
+    latest_tmp = root / f".tmp-{LATEST}-{uuid.uuid4().hex[:8]}"  # remove_leftovers' prefix
+    data = "".join(f"{name} {sha}\n" for name, sha in entries)
     try:
-        fd = os.open(latest_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(latest_tmp, root / LATEST)
-        _fsync_dir(root)
+        atomic_file.replace_published(root / LATEST, data, tmp=latest_tmp, mode=0o644)
     except OSError as exc:
-        latest_tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(
             f"{root / LATEST}: cannot update ({exc.strerror or exc}); it still names the "
             "previous checkpoint. Free disk space or fix permissions, then save again.") from exc

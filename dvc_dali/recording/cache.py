@@ -42,7 +42,9 @@ class ProcessCache:
     # lineage tip per (main git dir, experiment, stage): (commit sha, step)
     tips: dict[tuple, tuple[Optional[str], int]] = field(default_factory=dict)
     run_start: Any = None  # run_start.RunStart: the params this run trains with
-    bare_start: Optional[bool] = None  # start_bare_run's answer, once per process
+    # the run started (before its first row, once per process): start_bare_run's
+    # answer, whether its rows branch off; False after a Checkpointer's start_run
+    run_started: Optional[bool] = None
     untracked_outs: set = field(default_factory=set)  # outputs found not tracked by git
     # git work tree -> row_tree.Seen: the tracked paths that may differ from
     # the index (changed at the first row, or named by inotify since)
@@ -77,7 +79,7 @@ class ProcessCache:
         self.main_cache_dirs.clear()
         self.tips.clear()
         self.run_start = None
-        self.bare_start = None
+        self.run_started = None
         self.untracked_outs.clear()
         for seen in self.start_changes.values():
             seen.watcher.close()

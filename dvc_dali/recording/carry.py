@@ -20,7 +20,7 @@ from ..context import RunContext
 from ..errors import RecordError
 from ..log import logger
 from . import dvc_door, lockfile
-from .rows import git_dirs
+from ..exp_refs import git_dirs
 
 
 def _out_md5(entry: Any, def_path: str) -> Optional[str]:
@@ -119,7 +119,7 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     md5 = _out_md5(entry, out.def_path)
     if md5 is None or dvc_door.out_in_cache(repo, md5):
         return
-    from .rows import list_rows, outs_digest
+    from ..exp_refs import list_rows, outs_digest
 
     digest = outs_digest(entry)
     named = [r["name"] for r in list_rows(ctx.dvc_root) if r["outs"] == digest]

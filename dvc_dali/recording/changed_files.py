@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from . import commit, dvc_door, lockfile, rows
+from .. import gitcmd
+from ..exp_refs import list_rows, outs_digest
+from . import dvc_door, lockfile
 
 
 def first_changes(old: dict[str, str], new: dict[str, str], limit: int = 3) -> list[str]:
@@ -32,9 +34,9 @@ def first_changes(old: dict[str, str], new: dict[str, str], limit: int = 3) -> l
 def _from_git(toplevel: str, sha: str, path: str) -> list[str]:
     """Changes of a git-tracked directory between a commit and the files now."""
     rel = os.path.relpath(os.path.realpath(path), os.path.realpath(toplevel))
-    diff = commit.git(["diff", "--name-status", "--no-renames", sha, "--", rel],
+    diff = gitcmd.run(["diff", "--name-status", "--no-renames", sha, "--", rel],
                       cwd=toplevel, check=False).stdout.splitlines()
-    extra = commit.git(["ls-files", "--others", "--exclude-standard", "--", rel],
+    extra = gitcmd.run(["ls-files", "--others", "--exclude-standard", "--", rel],
                        cwd=toplevel, check=False).stdout.splitlines()
     def inside(name: str) -> str:  # relative to the data directory, as DVC's listing
         return os.path.relpath(name, rel)
@@ -64,6 +66,6 @@ def describe(repo: Any, stage: Any, dvc_root: str, data_path: str) -> list[str]:
 def _row_of(dvc_root: str, entry: Any) -> Optional[str]:
     if not entry:
         return None
-    digest = rows.outs_digest(entry)
-    found = [r for r in rows.list_rows(dvc_root) if r["outs"] == digest]
+    digest = outs_digest(entry)
+    found = [r for r in list_rows(dvc_root) if r["outs"] == digest]
     return max(found, key=lambda r: r["time"])["sha"] if found else None

@@ -14,13 +14,13 @@ import glob
 import os
 import re
 import shutil
-import subprocess
 import time
 import uuid
 from typing import Optional
 
 import pygit2
 
+from .. import gitcmd
 from ..errors import RecordError
 from . import row_tree, watch
 from .cache import CACHE
@@ -50,7 +50,7 @@ def _signature(toplevel: str, who: str, when: int) -> pygit2.Signature:
     CI machine still records."""
     key = (toplevel, who)
     if key not in _IDENTS:
-        proc = git(["var", f"GIT_{who}_IDENT"], toplevel, check=False)
+        proc = gitcmd.run(["var", f"GIT_{who}_IDENT"], toplevel, check=False)
         m = re.match(r"(.*) <(.*)> \d+ [+-]\d{4}$", proc.stdout.strip())
         _IDENTS[key] = m.groups() if proc.returncode == 0 and m else (
             "dvc-dali", "dvc-dali@localhost")
@@ -211,30 +211,6 @@ def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
     return False
 
 
-def git(
-    args: list[str],
-    cwd: str,
-    env: Optional[dict[str, str]] = None,
-    check: bool = True,
-    input: Optional[str] = None,  # noqa: A002
-) -> subprocess.CompletedProcess:
-    proc = subprocess.run(  # noqa: S603
-        ["git", *args],
-        cwd=cwd,
-        env=env,
-        input=input,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise RecordError(
-            f"`git {' '.join(args)}` failed in '{cwd}' "
-            f"(exit {proc.returncode}): {proc.stderr.strip()}"
-        )
-    return proc
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -276,20 +252,21 @@ def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
         index = os.path.join(git_dir, "index")
         if os.path.exists(index):
             shutil.copy2(index, private)  # keep mtime: racy-clean detection
-        git(["add", "-u", "--", ":/"], toplevel, env)
+        gitcmd.run(["add", "-u", "--", ":/"], toplevel, env)
         if paths:
-            proc = git(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
-                       toplevel, env, check=False)
+            proc = gitcmd.run(["-c", "advice.addIgnoredFile=false", "add", "-A", "--", *paths],
+                              toplevel, env, check=False)
             if proc.returncode != 0 and not proc.stderr.lstrip().startswith(_IGNORED_MSG):
                 raise RecordError(f"`git add` of {paths} into a private index "
-                                    f"failed in '{toplevel}': {proc.stderr.strip()}")
+                                  f"failed in '{toplevel}': {proc.stderr.strip()}")
         for rel, data in pinned.items():
-            blob = git(["hash-object", "-w", "--stdin"], toplevel, env,
-                       input=data.decode("utf-8", "surrogateescape")).stdout.strip()
-            git(["update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}"], toplevel, env)
-        tree = git(["write-tree"], toplevel, env).stdout.strip()
-        return git(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env,
-                   input=message).stdout.strip()
+            blob = gitcmd.run(["hash-object", "-w", "--stdin"], toplevel, env,
+                              input=data.decode("utf-8", "surrogateescape")).stdout.strip()
+            gitcmd.run(["update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}"],
+                       toplevel, env)
+        tree = gitcmd.run(["write-tree"], toplevel, env).stdout.strip()
+        return gitcmd.run(["commit-tree", tree, "-p", parent, "-F", "-"], toplevel, env,
+                          input=message).stdout.strip()
     finally:
         for leftover in (private, private + ".lock"):
             try:

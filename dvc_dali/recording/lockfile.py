@@ -7,10 +7,11 @@ import json
 import os
 from typing import Any
 
+from .. import atomic_file, gitcmd
 from ..errors import RecordError
 from . import dvc_door
 from .cache import CACHE
-from .commit import git, sweep_leftovers
+from .commit import sweep_leftovers
 
 
 def read(path: str) -> tuple[str, Any]:
@@ -31,18 +32,14 @@ def entry_at(git_dir: str, cwd: str, rev: str, lock_rel: str, stage_name: str) -
     """The stage's entry in ``lock_rel`` as commit ``rev`` holds it (None when
     it holds none); raises when that file is not YAML (callers decide what an
     unreadable one means)."""
-    proc = git(["--git-dir", git_dir, "show", f"{rev}:{lock_rel}"], cwd=cwd, check=False)
+    proc = gitcmd.run(["--git-dir", git_dir, "show", f"{rev}:{lock_rel}"], cwd=cwd, check=False)
     return stage_entry(dvc_door.parse_yaml(proc.stdout, lock_rel), stage_name)
 
 
 def write_atomic(path: str, text: str) -> None:
+    """dvc.lock replaced durably (a killed process's temporary files swept first)."""
     sweep_leftovers(f"{path}.dvc-dali-*.tmp")
-    tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fobj:
-        fobj.write(text)
-        fobj.flush()
-        os.fsync(fobj.fileno())
-    os.replace(tmp, path)
+    atomic_file.replace_durable(path, text)
 
 
 def current(path: str) -> Any:

@@ -6,13 +6,12 @@ Only refs go. The rows' data stays in the DVC cache until `dvc gc` removes it.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .. import gitcmd
 from ..errors import DvcDaliError
-
-_NAMESPACE = "refs/exps"
+from ..exp_refs import baseline_and_name, exp_refs, list_rows
 
 
 @dataclass(frozen=True)
@@ -36,15 +35,6 @@ class Removed:
     dvc_ref: bool
 
 
-def _baseline_and_name(ref: str) -> tuple[str, str] | None:
-    """(baseline, name) of an experiment ref refs/exps/<b[:2]>/<b[2:]>/<name>;
-    None for DVC's bookkeeping refs (refs/exps/exec/..., apply/...)."""
-    parts = ref.split("/")
-    if len(parts) != 5 or len(parts[2]) != 2:
-        return None
-    return parts[2] + parts[3], parts[4]
-
-
 def select_refs(rows: Iterable[dict], names: Iterable[str],
                 exp_refs: Iterable[tuple[str, str]] = ()) -> list[Target]:
     """The refs removing the runs ``names`` deletes: every checkpoint row
@@ -57,7 +47,7 @@ def select_refs(rows: Iterable[dict], names: Iterable[str],
                for r in rows if r["exp"] in wanted]
     row_refs = {r["ref"] for r in rows}  # a row named like a run is still only a row
     for ref, sha in exp_refs:
-        found = _baseline_and_name(ref)
+        found = baseline_and_name(ref)
         if found and found[1] in wanted and ref not in row_refs:
             targets.append(Target(ref, sha, found[1], found[0], False))
     return targets
@@ -73,37 +63,6 @@ def summarize(targets: Sequence[Target]) -> list[Removed]:
     return list(seen.values())
 
 
-def _git(root: str, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True,
-                              text=True, check=False)
-    except OSError as exc:  # git missing or not executable
-        raise DvcDaliError(f"cannot run git in {root}: {exc}") from None
-
-
-def exp_refs(root: str) -> list[tuple[str, str]]:
-    """(ref, sha) of every experiment ref under refs/exps.
-
-    Refuses a repository git reads only in part: git skips a broken ref
-    with a warning and exit 0, which would otherwise look like no rows.
-    """
-    proc = _git(root, ["for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
-                       _NAMESPACE])
-    broken = [line for line in proc.stderr.splitlines() if "broken ref" in line]
-    if proc.returncode != 0 or broken:
-        status = f" (exit {proc.returncode})" if proc.returncode else ""
-        raise DvcDaliError(
-            f"git could not read the experiment refs of {root}{status}: "
-            f"{proc.stderr.strip()}. Repair the repository (`git fsck` names what is "
-            "damaged), or delete a broken ref with `git update-ref -d <ref>`")
-    found = []
-    for line in proc.stdout.splitlines():
-        sha, _type, ref = line.split(" ", 2)
-        if _baseline_and_name(ref):
-            found.append((ref, sha))
-    return found
-
-
 def _unknown_message(unknown: list[str], rows: list[dict]) -> str:
     by_row = {r["name"]: r["exp"] for r in rows}
     hints = [f"{n} is one checkpoint row of run {by_row[n]} (`dvc exp remove {n}` removes "
@@ -116,8 +75,6 @@ def remove_runs(root: str, names: Sequence[str]) -> list[Removed]:
     """Delete every ref of the runs ``names`` in the repository at ``root``, all
     or none: an unknown name removes nothing, and the refs go in one git
     transaction that fails whole if any of them moved meanwhile."""
-    from . import list_rows
-
     refs = exp_refs(root)
     rows = list_rows(root)
     targets = select_refs(rows, names, refs)
@@ -127,7 +84,8 @@ def remove_runs(root: str, names: Sequence[str]) -> list[Removed]:
     # `delete <ref> <old sha>`: what `git update-ref -d <ref> <sha>` does per
     # ref, so a ref rewritten since it was listed is left alone.
     script = "".join(f"delete {t.ref} {t.sha}\n" for t in targets)
-    proc = _git(root, ["update-ref", "--stdin"], stdin=script)
+    proc = gitcmd.run(["update-ref", "--stdin"], root, check=False, input=script,
+                      unrunnable=DvcDaliError)
     if proc.returncode != 0:
         raise DvcDaliError(f"git could not delete the refs (exit {proc.returncode}): "
                            f"{proc.stderr.strip()}; nothing was removed, run it again")

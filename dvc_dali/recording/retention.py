@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
+from .. import gitcmd
 from ..best import best_row
-from . import commit
-from .rows import git_dirs, list_rows
+from ..exp_refs import git_dirs, list_rows
 
 
 def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[str] = ()
@@ -32,7 +32,7 @@ def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[
 
 def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional[Any]:
     """The row's DVCLive metrics file, parsed; None when it has none."""
-    proc = commit.git(["--git-dir", git_dir, "show", f"{sha}:{metrics_file}"], cwd=cwd,
+    proc = gitcmd.run(["--git-dir", git_dir, "show", f"{sha}:{metrics_file}"], cwd=cwd,
                       check=False)
     if proc.returncode != 0:
         return None
@@ -57,7 +57,7 @@ def prune(dvc_root: str, exp_name: str, baseline: str, just_recorded: str,
         keep.add(best["ref"] if best else just_recorded)
     removed = []
     for row in select_pruned(rows, keep_last, keep=keep):
-        commit.git(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],
+        gitcmd.run(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],
                    cwd=dvc_root)
         removed.append(row["name"])
     return removed

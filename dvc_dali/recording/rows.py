@@ -1,25 +1,19 @@
-"""Rows: one experiment ref per checkpoint, its name, its lineage line, and
-how it is published into the main repository."""
+"""Rows as the recorder makes them: a row's name, its lineage line, which
+row a run resumes, and publishing its ref into the main repository. The
+ref format and the queries both sides use are exp_refs.py's."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
-from urllib.parse import quote, unquote
+from typing import Any, Optional
+from urllib.parse import quote
 
+from .. import gitcmd
 from ..errors import RecordError
+from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, iter_checkpoint_refs
 from . import commit
-from .cache import CACHE
-
-#: First word of the machine-readable line in every checkpoint commit message.
-LINEAGE_KEY = "dvc-dali-checkpoint:"
-EXPS_NAMESPACE = "refs/exps"
-_LINEAGE_RE = re.compile(r"^" + re.escape(LINEAGE_KEY) + r"\s*(.*)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -41,57 +35,8 @@ def stage_address(root_dir: str, stage: Any) -> str:
     return quote(os.path.relpath(stage.path, root_dir) + ":" + stage.name, safe="/:@")
 
 
-def outs_digest(entry: Optional[dict]) -> str:
-    """Which outputs a dvc.lock entry names: a row's and a resumed run's match."""
-    outs = (entry or {}).get("outs") or []
-    blob = json.dumps(outs, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def parse_lineage(text: str) -> Optional[dict[str, str]]:
-    found = _LINEAGE_RE.findall(text)
-    if not found:
-        return None
-    fields = {}
-    for tok in found[-1].split():
-        key, sep, val = tok.partition("=")
-        if sep:
-            fields[key] = val
-    return fields if "step" in fields and "exp" in fields else None
-
-
 def row_name(exp_name: str, step: int) -> str:
     return f"{exp_name}-step{step}"
-
-
-def git_dirs(path: str) -> tuple[str, str]:
-    """(absolute git dir, work tree top level) of the repo holding path."""
-    key = os.path.realpath(path)
-    if key not in CACHE.git_dirs:
-        proc = commit.git(["rev-parse", "--absolute-git-dir", "--show-toplevel"], cwd=path,
-                          check=False)
-        lines = proc.stdout.split("\n")
-        if proc.returncode != 0 or len(lines) < 2:
-            raise RecordError(f"'{path}' is not inside a git work tree "
-                              f"({proc.stderr.strip()}); run inside `dvc exp run` of a git repo.")
-        CACHE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
-    return CACHE.git_dirs[key]
-
-
-def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
-                         ) -> Iterator[tuple[str, str, int, dict]]:
-    """(sha, ref, commit time, lineage fields) of every dvc-dali row."""
-    fmt = "%(objectname)%00%(refname)%00%(committerdate:unix)%00%(contents)%00%00"
-    proc = commit.git(["--git-dir", git_dir, "for-each-ref", f"--format={fmt}",
-                       namespace], cwd=cwd)
-    for rec in proc.stdout.split("\0\0"):
-        parts = rec.lstrip("\n").split("\0")
-        if len(parts) < 4:
-            continue
-        sha, ref, date, contents = parts[:4]
-        fields = parse_lineage(contents)
-        if fields is not None:
-            yield sha, ref, int(date or 0), fields
 
 
 #: DVC's own ref to the row `dvc exp apply` last applied (DVC 3 sets it and no
@@ -161,47 +106,14 @@ def run_name(exp_name: str, parent_run: Optional[str], branched: bool) -> str:
     return parent_run if parent_run and not branched else exp_name
 
 
-def _row(sha: str, ref: str, date: int, fields: dict) -> Optional[dict]:
-    parts = ref.split("/")
-    if len(parts) != 5 or len(parts[2]) != 2:  # DVC's own refs/exps/exec/..., apply/...
-        return None
-    try:
-        step = int(fields["step"])
-    except ValueError:
-        return None
-    parent = fields.get("parent")
-    return {
-        "name": parts[-1], "ref": ref, "sha": sha, "exp": fields["exp"], "step": step,
-        "parent": None if parent in (None, "none") else parent,
-        "stage": unquote(fields["stage"]) if "stage" in fields else None,
-        "outs": fields.get("outs"), "baseline": "".join(parts[2:4]), "time": date,
-    }
-
-
-def list_rows(dvc_root: str, exp: Optional[str] = None, namespace: str = EXPS_NAMESPACE
-              ) -> list[dict]:
-    """dvc-dali rows under refs/exps (or ``namespace``, laid out alike) of the
-    repo at dvc_root, sorted by (exp, step, time). Each: name, ref, sha, exp,
-    step, parent, stage, outs, baseline, time."""
-    git_dir, _ = git_dirs(dvc_root)
-    rows = []
-    for sha, ref, date, fields in iter_checkpoint_refs(git_dir, dvc_root, namespace):
-        if exp is None or fields.get("exp") == exp:
-            row = _row(sha, ref, date, fields)
-            if row is not None:
-                rows.append(row)
-    rows.sort(key=lambda r: (r["exp"], r["step"], r["time"]))
-    return rows
-
-
 def _push_ref(sha: str, ref: str, cwd_top: str, main_git_dir: str) -> bool:
     """--temp / queued run: the commit lives in the executor's clone."""
     args = ["push", "--no-verify", "--quiet", main_git_dir, f"{sha}:{ref}"]
     for attempt in range(3):  # DVC (dulwich) may prune ref dirs concurrently
-        proc = commit.git(args, cwd=cwd_top, check=False)
+        proc = gitcmd.run(args, cwd_top, check=False)
         if proc.returncode == 0:
             return True
-        exists = commit.git(["rev-parse", "--verify", "--quiet", ref], cwd=main_git_dir,
+        exists = gitcmd.run(["rev-parse", "--verify", "--quiet", ref], main_git_dir,
                             check=False)
         if exists.returncode == 0:
             return False

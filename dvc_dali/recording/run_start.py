@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .. import atomic_file, exp_refs
 from ..context import RunContext
 from ..flat_keys import flat_keys
 from ..log import logger
@@ -121,10 +122,10 @@ def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[dict]
     if not entry or not ctx.dvc_root:
         return None, []
     addr = rows.stage_address(repo.root_dir, stage)
-    main_git_dir = rows.git_dirs(ctx.dvc_root)[0]
+    main_git_dir = exp_refs.git_dirs(ctx.dvc_root)[0]
     sha, _, _ = rows.find_resume_parent(main_git_dir, ctx.dvc_root, addr,
-                                        rows.outs_digest(entry), ctx.baseline_rev)
-    listed = rows.list_rows(ctx.dvc_root)
+                                        exp_refs.outs_digest(entry), ctx.baseline_rev)
+    listed = exp_refs.list_rows(ctx.dvc_root)
     row = next((r for r in listed if r["sha"] == sha), None) if sha else None
     if row is None:
         return None, []
@@ -138,11 +139,11 @@ def known_deps() -> dict[str, Any]:
 
 def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dict]:
     """The stage's dvc.lock entry as the row ``sha`` recorded it."""
-    from . import lockfile, rows
+    from . import lockfile
 
     lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
     try:
-        return lockfile.entry_at(rows.git_dirs(ctx.dvc_root)[0], repo.root_dir, sha, lock_rel,
+        return lockfile.entry_at(exp_refs.git_dirs(ctx.dvc_root)[0], repo.root_dir, sha, lock_rel,
                                  stage.name)
     except Exception:  # unreadable: nothing to compare, so not called unchanged
         return None
@@ -204,10 +205,7 @@ def _put_params_back(root: str, lock_timeout: float) -> None:
         if changed and not start.warned:
             _warn_changed(changed)
         for path, data in changed.items():
-            tmp = f"{path}.dvc-dali-{os.getpid()}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+            atomic_file.replace_whole(path, data)
     except OSError as exc:
         logger.warning("cannot put the params this run trained with back: %s", exc)
     finally:

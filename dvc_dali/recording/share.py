@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .. import gitcmd
 from ..errors import DvcDaliError, RecordError
+from ..exp_refs import exp_refs, list_rows
 from . import dvc_door
-from .remove import _git, exp_refs, select_refs
+from .remove import select_refs
 
 _PULLED = "refs/dvc-dali-pull"  # fetched here first, to read the rows' lineage
 
@@ -99,15 +101,14 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     """Push every row of the runs ``names``: their data to the DVC remote,
     then their refs to ``git_remote``; a ref whose data did not all reach the
     DVC remote is not pushed (DvcDaliError naming it, after the others went)."""
-    from . import list_rows
-
     targets = select_refs(list_rows(root), names, exp_refs(root))
     _unknown(targets, names, "in this repository")
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
         refspecs = [f"{t.sha}:{t.ref}" for t in complete]
-        proc = _git(root, ["push", "--quiet", git_remote, *refspecs])
+        proc = gitcmd.run(["push", "--quiet", git_remote, *refspecs], root, check=False,
+                          unrunnable=DvcDaliError)
         if proc.returncode != 0:
             raise DvcDaliError(f"git push to {git_remote} failed: {proc.stderr.strip()}. The "
                                "data is on the DVC remote; run the command again once git can "
@@ -144,10 +145,8 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
     """Fetch every row of the runs ``names`` from ``git_remote`` with their
     data from the DVC remote; refs land only once their data is here (the
     others: DvcDaliError naming them, after the complete ones landed)."""
-    from . import list_rows
-
-    proc = _git(root, ["fetch", "--quiet", "--no-tags", git_remote,
-                       f"+refs/exps/*:{_PULLED}/*"])
+    proc = gitcmd.run(["fetch", "--quiet", "--no-tags", git_remote, f"+refs/exps/*:{_PULLED}/*"],
+                      root, check=False, unrunnable=DvcDaliError)
     try:
         if proc.returncode != 0:
             raise DvcDaliError(f"git fetch from {git_remote} failed: {proc.stderr.strip()}")
@@ -157,12 +156,14 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         _unknown(targets, names, f"on {git_remote}")
         missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
         complete = [t for t in targets if t.sha not in missing]
-        done = _git(root, ["update-ref", "--stdin"], stdin=_create_script(root, complete))
+        done = gitcmd.run(["update-ref", "--stdin"], root, check=False,
+                          input=_create_script(root, complete), unrunnable=DvcDaliError)
         if done.returncode != 0:
             raise DvcDaliError(f"git could not create the refs: {done.stderr.strip()}")
     finally:
         for ref, sha in _refs_under(root, _PULLED):
-            _git(root, ["update-ref", "-d", ref, sha])
+            gitcmd.run(["update-ref", "-d", ref, sha], root, check=False,
+                       unrunnable=DvcDaliError)
     if missing:
         pulled_ok = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                      if m.refs] or ["nothing"]
@@ -194,6 +195,7 @@ def _create_script(root: str, targets) -> str:
 
 
 def _refs_under(root: str, namespace: str) -> list[tuple[str, str]]:
-    proc = _git(root, ["for-each-ref", "--format=%(objectname) %(refname)", namespace])
+    proc = gitcmd.run(["for-each-ref", "--format=%(objectname) %(refname)", namespace], root,
+                      check=False, unrunnable=DvcDaliError)
     return [tuple(reversed(line.split(" ", 1))) for line in proc.stdout.splitlines()]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dvc_dali
-from dvc_dali import checkpoint_signal as dvc_signal
+from dvc_dali import signal_file as dvc_signal
 
 from tests.helpers import REPO
 from tests.helpers.dvc_project import make_project, run

@@ -1,4 +1,4 @@
-"""dvc_dali.recording against real `dvc exp run` in temporary git repos.
+"""dvc_dali.recording (pipeline.py) against real `dvc exp run` in temporary git repos.
 
 No mocks: every test builds a git + DVC repo, runs a small training script
 as the stage command, and reads back refs, dvc.lock, the DVC cache and
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_dali import recording as rec
+from dvc_dali.recording import pipeline as rec
 from dvc_dali.context import RunContext
 from dvc_dali.errors import RecordError
 
@@ -28,7 +28,7 @@ from tests.helpers.rows import exp_rows
 TRAIN_PY = textwrap.dedent(
     """\
     import json, os, signal, sys, time
-    from dvc_dali.recording import record
+    from dvc_dali.recording.pipeline import record
     from dvclive import Live
     from ruamel.yaml import YAML
 

@@ -221,14 +221,14 @@ def test_rows_whose_data_is_missing_are_not_pushed_nor_pulled_and_are_named(tmp_
 
 
 def test_the_row_pusher_never_pushes_a_row_whose_data_is_gone(tmp_path, monkeypatch, capsys):
-    """The per-row auto-push (recording/push.py) had the same hole: DVC's
+    """The per-row auto-push (recording/auto_push.py) had the same hole: DVC's
     push skips files missing from the cache with a warning. The real pusher,
     given real rows: the one whose files are gone stays off the git remote,
     is said, and the row after it is still pushed."""
     import yaml
     from dvc_data.hashfile.hash_info import HashInfo
 
-    from dvc_dali.recording.push import Pusher
+    from dvc_dali.recording.auto_push import Pusher
 
     project = template_project(tmp_path, steps=10)
     bare, store = with_remotes(project, tmp_path, auto_push=False)

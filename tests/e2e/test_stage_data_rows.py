@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_dali import recording as rec
+from dvc_dali.recording import pipeline as rec
 
 from tests.helpers.dvc_project import make_project
 

@@ -1,5 +1,5 @@
 """Nested mappings as joined keys (dvc_dali/flat_keys.py), as a table: the
-one helper for params (run_start, history) and pipeline descriptions
+one helper for params (run_start, row_queries) and pipeline descriptions
 (dali_state.differences)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from dvc_dali.best import best_row
 from dvc_dali.errors import ConfigError
-from dvc_dali.history import best_row as history_best_row
+from dvc_dali.row_queries import best_row as history_best_row
 from dvc_dali.recording.retention import select_pruned
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import subprocess
 import threading
 import time
 from typing import Any, Optional
 
+from .. import gitcmd
 from ..log import logger
-from . import commit, dvc_door
+from . import dvc_door
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_BATCH = 256  # rows in one push at most (one `git push` command line)
@@ -56,29 +56,13 @@ def _git_env() -> dict[str, str]:
     return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
 
 
-def _git_push(dvc_root: str, args: list[str]) -> tuple[int, str, float]:
-    """`git push ARGS`: (exit status, stderr, CPU seconds of git and the
-    processes it waited for, from wait4)."""
-    proc = subprocess.Popen(["git", "push", *args], cwd=dvc_root, env=_git_env(),  # noqa: S603
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    proc.stderr.close()
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:  # reaped elsewhere: no usage to count
-        return proc.wait(), err, 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, usage.ru_utime + usage.ru_stime
-
-
 def push_refs(dvc_root: str, remote: str, refs: list[tuple[str, str]]) -> float:
     """The refs [(sha, ref)] to the git remote in one `git push` (sha "":
     delete the ref), never forced (a row is never overwritten). Returns git's
     CPU seconds."""
-    code, err, cpu = _git_push(dvc_root, ["--quiet", "--no-verify", "--no-recurse-submodules",
-                                          remote, *(f"{sha}:{ref}" for sha, ref in refs)])
+    code, err, cpu = gitcmd.run_counting_cpu(
+        ["push", "--quiet", "--no-verify", "--no-recurse-submodules", remote,
+         *(f"{sha}:{ref}" for sha, ref in refs)], dvc_root, _git_env())
     if code != 0:
         raise OSError(err.strip() or f"git push exited {code}")
     return cpu
@@ -90,7 +74,7 @@ def push_ref(dvc_root: str, remote: str, sha: str, ref: str) -> None:
 
 
 def delete_ref(dvc_root: str, remote: str, ref: str) -> None:
-    proc = commit.git(["push", "--quiet", "--no-verify", remote, f":{ref}"], cwd=dvc_root,
+    proc = gitcmd.run(["push", "--quiet", "--no-verify", remote, f":{ref}"], cwd=dvc_root,
                       env=_git_env(), check=False)
     if proc.returncode != 0 and "remote ref does not exist" not in proc.stderr:
         raise OSError(proc.stderr.strip() or f"git push exited {proc.returncode}")
@@ -316,7 +300,7 @@ def start(dvc_root: str, exp_name: str) -> Optional[Pusher]:
         dvc_door.check_push_remotes(repo, remote)
     finally:
         repo.close()
-    proc = commit.git(["ls-remote", "--quiet", remote, "refs/exps/nonexistent"],
+    proc = gitcmd.run(["ls-remote", "--quiet", remote, "refs/exps/nonexistent"],
                       cwd=dvc_root, env=_git_env(), check=False)
     if proc.returncode != 0:
         from ..errors import RecordError

@@ -10,72 +10,40 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 from .best import best_row as _best_row
 from .errors import DvcDaliError
+from .exp_refs import exp_refs, git_dirs, list_rows, outs_digest
 from .flat_keys import flat_keys
+from .gitcmd import read_blobs
 
 DEFAULT_METRICS = "dvclive/metrics.json"
 
 
-def flatten_metrics(node: object, prefix: str = "") -> dict[str, float]:
+def flatten_metrics(node: object) -> dict[str, float]:
     """{"train/acc": 0.9, ...}: a DVCLive metrics file's numbers but the step."""
-    flat: dict[str, float] = {}
-    for key, value in (node.items() if isinstance(node, dict) else []):
-        if isinstance(value, dict):
-            flat.update(flatten_metrics(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)) and key != "step":
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flat_keys(node, sep="/", empty_as_leaf=False,
+                     keep=lambda key, value: isinstance(value, (int, float)) and key != "step")
 
 
-def parse_batch(out: bytes, count: int) -> list[bytes | None]:
-    """The ``count`` answers of `git cat-file --batch`: a blob's bytes, or None
-    for an object that is missing, ambiguous or not a blob."""
-    found: list[bytes | None] = []
-    pos = 0
-    for _ in range(count):
-        end = out.index(b"\n", pos)
-        header = out[pos:end].split()
-        pos = end + 1
-        if len(header) == 3 and header[2].isdigit():  # <oid> <type> <size>, then the bytes
-            size = int(header[2])
-            found.append(out[pos:pos + size] if header[1] == b"blob" else None)
-            pos += size + 1
-        else:  # "<name> missing" / "<name> ambiguous"
-            found.append(None)
-    return found
-
-
-def read_blobs(root: str, specs: list[str]) -> list[bytes | None]:
-    """Every "<sha>:<path>" in ``specs`` read by one git process (one
-    `git show` per row took seconds for a thousand rows)."""
-    if not specs:
-        return []
-    try:
-        proc = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True,
-                              input="".join(f"{s}\n" for s in specs).encode(), check=False)
-    except OSError as exc:
-        raise DvcDaliError(f"cannot run git in {root}: {exc}") from None
-    if proc.returncode != 0:
-        raise DvcDaliError(f"`git cat-file --batch` failed in {root} (exit {proc.returncode}): "
-                           f"{proc.stderr.decode(errors='replace').strip()}")
-    return parse_batch(proc.stdout, len(specs))
-
-
-def _params(blob: bytes | None) -> dict[str, Any]:
-    if blob is None:
-        return {}
+def _safe_yaml(text: bytes | str | None) -> Any:
+    """A YAML file of a row (params.yaml, dvc.lock) as plain data; None when
+    there is none or it does not parse (the row is listed anyway)."""
+    if text is None:
+        return None
     from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
 
     try:
-        return flat_keys(YAML(typ="safe", pure=True).load(blob.decode()))
-    except Exception:  # a params file that does not parse: list the row anyway
-        return {}
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception:  # not YAML, or not text
+        return None
+
+
+def _params(blob: bytes | None) -> dict[str, Any]:
+    return flat_keys(_safe_yaml(blob))
 
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
@@ -90,9 +58,6 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     ``params=False`` skips reading them) and dvc_experiments (DVC's own
     experiments holding the same outputs: the ref `dvc exp run` commits
     when it ends)."""
-    from .recording import list_rows
-    from .recording.remove import exp_refs
-
     root = rows_root(repo)
     # exp_refs refuses a repository git reads only in part (a broken ref); its
     # git process runs beside list_rows' (two reads of refs/exps), its error first
@@ -211,9 +176,6 @@ def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike 
     written since). In a stage under `dvc exp run` (`--temp` and queued runs
     too) the rows are DVC_ROOT's. The row's fields are list_rows' (no
     metrics: ``rows(run=row)`` reads them)."""
-    from .recording import list_rows
-    from .recording.rows import git_dirs
-
     ckpt = Path(os.path.realpath(path))
     entry = _lock_entry(ckpt)
     if entry is None:
@@ -240,13 +202,9 @@ def _checkpoint_step(ckpt: Path) -> int | None:
         return None
 
 
-def _lock_yaml(text: bytes | str) -> dict[str, Any]:
-    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
-
-    try:
-        data = YAML(typ="safe", pure=True).load(text)
-    except Exception:  # a dvc.lock that does not parse: no match
-        return {}
+def _lock_yaml(text: bytes | str | None) -> dict[str, Any]:
+    """The stages of a dvc.lock; {} when it does not parse (no match)."""
+    data = _safe_yaml(text)
     stages = data.get("stages") if isinstance(data, dict) else None
     return stages if isinstance(stages, dict) else {}
 
@@ -284,16 +242,8 @@ def _lock_entry(ckpt: Path) -> tuple[str, str, str, str] | None:
 
 def _lock_outs(blob: bytes | None) -> set[str]:
     """The outs digests (as rows' lineage records them) of a dvc.lock's stages."""
-    from ruamel.yaml import YAML
-
-    from .recording.rows import outs_digest
-
-    try:
-        data = YAML(typ="safe", pure=True).load(blob.decode()) if blob else None
-        return {outs_digest(entry) for entry in (data.get("stages") or {}).values()
-                if isinstance(entry, dict) and entry.get("outs")}
-    except Exception:  # not a dvc.lock we can read: no match
-        return set()
+    return {outs_digest(entry) for entry in _lock_yaml(blob or None).values()
+            if isinstance(entry, dict) and entry.get("outs")}
 
 
 def _dvc_experiments(found: list[dict[str, Any]], refs: list[tuple[str, str]]

@@ -43,10 +43,10 @@ def _resolve(rev: str | Mapping[str, Any], repo: str | None
              ) -> tuple[str, dict[str, Any] | None, str]:
     """(git revision, row, repository to read): a row (a dict from
     dvc_dali.rows()), a row's ref, sha or name is looked up among the
-    recorded rows (history.rows_root: under `dvc exp run` DVC_ROOT's);
+    recorded rows (row_queries.rows_root: under `dvc exp run` DVC_ROOT's);
     anything else is passed to git as is, in ``repo`` (default this one)."""
-    from .history import matching_rows, rows_root, the_row
-    from .recording.rows import list_rows
+    from .exp_refs import list_rows
+    from .row_queries import matching_rows, rows_root, the_row
 
     root = rows_root(repo)
     if isinstance(rev, Mapping):
@@ -114,7 +114,7 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     sha, a row name (refused when rows on several baselines have it), or
     any git revision. ``names``: only these arrays (only their files are
     read)."""
-    from .exit_messages import install_hook
+    from .exit_hooks import install_hook
 
     install_hook()  # a refusal that ends an evaluation script: one line
     names = None if names is None else list(names)

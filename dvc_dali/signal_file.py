@@ -6,7 +6,7 @@ the caller waits until it is removed. Three answerers:
 - DVC 2's own watcher (it sets DVC_CHECKPOINT=1 for checkpoint stages);
 - the `dvc-dali run -- CMD` wrapper (it sets DVC_CHECKPOINT=1 too);
 - on DVC 3 with a plain `cmd: python train.py`, nobody watches, so this
-  process records the checkpoint itself (``recording``) and removes the file.
+  process records the checkpoint itself (``recording/pipeline.py``) and removes the file.
 Outside `dvc exp run` the checkpoint stays on disk and nothing is recorded.
 """
 
@@ -16,13 +16,12 @@ import os
 import time
 from pathlib import Path
 
-from . import distributed, exit_messages
+from . import distributed, exit_hooks
 from .context import SIGNAL_NAME, RunContext, repo_root
 from .errors import SignalError
 from .log import logger
 
 _said_not_recording = False
-_started: set = set()  # the run's stage checked and its params taken, once per process
 
 
 def signal_path(ctx: RunContext) -> Path:
@@ -36,8 +35,13 @@ def signal_path(ctx: RunContext) -> Path:
         raise SignalError(
             f"DVC_ROOT={root!r} is not a DVC repository (no .dvc directory) and none was "
             f"found above {Path.cwd()}: run the training under `dvc exp run` in the repository, "
-            "or unset DVC_ROOT/DVC_CHECKPOINT to train without recording")
-    return root_path / ".dvc" / "tmp" / SIGNAL_NAME
+            f"or unset DVC_ROOT/{SIGNAL_NAME} to train without recording")
+    return in_repo(root_path)
+
+
+def in_repo(root: Path) -> Path:
+    """The signal file of the DVC repository at ``root``."""
+    return root / ".dvc" / "tmp" / SIGNAL_NAME
 
 
 def write_signal(path: Path) -> None:
@@ -101,10 +105,10 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     Checkpointer's: the LATEST it just wrote, and whether the run resumed
     (``branched``: with changed params, so its rows are a run of their own).
     """
-    exit_messages.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+    exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
     ctx = ctx or RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
-    exit_messages.install(ctx, sigterm=distributed.world()[1] == 1)
+    exit_hooks.install(ctx, sigterm=distributed.world()[1] == 1)
     if ctx.mode == "off":
         _say_not_recording(ctx)
         return
@@ -113,20 +117,17 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
         write_signal(path)
         wait_removed(path, ctx.signal_timeout)
         return
-    from . import recording
+    from .recording import pipeline as recording
 
-    if not _started:  # before the first row: a stage DVC 3 cannot resume is refused
-        if resumed is None:  # a bare script (the Checkpointer started its run itself)
-            branched = recording.start_bare_run(ctx, out, late=True) or branched
-        else:
-            recording.start_run(ctx, out)
-        _started.add(True)
+    # before the first row: a stage DVC 3 cannot resume is refused; resumed None:
+    # a bare script (a Checkpointer started its run itself)
+    branched = recording.start_before_first_row(ctx, out, bare=resumed is None) or branched
     remove_stale(path)
     write_signal(path)
     try:
         result = recording.record_and_prune(ctx, step, out=out, keep=keep,
                                             expect_latest=expect_latest, resumed=resumed,
                                             branched=branched)
-        exit_messages.kept(result.step, result.name)
+        exit_hooks.kept(result.step, result.name)
     finally:
         path.unlink(missing_ok=True)

@@ -1,0 +1,453 @@
+"""The record pipeline: a running ``dvc exp run`` stage's checkpoints as DVC 3 experiments.
+
+DVC 3 removed checkpoint experiments. Called from inside the stage command
+while ``dvc exp run`` runs, :func:`record` turns the stage's current outputs
+into one row of ``dvc exp show``, in named steps:
+
+    find the stage        stage.py       (once per process; again if dvc.yaml changes)
+    cache the outputs     outputs.py     (md5s handed over, hard links where allowed)
+    write the lock entry  lockfile.py    (a rerun resumes from what dvc.lock names)
+    build the commit      commit.py      (in-process, parented on the baseline;
+                          row_tree.py    a later row's tree from the last one's)
+    name and link the row rows.py        (lineage line: run, step, parent row)
+    publish               rows.py        (a ref in the main repo, never overwritten)
+    push the row          auto_push.py   (only with DVC's experiment auto-push)
+    apply retention       retention.py
+
+without touching the user's HEAD, index or files other than dvc.lock. All of
+DVC's internals are behind dvc_door.py; per-process lookups live in cache.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from .. import exp_refs
+from ..context import RunContext
+from ..errors import RecordError
+from ..exp_refs import LINEAGE_KEY, list_rows
+from ..log import logger
+from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
+from .cache import CACHE
+from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
+from .rows import Lineage
+
+__all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
+           "record", "record_and_prune", "reset_stage", "start_bare_run", "start_run"]
+
+
+def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
+              ) -> dict[str, Any]:
+    """Check the stage and take the params the run trains with, before its
+    first step; returns them flattened ("train.lr": 0.1). ``before_reading``:
+    called before the checkpoint is read (a Checkpointer), so a --temp or
+    queued run can get the workspace's checkpoint first."""
+    check_stage(ctx, out)
+    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
+
+
+def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> bool:
+    """start_run for a script that reads its checkpoint itself (a bare
+    make_checkpoint() port, `dvc-dali run`'s child), before it reads it: the
+    workspace's checkpoint carried into a --temp/queued run, and DVC 2's
+    "Nothing to do for unchanged checkpoint" for an applied row its run went
+    on from. True when the rows branch off as a run of their own (trained
+    again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
+    make_checkpoint(), the script having read its state already (a stage
+    without `checkpoint: true`, where `import dvc_dali` did not start it)."""
+    if CACHE.run_started is None:
+        CACHE.run_started = _start_bare_run(ctx, out, late)
+    return CACHE.run_started
+
+
+def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> bool:
+    """At this process's first make_checkpoint(), once (the one run-start guard,
+    with start_bare_run's): a stage DVC 3 cannot resume is refused before any
+    row. ``bare``: a script without a Checkpointer (start_bare_run, late);
+    else the Checkpointer's start_run again. True when the rows branch off
+    as a run of their own (see start_bare_run)."""
+    if bare:
+        return start_bare_run(ctx, out, late=True)
+    if CACHE.run_started is None:
+        start_run(ctx, out)
+        CACHE.run_started = False
+    return False
+
+
+def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
+    from ..errors import UnchangedCheckpointError
+
+    check_stage(ctx, out)
+    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
+    if late and start.carried:  # it trained from step 0 though there was one to resume
+        raise RecordError(
+            "this --temp/queued run started without the workspace's checkpoint (DVC does not "
+            "carry it), and the script read its state before dvc_dali could bring it: declare "
+            "the checkpoint output `checkpoint: true` in dvc.yaml (then `import dvc_dali` "
+            "brings it first), or commit dvc.lock; nothing was recorded")
+    row, later = start.resumed_row, start.later_rows
+    if row is None or not later:
+        return False
+    repo = repo_at(os.getcwd())
+    from .stage import find_stage
+
+    stage = find_stage(repo, ctx.stage, out, ctx.stage)
+    if run_start.stage_changed_since(ctx, repo, stage, start, row["sha"]):
+        return False
+    if ctx.retrain:
+        return True
+    names = [r["name"] for r in later]
+    raise UnchangedCheckpointError(
+        f"the workspace holds row {row['name']} (step {row['step']}), and its run went on from "
+        f"it: {', '.join(names)} already hold that training. Nothing to do for an unchanged "
+        f"checkpoint. Continue from the last with `dvc exp apply {names[-1]}`, change a param "
+        "(`dvc exp run -S ...`) to branch off, or train it again on purpose with "
+        "DVC_DALI_RETRAIN=1.")
+
+
+def data_changes(ctx: RunContext, data_path: str) -> list[str]:
+    """The first files added, removed or changed in ``data_path`` since the row
+    the workspace's dvc.lock names ([] when that cannot be told)."""
+    from . import changed_files
+    from .stage import find_stage
+
+    try:
+        repo = repo_at(os.getcwd())
+        stage = find_stage(repo, ctx.stage, None, ctx.stage)
+        return changed_files.describe(repo, stage, ctx.dvc_root, data_path)
+    except Exception as exc:  # only an explanation: never hide the refusal it explains
+        logger.debug("cannot tell which files of %s changed: %s", data_path, exc)
+        return []
+
+
+def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
+    """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
+    that its run went on from: (that row's name, the later rows' names)."""
+    start = CACHE.run_start
+    row = start.resumed_row if start is not None else None
+    if row is None or row["step"] != step:
+        return None, []
+    return row["name"], [r["name"] for r in start.later_rows]
+
+
+def batches_after(out: str, log_id: str, step: int) -> dict[str, list[list[str]]]:
+    """The batch digests that the row its run recorded after the resumed
+    applied row (at ``step``) holds for the batches after it ({} if none)."""
+    from .. import batch_digests
+    from ..loading import load
+
+    start = CACHE.run_start
+    row = start.resumed_row if start is not None else None
+    if row is None or row["step"] != step or not start.later_rows:
+        return {}
+    after = next((r for r in start.later_rows if r.get("parent") == row["sha"]),
+                 start.later_rows[0])
+    try:
+        loaded = load(out, rev=after, names=[])
+    except Exception as exc:  # only evidence: a row that cannot be read proves nothing
+        logger.debug("batch digests of %s not read: %s", after.get("name"), exc)
+        return {}
+    return batch_digests.from_manifest(loaded.manifest, log_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordResult:
+    """What :func:`record` published."""
+
+    ref: str  # full ref, refs/exps/<b[:2]>/<b[2:]>/<name>
+    name: str  # row name, usable with `dvc exp apply`
+    sha: str  # commit sha
+    step: int
+    exp_name: str  # DVC_EXP_NAME of the running experiment
+    parent: Optional[str]  # previous checkpoint commit of this lineage
+    baseline: str
+    workspace: bool  # True: workspace run; False: --temp / queued run
+    lockfile: str  # absolute path of the dvc.lock that was written
+    duration_s: float
+    phases: dict[str, float]  # seconds per step, for benchmarks
+    objects: tuple = ()  # hash infos of the cached outputs, for the pusher
+
+
+@dataclasses.dataclass
+class _Where:
+    """Which repositories this recording touches."""
+
+    dvc_root: str  # the main repo (DVC_ROOT)
+    baseline: str
+    exp_name: str
+    git_dir: str  # this run's repo: the workspace, or a --temp/queue clone
+    toplevel: str
+    main_git_dir: str
+    workspace: bool
+    repo: Any  # dvc Repo of this run's repo
+
+
+def _locate(ctx: RunContext) -> _Where:
+    if not ctx.under_exp_run:
+        raise RecordError("recording needs env DVC_ROOT and DVC_EXP_BASELINE_REV, set by "
+                          "`dvc exp run` for the stage command; run training with `dvc exp "
+                          "run` (plain `dvc repro` records nothing).")
+    if not os.path.isdir(os.path.join(ctx.dvc_root, ".dvc")):
+        raise RecordError(f"DVC_ROOT='{ctx.dvc_root}' is not a DVC repo (no .dvc directory). "
+                          "Unset DVC_ROOT or run through `dvc exp run`.")
+    root = dvc_door.find_root(os.getcwd())
+    git_dir, toplevel = exp_refs.git_dirs(root)
+    main_git_dir, _ = exp_refs.git_dirs(ctx.dvc_root)
+    where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
+                   git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
+                   repo_at(root))
+    if not where.workspace:
+        _check_shared_cache(where)
+    return where
+
+
+def _check_shared_cache(where: _Where) -> None:
+    """--temp/queued runs must write into the main repo's cache."""
+    key = os.path.realpath(where.dvc_root)
+    if key not in CACHE.main_cache_dirs:
+        CACHE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
+    mine, main = where.repo.cache.local_cache_dir, CACHE.main_cache_dirs[key]
+    if os.path.realpath(mine) != os.path.realpath(main):
+        raise RecordError(f"this run's DVC cache '{mine}' is not the cache of DVC_ROOT "
+                          f"'{where.dvc_root}' ('{main}'), so recorded checkpoints could not be "
+                          "applied there. Set `cache.dir` of the executor repo to the main cache.")
+
+
+def _check_name(where: _Where, name: str) -> None:
+    if name == where.exp_name:
+        raise RecordError(f"checkpoint name '{name}' equals the experiment name (env "
+                          "DVC_EXP_NAME); `dvc exp run` could then not create its own ref. "
+                          "Pass another name.")
+    dvc_door.check_row_name(where.repo, where.baseline, name)
+
+
+class _Phases(dict):
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self[phase] = time.perf_counter() - t
+
+
+def _relative_paths(paths: list[str], toplevel: str) -> list[str]:
+    """The existing ones of paths, relative to toplevel, each once."""
+    out: list[str] = []
+    top = os.path.realpath(toplevel)
+    for p in paths:
+        p = os.path.realpath(os.path.abspath(p))
+        rel = os.path.relpath(p, top)
+        if os.path.lexists(p) and not rel.startswith("..") and rel not in out:
+            out.append(rel)
+    return out
+
+
+def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
+                    new_entry: dict) -> bool:
+    """Whether the params in dvc.lock differ from the parent row's, as DVC 2
+    branched a resumed checkpoint experiment off when they did."""
+    try:
+        old = lockfile.entry_at(where.main_git_dir, where.toplevel, parent, lock_rel, stage_name)
+    except Exception:
+        return False  # unreadable: continue the run, as before
+    def canonical(entry: Any) -> str:  # order-insensitive: both are ordered maps
+        return json.dumps((entry or {}).get("params"), sort_keys=True, default=str)
+    return canonical(old) != canonical(new_entry)
+
+
+def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
+             args: "_Args", lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
+    """Where the row hangs: after this process's previous row, else after the
+    recorded row whose outputs this run resumed from, in that row's run."""
+    key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
+    if key not in CACHE.tips:
+        parent, step, run = (rows.find_resume_parent(
+            where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
+            if old_entry else (None, 0, None))
+        branched = args.branched
+        if parent and args.resumed is None:  # a bare port: its params tell
+            branched = branched or _params_changed(where, parent, lock_rel, stage_name,
+                                                   new_entry)
+        CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
+    parent, last_step, run = CACHE.tips[key]
+    return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
+                   stage_addr, exp_refs.outs_digest(new_entry))
+
+
+def _publish(where: _Where, sha: str, row: str, named: bool) -> tuple[str, str]:
+    """(ref, row name) published; an existing ref gets a suffixed name instead."""
+    candidates = [row] if named else [row, f"{row}-{sha[:7]}"]
+    for cand in candidates:
+        ref = dvc_door.exp_ref(where.baseline, cand)
+        if rows.create_row_ref(sha, ref, where.toplevel, where.main_git_dir, where.workspace):
+            return ref, cand
+    raise RecordError(f"experiment ref '{dvc_door.exp_ref(where.baseline, candidates[-1])}' "
+                      f"already exists in '{where.main_git_dir}'. Pass another name or remove "
+                      "the old experiment with `dvc exp remove`.")
+
+
+def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
+    """Hash the stage into itself: deps and params as the run started, the
+    outputs as they are now (the checkpoint just written)."""
+    with phases.timed("save"):
+        outputs.seed_digests(where.repo, stage)
+        dvc_door.save_stage(stage, run_start.known_deps(), CACHE.untracked_outs)
+        outputs.require_persisted(stage)
+
+
+def _prepare(where: _Where, ctx: RunContext, args: "_Args", phases: _Phases) -> tuple:
+    """What needs no repo lock: the stage (once per process) and, when the
+    run's deps and params were taken at its start, hashing its outputs. DVC
+    commands of other runs wait for the lock only 3 s: it is held briefly."""
+    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, ctx.stage, phases)
+    if args.expect_latest is not None:
+        outputs.require_latest(stg, args.out, args.expect_latest)
+    if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
+        _save_stage(where, stg, phases)
+    return stg, stage_paths
+
+
+def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
+                phases: _Phases) -> RecordResult:
+    """Under DVC's repo lock: cache, dvc.lock, commit, ref."""
+    t0 = time.perf_counter()
+    lock_path = dvc_door.lockfile_path(stg)
+    lock_data = lockfile.current(lock_path)
+    old_entry = lockfile.stage_entry(lock_data, stg.name)
+    if lockfile.replaced(lock_path, stg.name, old_entry):
+        _refuse_replaced(where, stg, args)
+    if not run_start.known_deps():
+        _save_stage(where, stg, phases)
+    pinned = run_start.pin(where.toplevel)
+    with phases.timed("cache"):
+        outputs.cache_outputs(stg)
+    with phases.timed("lockfile"):
+        entry = dvc_door.lock_entry(stg)
+        lockfile.write_entry(lock_path, lock_data, stg.name, entry)
+    with phases.timed("commit"):
+        lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
+                           None if args.resumed is False else old_entry, entry, args,
+                           os.path.relpath(lock_path, where.toplevel), stg.name)
+        first = args.message.strip() or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}"
+        paths = stage_paths + [os.path.join(os.getcwd(), p)
+                               for p in dvc_door.take_new_gitignores(where.repo)]
+        sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
+                                  where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
+    with phases.timed("publish"):
+        ref, row = _publish(where, sha, args.name or rows.row_name(lineage.exp, lineage.step),
+                            bool(args.name))
+    CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
+        sha, lineage.step, lineage.exp)
+    return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
+                        where.baseline, where.workspace, lock_path,
+                        time.perf_counter() - t0, dict(phases),
+                        tuple(dvc_door.cached_out_hashes(stg)))
+
+
+def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
+    """dvc.lock was rewritten by another command since this run's last row:
+    the outputs were checked out with it, and DVCLive's files (which DVCLive
+    appends to) are another row's now; no row may hold them."""
+    run_start.note_replaced()
+    tip = CACHE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
+                          rows.stage_address(where.repo.root_dir, stg)))
+    last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
+    step = f"step {args.step}" if args.step is not None else "this checkpoint"
+    after = (f"its rows up to {last} are intact: `dvc exp apply {last}` then `dvc exp run` "
+             "resumes it" if last else "`dvc exp run` starts it again")
+    raise RecordError(
+        f"{dvc_door.lockfile_path(stg)}: stage '{stg.addressing}' was changed by another "
+        "command while this run trained (`dvc exp apply`, `git checkout`, `git stash`?), which "
+        "checked out another experiment's outputs and DVCLive files into the workspace, so "
+        f"{step} is not recorded and this run stops; {after}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Args:
+    step: Optional[int]
+    stage: Optional[str]
+    name: Optional[str]
+    message: str
+    out: Optional[str]
+    expect_latest: Optional[str]
+    resumed: Optional[bool]
+    branched: bool = False  # resumed with changed params: a new run off the row
+
+
+def _record(ctx: RunContext, args: _Args) -> RecordResult:
+    t0 = time.perf_counter()
+    phases = _Phases()
+    with phases.timed("open"):
+        where = _locate(ctx)
+        _check_name(where, args.name or rows.row_name(where.exp_name, args.step or 0))
+    try:
+        stg, stage_paths = _prepare(where, ctx, args, phases)
+        dvc_door.lock_repo(where.repo, ctx.lock_timeout)
+        try:
+            result = _commit_row(where, stg, stage_paths, args, phases)
+        finally:
+            dvc_door.unlock_repo(where.repo)
+    except BaseException:
+        CACHE.forget_files()  # look everything up afresh next time
+        raise
+    return dataclasses.replace(result, duration_s=time.perf_counter() - t0)
+
+
+def _find(where: _Where, target: Optional[str], out: Optional[str], env_stage: Optional[str],
+          phases: _Phases):
+    from .stage import cached_stage
+
+    with phases.timed("stage"):
+        return cached_stage(where.repo, target, out, env_stage)
+
+
+def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
+           stage: Optional[str] = None, name: Optional[str] = None, message: str = "",
+           out: Optional[str] = None, expect_latest: Optional[str] = None,
+           resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
+    """Record the current stage outputs as one experiment row (see module doc).
+
+    step: training step, in the row name and the lineage line; None: one
+        more than the previous checkpoint of this run (or the one it resumed).
+    stage: stage address; default env DVC_STAGE, else the single stage
+        whose outputs cover ``out`` (or with persist outputs in the cwd).
+    name: row (experiment ref) name; default ``f"{DVC_EXP_NAME}-step{step}"``.
+    message: first line of the commit message.
+    expect_latest: the checkpoint's LATEST as the caller just wrote it; a
+        directory changed since (by another command) is refused, not recorded.
+    resumed: False when the run started fresh (it then has no parent row).
+    branched: the run resumed with changed params; its rows are a new run
+        (named after DVC_EXP_NAME), not the resumed row's run continued.
+    """
+    ctx = ctx or RunContext.from_environ()
+    args = _Args(None if step is None else int(step), stage, name, message, out, expect_latest,
+                 resumed, branched)
+    with CACHE.lock:  # one recording at a time per process
+        return _record(ctx, args)
+
+
+def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str] = None,
+                     keep: tuple[Optional[int], Optional[str]] = (None, None),
+                     expect_latest: Optional[str] = None,
+                     resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
+    """Record one row, log it, then apply retention to its run's rows."""
+    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed,
+                    branched=branched)
+    logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
+                result.duration_s * 1000)
+    logger.debug("recording %s: %s", result.name,
+                 ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
+    pusher = auto_push.pusher()
+    if pusher is not None:
+        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
+    for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
+                                result.ref, *keep):
+        if pusher is not None:
+            pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
+    return result
