@@ -4,7 +4,8 @@ A pipeline's description (dali_state) holds a digest of the names and sizes
 under each ``file_root`` (and of a ``file_list``'s own text), so a fresh
 checkout with new mtimes still resumes. A file rewritten in place with its old
 size is invisible to it, and, when its mtime is kept, to DVC too. Here, where
-a location's data is at most ``DVC_DALI_CONTENT_DIGEST_MAX`` bytes (default
+a location's data (a file_root, a file_list's files, or files a reader names
+one by one: FILE_ARGS) is at most ``DVC_DALI_CONTENT_DIGEST_MAX`` bytes (default
 1 GB) and 10,000 files, a CRC-32 of every file's contents is computed on a
 thread started when the pipeline is registered; it goes into the manifest
 (the pipeline entry's optional ``contents``), joined by the first save that
@@ -29,6 +30,9 @@ from .log import logger
 
 KEY = "contents"  # the pipeline entry's manifest field
 LOCATION_ARGS = ("file_root", "file_list")
+# readers that name their files one by one (webdataset's paths, TFRecord's
+# path and index_path, numpy's files, COCO's annotations_file, ...)
+FILE_ARGS = ("files", "paths", "path", "index_paths", "index_path", "annotations_file")
 MAX_FILES = 10_000  # 8 hex digits a file in every manifest (80 KB at most); a resume
 # reads every file: 100,000 small files would cost seconds
 _CHUNK = 1 << 20
@@ -36,18 +40,29 @@ _SHOWN = 5  # changed files named in a refusal
 _said: set[tuple[str, str]] = set()  # locations over the threshold, said once per process
 
 
-def locations(description: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
-    """{"<operator>.<arg>": (path, file_root of the same operator)} of the
-    readers' file_root and file_list arguments."""
-    found = {}
+def locations(description: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
+    """{"<operator>.<arg>": (path or paths, file_root of the same operator)}
+    of the readers' file_root, file_list and file-naming arguments."""
+    found: dict[str, tuple[Any, str | None]] = {}
     for inst, op in sorted(description.get("operators", {}).items()):
         args = op.get("args", {})
-        for arg in LOCATION_ARGS:
+        root = args.get("file_root")
+        root = root if isinstance(root, str) and root else None
+        for arg in LOCATION_ARGS + FILE_ARGS:
             value = args.get(arg)
-            if isinstance(value, str) and value:
-                root = args.get("file_root")
-                found[f"{inst}.{arg}"] = (value, root if isinstance(root, str) and root else None)
+            named = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+            if (isinstance(value, str) and value) or (arg in FILE_ARGS and named):
+                found[f"{inst}.{arg}"] = (value, root)
     return found
+
+
+def _named(value: Any, root: str | None) -> list[tuple[str, str, int]]:
+    """The files an argument names one by one (relative ones under file_root)."""
+    out = []
+    for name in [value] if isinstance(value, str) else value:
+        path = os.path.join(root, name) if root and not os.path.isabs(name) else name
+        out.append((name, path, os.stat(path).st_size))
+    return out
 
 
 def _walk(top: str, rel: str = "") -> list[tuple[str, str, int]]:
@@ -113,12 +128,14 @@ class Contents:
             try:
                 if where.endswith(".file_list"):
                     files = _listed(path, root)
-                else:
+                elif where.endswith(".file_root"):
                     files = _walk(path)
+                else:
+                    files = _named(path, root if where.endswith(".files") else None)
                 total = sum(size for _, _, size in files)
                 if total > self.limit or len(files) > MAX_FILES:
-                    if (where, path) not in _said:
-                        _said.add((where, path))
+                    if (where, str(path)) not in _said:
+                        _said.add((where, str(path)))
                         logger.info(
                             "pipeline %r: the data of %s (%s) is %s in %d files, over "
                             "DVC_DALI_CONTENT_DIGEST_MAX=%d bytes (or %d files): a resume checks "
@@ -151,6 +168,8 @@ class Contents:
             if new is None or where not in self._locations:
                 continue
             path = self._locations[where][0]
+            path = path if isinstance(path, str) else ", ".join(path[:3]) + (
+                ", ..." if len(path) > 3 else "")
             if old["files"] != new["files"]:
                 lines.append(f"{where} ({path}): {old['files']} files -> {new['files']}")
                 continue
