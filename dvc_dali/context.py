@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .errors import ConfigError
+from .record_request import Retention
 
 SIGNAL_NAME = "DVC_CHECKPOINT"
 # Set with DVC_CHECKPOINT when dvc-dali set it (stage_start.py) for a DVC 2
@@ -205,13 +206,12 @@ class RunContext:
     def under_exp_run(self) -> bool:
         return bool(self.dvc_root and self.baseline_rev)
 
-    def retention(self, keep_last: object = None, keep_best: object = None
-                  ) -> tuple[int | None, str | None]:
+    def retention(self, keep_last: object = None, keep_best: object = None) -> Retention:
         """Arguments win over the environment; both are checked."""
         last = parse_keep_last(keep_last, "keep_last") if keep_last is not None else None
         best = parse_keep_best(keep_best, "keep_best") if keep_best is not None else None
-        return (last if last is not None else self.keep_last,
-                best if best is not None else self.keep_best)
+        return Retention(last if last is not None else self.keep_last,
+                         best if best is not None else self.keep_best)
 
 
 def repo_root(start: Path | None = None) -> Path | None:

@@ -210,6 +210,21 @@ def _npy_parts(array: np.ndarray) -> list:
     return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))]
 
 
+@dataclass(frozen=True)
+class Capture:
+    """Everything one snapshot holds, as a Checkpointer captured it at a step:
+    what :func:`write_capture` writes."""
+
+    step: int
+    pipelines: dict[str, dict[str, Any]]  # name -> {"state": bytes, plus manifest fields}
+    arrays: dict[str, Any]  # name -> an array or a nest of them (see arrays.py)
+    metadata: dict[str, Any]  # the user's JSON
+    versions: dict[str, str]  # package -> version, of the writer
+    run: dict[str, Any] | None = None  # {"params": ..., "total_steps": ...}
+    dynamic: dict[str, str] | None = None  # name -> a DALI dynamic-mode checkpoint (JSON text)
+    digest: str = "crc32"  # "md5": the member files get an md5 besides their CRC-32
+
+
 @dataclass
 class Snapshot:
     """A complete snapshot read back from disk, digests verified."""
@@ -395,27 +410,31 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    dynamic: dict[str, str] | None = None,
                    rank: dict[str, int] | None = None,
                    digest: str = "crc32") -> tuple[str, str]:
-    """Write one complete snapshot under ``root`` (not yet named by LATEST:
-    see :func:`publish`); returns its name and its manifest's md5.
+    """:func:`write_capture` of a Capture of these fields (a hand-made
+    snapshot, as the tests write)."""
+    return write_capture(root, Capture(step, pipelines, arrays, metadata, versions, run,
+                                       dynamic, digest), rank)
 
-    ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
-    ``arrays`` a name to an array or a nest of them (see arrays.py);
-    ``dynamic`` a name to a DALI dynamic-mode checkpoint (JSON text);
-    ``digest``: "md5" to give the member files an md5 besides their CRC-32
-    (where DVC will cache them).
-    """
+
+def write_capture(root: Path, capture: Capture,
+                  rank: dict[str, int] | None = None) -> tuple[str, str]:
+    """Write one complete snapshot of ``capture`` under ``root`` (not yet
+    named by LATEST: see :func:`publish`); returns its name and its
+    manifest's md5. ``rank``: this process's rank and the world size."""
+    step, run = capture.step, capture.run
     _check_step(step, (run or {}).get("total_steps"))
-    meta_text = _meta_text(metadata, run)
-    trees, leaves = _flatten_arrays(arrays)  # refused values raise before any file exists
+    meta_text = _meta_text(capture.metadata, run)
+    trees, leaves = _flatten_arrays(capture.arrays)  # refused values raise before any file
     name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
-    batch = _Batch(digest)
+    batch = _Batch(capture.digest)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True)
-        members = _write_members(tmp, pipelines, leaves, dynamic or {}, batch)
+        members = _write_members(tmp, capture.pipelines, leaves, capture.dynamic or {}, batch)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "versions": capture.versions,
                     **members, "arrays": trees, **json.loads(meta_text),
                     "files": dict(batch.files), "rank": rank}
         # no indent: json's C encoder (indented output is encoded in Python, ~5x slower)

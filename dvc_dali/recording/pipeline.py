@@ -32,13 +32,15 @@ from ..context import RunContext
 from ..errors import RecordError
 from ..exp_refs import LINEAGE_KEY, list_rows
 from ..log import logger
+from ..record_request import RecordRequest, Retention
 from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .cache import CACHE
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
-__all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
-           "record", "record_and_prune", "reset_stage", "start_bare_run", "start_run"]
+__all__ = ["LINEAGE_KEY", "RecordRequest", "RecordResult", "Retention", "check_stage",
+           "checkpoint_outputs", "list_rows", "record", "record_and_prune", "record_request",
+           "reset_stage", "start_bare_run", "start_before_first_row", "start_run"]
 
 
 def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
@@ -152,7 +154,7 @@ class RecordResult:
     lockfile: str  # absolute path of the dvc.lock that was written
     duration_s: float
     phases: dict[str, float]  # seconds per step, for benchmarks
-    objects: tuple = ()  # hash infos of the cached outputs, for the pusher
+    objects: tuple[Any, ...] = ()  # DVC's hash infos of the cached outputs, for the pusher
 
 
 @dataclasses.dataclass
@@ -241,8 +243,8 @@ def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
     return canonical(old) != canonical(new_entry)
 
 
-def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
-             args: "_Args", lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
+def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entry: dict,
+             request: RecordRequest, lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
     """Where the row hangs: after this process's previous row, else after the
     recorded row whose outputs this run resumed from, in that row's run."""
     key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
@@ -250,13 +252,13 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
-        branched = args.branched
-        if parent and args.resumed is None:  # a bare port: its params tell
+        branched = request.branched
+        if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
         CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
     parent, last_step, run = CACHE.tips[key]
-    return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
+    return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry))
 
 
@@ -281,19 +283,19 @@ def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
         outputs.require_persisted(stage)
 
 
-def _prepare(where: _Where, ctx: RunContext, args: "_Args", phases: _Phases) -> tuple:
+def _prepare(where: _Where, ctx: RunContext, request: RecordRequest, phases: _Phases) -> tuple:
     """What needs no repo lock: the stage (once per process) and, when the
     run's deps and params were taken at its start, hashing its outputs. DVC
     commands of other runs wait for the lock only 3 s: it is held briefly."""
-    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, ctx.stage, phases)
-    if args.expect_latest is not None:
-        outputs.require_latest(stg, args.out, args.expect_latest)
+    stg, stage_paths = _find(where, request.stage or ctx.stage, request.out, ctx.stage, phases)
+    if request.expect_latest is not None:
+        outputs.require_latest(stg, request.out, request.expect_latest)
     if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
         _save_stage(where, stg, phases)
     return stg, stage_paths
 
 
-def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
+def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
                 phases: _Phases) -> RecordResult:
     """Under DVC's repo lock: cache, dvc.lock, commit, ref."""
     t0 = time.perf_counter()
@@ -301,7 +303,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
     lock_data = lockfile.current(lock_path)
     old_entry = lockfile.stage_entry(lock_data, stg.name)
     if lockfile.replaced(lock_path, stg.name, old_entry):
-        _refuse_replaced(where, stg, args)
+        _refuse_replaced(where, stg, request)
     if not run_start.known_deps():
         _save_stage(where, stg, phases)
     pinned = run_start.pin(where.toplevel)
@@ -312,16 +314,17 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
         lockfile.write_entry(lock_path, lock_data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if args.resumed is False else old_entry, entry, args,
+                           None if request.resumed is False else old_entry, entry, request,
                            os.path.relpath(lock_path, where.toplevel), stg.name)
-        first = args.message.strip() or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}"
+        first = (request.message.strip()
+                 or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)
                                for p in dvc_door.take_new_gitignores(where.repo)]
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     with phases.timed("publish"):
-        ref, row = _publish(where, sha, args.name or rows.row_name(lineage.exp, lineage.step),
-                            bool(args.name))
+        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.exp, lineage.step),
+                            bool(request.name))
     CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.exp)
     return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
@@ -330,7 +333,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
                         tuple(dvc_door.cached_out_hashes(stg)))
 
 
-def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
+def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     """dvc.lock was rewritten by another command since this run's last row:
     the outputs were checked out with it, and DVCLive's files (which DVCLive
     appends to) are another row's now; no row may hold them."""
@@ -338,7 +341,7 @@ def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
     tip = CACHE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
                           rows.stage_address(where.repo.root_dir, stg)))
     last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
-    step = f"step {args.step}" if args.step is not None else "this checkpoint"
+    step = f"step {request.step}" if request.step is not None else "this checkpoint"
     after = (f"its rows up to {last} are intact: `dvc exp apply {last}` then `dvc exp run` "
              "resumes it" if last else "`dvc exp run` starts it again")
     raise RecordError(
@@ -348,29 +351,17 @@ def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
         f"{step} is not recorded and this run stops; {after}.")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Args:
-    step: Optional[int]
-    stage: Optional[str]
-    name: Optional[str]
-    message: str
-    out: Optional[str]
-    expect_latest: Optional[str]
-    resumed: Optional[bool]
-    branched: bool = False  # resumed with changed params: a new run off the row
-
-
-def _record(ctx: RunContext, args: _Args) -> RecordResult:
+def _record(ctx: RunContext, request: RecordRequest) -> RecordResult:
     t0 = time.perf_counter()
     phases = _Phases()
     with phases.timed("open"):
         where = _locate(ctx)
-        _check_name(where, args.name or rows.row_name(where.exp_name, args.step or 0))
+        _check_name(where, request.name or rows.row_name(where.exp_name, request.step or 0))
     try:
-        stg, stage_paths = _prepare(where, ctx, args, phases)
+        stg, stage_paths = _prepare(where, ctx, request, phases)
         dvc_door.lock_repo(where.repo, ctx.lock_timeout)
         try:
-            result = _commit_row(where, stg, stage_paths, args, phases)
+            result = _commit_row(where, stg, stage_paths, request, phases)
         finally:
             dvc_door.unlock_repo(where.repo)
     except BaseException:
@@ -391,7 +382,8 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
            stage: Optional[str] = None, name: Optional[str] = None, message: str = "",
            out: Optional[str] = None, expect_latest: Optional[str] = None,
            resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
-    """Record the current stage outputs as one experiment row (see module doc).
+    """Record the current stage outputs as one experiment row (see module doc):
+    :func:`record_request` with a RecordRequest of these fields.
 
     step: training step, in the row name and the lineage line; None: one
         more than the previous checkpoint of this run (or the one it resumed).
@@ -405,20 +397,22 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
     branched: the run resumed with changed params; its rows are a new run
         (named after DVC_EXP_NAME), not the resumed row's run continued.
     """
-    ctx = ctx or RunContext.from_environ()
-    args = _Args(None if step is None else int(step), stage, name, message, out, expect_latest,
-                 resumed, branched)
-    with CACHE.lock:  # one recording at a time per process
-        return _record(ctx, args)
+    return record_request(ctx or RunContext.from_environ(), RecordRequest(
+        step, stage, name, message, out, expect_latest, resumed, branched))
 
 
-def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str] = None,
-                     keep: tuple[Optional[int], Optional[str]] = (None, None),
-                     expect_latest: Optional[str] = None,
-                     resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
+def record_request(ctx: RunContext, request: RecordRequest) -> RecordResult:
+    """Record the row ``request`` asks for, one recording at a time per process."""
+    if request.step is not None:  # a NumPy or torch integer names the row as an int
+        request = dataclasses.replace(request, step=int(request.step))
+    with CACHE.lock:
+        return _record(ctx, request)
+
+
+def record_and_prune(ctx: RunContext, request: RecordRequest,
+                     keep: Retention = Retention()) -> RecordResult:
     """Record one row, log it, then apply retention to its run's rows."""
-    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed,
-                    branched=branched)
+    result = record_request(ctx, request)
     logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,
@@ -427,7 +421,7 @@ def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str]
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
     for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
-                                result.ref, *keep):
+                                result.ref, keep.keep_last, keep.keep_best):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
     return result

@@ -14,11 +14,11 @@ from typing import Any, Iterable, Optional
 
 from .. import gitcmd
 from ..best import best_row
-from ..exp_refs import git_dirs, list_rows
+from ..exp_refs import Row, git_dirs, list_rows
 
 
-def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[str] = ()
-                  ) -> list[dict]:
+def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[str] = ()
+                  ) -> list[Row]:
     """The rows to delete: all but the last ``keep_last`` by step (then time)
     and the refs in ``keep``. ``keep_last`` None keeps every row."""
     if keep_last is None:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from .. import gitcmd
 from ..errors import RecordError
-from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, iter_checkpoint_refs
+from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, iter_checkpoint_refs
 from . import commit
 
 
@@ -131,7 +131,7 @@ def create_row_ref(sha: str, ref: str, cwd_top: str, main_git_dir: str, workspac
     return _push_ref(sha, ref, cwd_top, main_git_dir)
 
 
-def superseded_by(rows: list[dict], row: dict) -> list[dict]:
+def superseded_by(rows: list[Row], row: Row) -> list[Row]:
     """The rows its run recorded after ``row``: the same experiment on the
     same baseline, whose lineage leads back to it. Pure."""
     by_sha = {r["sha"]: r for r in rows}

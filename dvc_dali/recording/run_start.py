@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from .. import atomic_file, exp_refs
 from ..context import RunContext
+from ..exp_refs import Row
 from ..flat_keys import flat_keys
 from ..log import logger
 from . import dvc_door
@@ -46,8 +47,8 @@ class RunStart:
     # md5 of the workspace's checkpoint brought into this run (for a script
     # that read its state already: the one it should have started from)
     carried: Optional[str] = None
-    resumed_row: Optional[dict] = None  # the recorded row the workspace checkpoint is
-    later_rows: list = field(default_factory=list)  # rows its run recorded after it
+    resumed_row: Optional[Row] = None  # the recorded row the workspace checkpoint is
+    later_rows: list[Row] = field(default_factory=list)  # rows its run recorded after it
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -113,7 +114,7 @@ def pin(toplevel: str) -> dict[str, bytes]:
     return {os.path.relpath(os.path.realpath(p), top): b for p, b in changed.items()}
 
 
-def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[dict], list]:
+def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[Row], list[Row]]:
     """The row whose outputs the run's dvc.lock names (after `dvc exp apply
     <row>`, or a kill), and the rows its run recorded after it."""
     from . import lockfile, rows
