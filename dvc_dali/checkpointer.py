@@ -43,6 +43,7 @@ from .errors import (
     UnchangedCheckpointError,
 )
 from .log import logger
+from .process_state import STATE
 from .record_request import RecordRequest
 from .resume import NOTHING, RESUME, ResumeDecision, decide
 
@@ -665,14 +666,13 @@ class _Background:
     """One background save, run by the single worker thread of all
     Checkpointers (one at a time, in order). concurrent.futures joins its
     workers at interpreter exit, so a checkpoint in flight is finished whole
-    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that)."""
-
-    _pool: ThreadPoolExecutor | None = None
+    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that).
+    The worker is process_state's: a forked child gets its own."""
 
     def __init__(self, work) -> None:
-        if _Background._pool is None:
-            _Background._pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
-        self._future = _Background._pool.submit(work)
+        if STATE.background_pool is None:
+            STATE.background_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
+        self._future = STATE.background_pool.submit(work)
 
     def join(self) -> None:
         self._future.result()  # re-raises the background error in the training thread

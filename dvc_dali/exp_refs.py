@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 from . import gitcmd
 from .errors import DvcDaliError, RecordError
-from .recording.cache import CACHE
+from .process_state import STATE
 
 #: First word of the machine-readable line in every checkpoint commit message.
 LINEAGE_KEY = "dvc-dali-checkpoint:"
@@ -83,15 +83,15 @@ def outs_digest(entry: Optional[dict]) -> str:
 def git_dirs(path: str) -> tuple[str, str]:
     """(absolute git dir, work tree top level) of the repo holding path."""
     key = os.path.realpath(path)
-    if key not in CACHE.git_dirs:
+    if key not in STATE.git_dirs:
         proc = gitcmd.run(["rev-parse", "--absolute-git-dir", "--show-toplevel"], path,
                           check=False)
         lines = proc.stdout.split("\n")
         if proc.returncode != 0 or len(lines) < 2:
             raise RecordError(f"'{path}' is not inside a git work tree "
                               f"({proc.stderr.strip()}); run inside `dvc exp run` of a git repo.")
-        CACHE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
-    return CACHE.git_dirs[key]
+        STATE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
+    return STATE.git_dirs[key]
 
 
 def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE

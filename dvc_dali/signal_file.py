@@ -21,10 +21,8 @@ from . import distributed, exit_hooks
 from .context import SIGNAL_NAME, RunContext, repo_root
 from .errors import SignalError
 from .log import logger
+from .process_state import STATE
 from .record_request import RecordRequest, Retention
-
-_said_not_recording = False
-
 
 def signal_path(ctx: RunContext) -> Path:
     """Where the signal file goes: `dvc-dali run`'s choice, else DVC_ROOT
@@ -81,13 +79,12 @@ def remove_stale(path: Path) -> None:
 
 
 def _say_not_recording(ctx: RunContext) -> None:
-    global _said_not_recording
-    if not _said_not_recording:
+    if not STATE.said_not_recording:
         why = ("this `dvc exp run` did not set DVC_STAGE (DVC 2 without `checkpoint: "
                "true` on the output, or DVC < 3.49)" if ctx.baseline_rev
                else "not running under `dvc exp run`")
         logger.info("%s; checkpoints are saved on disk but not recorded as experiments", why)
-        _said_not_recording = True
+        STATE.said_not_recording = True
 
 
 def make_checkpoint(step: int | None = None, *, out: str | None = None,

@@ -49,6 +49,7 @@ from .errors import (
     CheckpointWriteError,
     RankMismatchError,
 )
+from .process_state import STATE
 
 FORMAT = manifest_schema.FORMAT
 FORMAT_VERSION = manifest_schema.FORMAT_VERSION
@@ -249,9 +250,6 @@ def _check_step(step: Any, total_steps: Any) -> None:
                          f"{total_steps!r}")
 
 
-_meta_checked = ""  # the last text _meta_text found shallow enough
-
-
 def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     """metadata and run as the JSON the manifest will hold; TypeError for
     anything the reader would refuse, before anything is written."""
@@ -261,12 +259,11 @@ def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
                         f"dicts): {exc}") from None
-    global _meta_checked
-    if text != _meta_checked:  # a run saves the same params (and metadata) again and again
+    if text != STATE.meta_checked:  # a run saves the same params (and metadata) again and again
         if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
             raise TypeError(f"metadata and params must be plain JSON nested at most "
                             f"{safe_json.MAX_DEPTH - 2} levels deep")
-        _meta_checked = text
+        STATE.meta_checked = text
     return text
 
 
@@ -285,14 +282,13 @@ def _flatten_arrays(arrays: dict[str, Any]) -> tuple[dict[str, Any], list]:
 
 _WRITERS = 4  # member files written (and fsynced) at once
 _THREADS_FROM = 4 << 20  # bytes in a snapshot from which its files go to threads
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a fork gets its own
 
 
 def _writers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(_WRITERS, thread_name_prefix="dvc-dali-write"))
-    return _pool[1]
+    """The writer threads (process_state: a forked child gets its own)."""
+    if STATE.write_pool is None:
+        STATE.write_pool = ThreadPoolExecutor(_WRITERS, thread_name_prefix="dvc-dali-write")
+    return STATE.write_pool
 
 
 def _each(fn: Callable[..., Any], calls: list[tuple], threaded: bool

@@ -22,6 +22,7 @@ PKG_ROOT = Path(__file__).resolve().parents[1]
 
 from dvc_project import queue_report, wait_queue  # noqa: E402
 
+from dvc_dali.process_state import STATE, reset  # noqa: E402
 from dvc_dali.recording import pipeline as rec  # noqa: E402
 from dvc_dali.context import RunContext  # noqa: E402
 from dvc_dali.errors import RecordError  # noqa: E402
@@ -392,7 +393,7 @@ def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
     res4 = rec.record()
     assert (res4.step, res4.name, res4.parent) == (3, "direct-step3", res3.sha)
     # ... also in a new process, found from the outputs in dvc.lock
-    rec.CACHE.tips.clear()
+    STATE.tips.clear()
     (repo / "ckpt" / "state.txt").write_text("4 direct")
     res5 = rec.record()
     assert (res5.step, res5.parent) == (4, res4.sha)
@@ -523,7 +524,7 @@ def test_tracked_files_changed_between_rows_are_in_the_next_row(repo, stage_env,
     git(repo, "add", "src")
     git(repo, "commit", "-qm", "a package")
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", git(repo, "rev-parse", "HEAD"))
-    rec.CACHE.clear()
+    reset()
 
     def files(sha: str) -> dict[str, str]:
         names = git(repo, "ls-tree", "-r", "--name-only", sha, "src").split()

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from .. import gitcmd
 from ..log import logger
+from ..process_state import STATE
 from . import dvc_door
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -279,19 +280,15 @@ class Pusher:
             self._cond.wait(backoff(job.failures))
 
 
-_PUSHER: Optional[Pusher] = None
-
-
 def pusher() -> Optional[Pusher]:
-    return _PUSHER
+    return STATE.pusher
 
 
 def start(dvc_root: str, exp_name: str) -> Optional[Pusher]:
     """Check DVC's auto-push settings before the first training step; start
     the pusher when they are on. A misconfigured remote raises RecordError."""
-    global _PUSHER
-    if _PUSHER is not None:
-        return _PUSHER
+    if STATE.pusher is not None:
+        return STATE.pusher
     repo = dvc_door.open_repo(dvc_root)
     try:
         remote = dvc_door.auto_push_remote(repo)
@@ -308,14 +305,14 @@ def start(dvc_root: str, exp_name: str) -> Optional[Pusher]:
         raise RecordError(f"experiment auto-push is on, but the git remote '{remote}' cannot "
                           f"be reached: {proc.stderr.strip()}. Fix it (`git remote -v`) or "
                           "turn auto-push off (`dvc config exp.auto_push false`).")
-    _PUSHER = Pusher(dvc_root, remote, exp_name)
-    return _PUSHER
+    STATE.pusher = Pusher(dvc_root, remote, exp_name)
+    return STATE.pusher
 
 
 def settle(timeout: float) -> str:
     """Before a preempted process exits: wait up to ``timeout`` seconds for
     the rows in flight; what to add to the exit line ("" without auto-push)."""
-    p = _PUSHER
+    p = STATE.pusher
     if p is None:
         return ""
     in_time = p.wait(timeout)

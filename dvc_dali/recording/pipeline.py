@@ -15,7 +15,8 @@ into one row of ``dvc exp show``, in named steps:
     apply retention       retention.py
 
 without touching the user's HEAD, index or files other than dvc.lock. All of
-DVC's internals are behind dvc_door.py; per-process lookups live in cache.py.
+DVC's internals are behind dvc_door.py; per-process lookups live in
+process_state.py (STATE).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from ..errors import RecordError
 from ..exp_refs import LINEAGE_KEY, list_rows
 from ..log import logger
 from ..record_request import RecordRequest, Retention
+from ..process_state import STATE
 from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
-from .cache import CACHE
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
@@ -63,9 +64,9 @@ def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> b
     again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
     make_checkpoint(), the script having read its state already (a stage
     without `checkpoint: true`, where `import dvc_dali` did not start it)."""
-    if CACHE.run_started is None:
-        CACHE.run_started = _start_bare_run(ctx, out, late)
-    return CACHE.run_started
+    if STATE.run_started is None:
+        STATE.run_started = _start_bare_run(ctx, out, late)
+    return STATE.run_started
 
 
 def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> bool:
@@ -76,9 +77,9 @@ def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> b
     as a run of their own (see start_bare_run)."""
     if bare:
         return start_bare_run(ctx, out, late=True)
-    if CACHE.run_started is None:
+    if STATE.run_started is None:
         start_run(ctx, out)
-        CACHE.run_started = False
+        STATE.run_started = False
     return False
 
 
@@ -132,7 +133,7 @@ def data_changes(ctx: RunContext, data_path: str) -> list[str]:
 def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
     """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
     that its run went on from: (that row's name, the later rows' names)."""
-    start = CACHE.run_start
+    start = STATE.run_start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step:
         return None, []
@@ -193,9 +194,9 @@ def _locate(ctx: RunContext) -> _Where:
 def _check_shared_cache(where: _Where) -> None:
     """--temp/queued runs must write into the main repo's cache."""
     key = os.path.realpath(where.dvc_root)
-    if key not in CACHE.main_cache_dirs:
-        CACHE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
-    mine, main = where.repo.cache.local_cache_dir, CACHE.main_cache_dirs[key]
+    if key not in STATE.main_cache_dirs:
+        STATE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
+    mine, main = where.repo.cache.local_cache_dir, STATE.main_cache_dirs[key]
     if os.path.realpath(mine) != os.path.realpath(main):
         raise RecordError(f"this run's DVC cache '{mine}' is not the cache of DVC_ROOT "
                           f"'{where.dvc_root}' ('{main}'), so recorded checkpoints could not be "
@@ -248,7 +249,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
     """Where the row hangs: after this process's previous row, else after the
     recorded row whose outputs this run resumed from, in that row's run."""
     key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
-    if key not in CACHE.tips:
+    if key not in STATE.tips:
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
@@ -256,8 +257,8 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
         if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
-        CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
-    parent, last_step, run = CACHE.tips[key]
+        STATE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
+    parent, last_step, run = STATE.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry))
 
@@ -279,7 +280,7 @@ def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
     outputs as they are now (the checkpoint just written)."""
     with phases.timed("save"):
         outputs.seed_digests(where.repo, stage)
-        dvc_door.save_stage(stage, run_start.known_deps(), CACHE.untracked_outs)
+        dvc_door.save_stage(stage, run_start.known_deps(), STATE.untracked_outs)
         outputs.require_persisted(stage)
 
 
@@ -325,7 +326,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.exp, lineage.step),
                             bool(request.name))
-    CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
+    STATE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.exp)
     return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
                         where.baseline, where.workspace, lock_path,
@@ -338,7 +339,7 @@ def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     the outputs were checked out with it, and DVCLive's files (which DVCLive
     appends to) are another row's now; no row may hold them."""
     run_start.note_replaced()
-    tip = CACHE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
+    tip = STATE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
                           rows.stage_address(where.repo.root_dir, stg)))
     last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
     step = f"step {request.step}" if request.step is not None else "this checkpoint"
@@ -365,7 +366,7 @@ def _record(ctx: RunContext, request: RecordRequest) -> RecordResult:
         finally:
             dvc_door.unlock_repo(where.repo)
     except BaseException:
-        CACHE.forget_files()  # look everything up afresh next time
+        STATE.forget_files()  # look everything up afresh next time
         raise
     return dataclasses.replace(result, duration_s=time.perf_counter() - t0)
 
@@ -405,7 +406,7 @@ def record_request(ctx: RunContext, request: RecordRequest) -> RecordResult:
     """Record the row ``request`` asks for, one recording at a time per process."""
     if request.step is not None:  # a NumPy or torch integer names the row as an int
         request = dataclasses.replace(request, step=int(request.step))
-    with CACHE.lock:
+    with STATE.record_lock:
         return _record(ctx, request)
 
 
