@@ -149,7 +149,7 @@ class RunContext:
 
     dvc_root: str | None = None
     stage: str | None = None
-    exp_name: str | None = None
+    dvc_exp_name: str | None = None  # DVC_EXP_NAME: what `dvc exp run -n` named this run
     baseline_rev: str | None = None
     watched: bool = False  # DVC_CHECKPOINT: DVC 2 or `dvc-dali run` answers the signal
     signal_file: str | None = None
@@ -171,7 +171,7 @@ class RunContext:
         return cls(
             dvc_root=env.get("DVC_ROOT") or None,
             stage=env.get("DVC_STAGE") or None,
-            exp_name=env.get("DVC_EXP_NAME") or None,
+            dvc_exp_name=env.get("DVC_EXP_NAME") or None,
             baseline_rev=env.get("DVC_EXP_BASELINE_REV") or None,
             watched=bool(env.get(SIGNAL_NAME)) and not env.get(RECORDS_ITSELF),
             signal_file=parse_signal_file(env.get("DVC_DALI_SIGNAL_FILE")),

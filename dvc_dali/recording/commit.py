@@ -75,7 +75,7 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
 
     In-process with libgit2, except where git would store other bytes: a
     path with a clean filter (git-lfs...), which libgit2 cannot run, or an
-    index libgit2 cannot read (split index). Then with git, as before."""
+    index libgit2 cannot read (split index): there, with git itself (a private index)."""
     # Only reads the index: a git process holding index.lock (an editor's
     # `git status`) is no obstacle, since git replaces the index by rename.
     repo = _repo(toplevel)

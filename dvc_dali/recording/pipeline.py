@@ -44,6 +44,13 @@ __all__ = ["LINEAGE_KEY", "RecordRequest", "RecordResult", "Retention", "check_s
            "reset_stage", "start_bare_run", "start_before_first_row", "start_run"]
 
 
+def _dvc_exp_name(ctx: RunContext) -> str:
+    """This invocation's DVC experiment name: DVC_EXP_NAME, or exp-<baseline[:7]>
+    when DVC gives none. A row's run keeps the name of the run it resumed
+    (rows.run_name), which may be another."""
+    return ctx.dvc_exp_name or f"exp-{ctx.baseline_rev[:7]}"
+
+
 def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
               ) -> dict[str, Any]:
     """Check the stage and take the params the run trains with, before its
@@ -51,7 +58,7 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     called before the checkpoint is read (a Checkpointer), so a --temp or
     queued run can get the workspace's checkpoint first."""
     check_stage(ctx, out)
-    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
@@ -87,7 +94,7 @@ def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
     from ..errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
-    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
     if late and start.carried:  # it trained from step 0 though there was one to resume
         raise RecordError(
@@ -148,7 +155,7 @@ class RecordResult:
     name: str  # row name, usable with `dvc exp apply`
     sha: str  # commit sha
     step: int
-    exp_name: str  # DVC_EXP_NAME of the running experiment
+    run_name: str  # the run the row belongs to (see rows.run_name)
     parent: Optional[str]  # previous checkpoint commit of this lineage
     baseline: str
     workspace: bool  # True: workspace run; False: --temp / queued run
@@ -164,7 +171,7 @@ class _Where:
 
     dvc_root: str  # the main repo (DVC_ROOT)
     baseline: str
-    exp_name: str
+    dvc_exp_name: str  # see _dvc_exp_name
     git_dir: str  # this run's repo: the workspace, or a --temp/queue clone
     toplevel: str
     main_git_dir: str
@@ -183,7 +190,7 @@ def _locate(ctx: RunContext) -> _Where:
     root = dvc_door.find_root(os.getcwd())
     git_dir, toplevel = exp_refs.git_dirs(root)
     main_git_dir, _ = exp_refs.git_dirs(ctx.dvc_root)
-    where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
+    where = _Where(ctx.dvc_root, ctx.baseline_rev, _dvc_exp_name(ctx),
                    git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
                    repo_at(root))
     if not where.workspace:
@@ -204,7 +211,7 @@ def _check_shared_cache(where: _Where) -> None:
 
 
 def _check_name(where: _Where, name: str) -> None:
-    if name == where.exp_name:
+    if name == where.dvc_exp_name:
         raise RecordError(f"checkpoint name '{name}' equals the experiment name (env "
                           "DVC_EXP_NAME); `dvc exp run` could then not create its own ref. "
                           "Pass another name.")
@@ -238,7 +245,7 @@ def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
     try:
         old = lockfile.entry_at(where.main_git_dir, where.toplevel, parent, lock_rel, stage_name)
     except Exception:
-        return False  # unreadable: continue the run, as before
+        return False  # unreadable: the run goes on, not branched off
     def canonical(entry: Any) -> str:  # order-insensitive: both are ordered maps
         return json.dumps((entry or {}).get("params"), sort_keys=True, default=str)
     return canonical(old) != canonical(new_entry)
@@ -248,7 +255,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
              request: RecordRequest, lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
     """Where the row hangs: after this process's previous row, else after the
     recorded row whose outputs this run resumed from, in that row's run."""
-    key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
+    key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
     if key not in STATE.tips:
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
@@ -257,7 +264,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
         if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
-        STATE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
+        STATE.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
     parent, last_step, run = STATE.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry))
@@ -318,17 +325,17 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                            None if request.resumed is False else old_entry, entry, request,
                            os.path.relpath(lock_path, where.toplevel), stg.name)
         first = (request.message.strip()
-                 or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}")
+                 or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)
                                for p in dvc_door.take_new_gitignores(where.repo)]
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     with phases.timed("publish"):
-        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.exp, lineage.step),
+        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
-    STATE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
-        sha, lineage.step, lineage.exp)
-    return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
+    STATE.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
+        sha, lineage.step, lineage.run)
+    return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.cached_out_hashes(stg)))
@@ -339,7 +346,7 @@ def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     the outputs were checked out with it, and DVCLive's files (which DVCLive
     appends to) are another row's now; no row may hold them."""
     run_start.note_replaced()
-    tip = STATE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
+    tip = STATE.tips.get((os.path.realpath(where.main_git_dir), where.dvc_exp_name,
                           rows.stage_address(where.repo.root_dir, stg)))
     last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
     step = f"step {request.step}" if request.step is not None else "this checkpoint"
@@ -357,7 +364,7 @@ def _record(ctx: RunContext, request: RecordRequest) -> RecordResult:
     phases = _Phases()
     with phases.timed("open"):
         where = _locate(ctx)
-        _check_name(where, request.name or rows.row_name(where.exp_name, request.step or 0))
+        _check_name(where, request.name or rows.row_name(where.dvc_exp_name, request.step or 0))
     try:
         stg, stage_paths = _prepare(where, ctx, request, phases)
         dvc_door.lock_repo(where.repo, ctx.lock_timeout)
@@ -420,8 +427,8 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
                  ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
     pusher = auto_push.pusher()
     if pusher is not None:
-        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
-    for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
+        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
+    for name in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
                                 result.ref, keep.keep_last, keep.keep_best):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
