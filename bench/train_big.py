@@ -26,7 +26,7 @@ def log(**event):
 
 
 phases = {}
-_record = recording.record
+_record = recording.record_request
 
 
 def timed_record(*args, **kwargs):
@@ -36,7 +36,7 @@ def timed_record(*args, **kwargs):
     return result
 
 
-recording.record = timed_record  # looked up at call time by record_and_prune
+recording.record_request = timed_record  # looked up at call time by record_and_prune
 
 
 def main():

@@ -10,7 +10,7 @@ hashing the written array there: the floor of benchmark 3), BENCH_PRESEED=1
 (hand DVC the md5 of the snapshot's files before recording: a proposal).
 
 The package is timed from outside: Checkpointer._write (the save),
-recording.record and retention.prune are wrapped (attributes
+recording.record_request and retention.prune are wrapped (attributes
 looked up at call time); nothing in dvc_dali is changed.
 """
 
@@ -72,7 +72,7 @@ if MODE == "record":  # DVC 3: we record; under DVC 2 its watcher does
     from dvc_dali.recording import retention as rec_retention
     from dvc_dali.recording import stage as rec_stage
 
-    wrap(recording, "record", "record")
+    wrap(recording, "record_request", "record")
     wrap(rec_retention, "prune", "retention")
 
 # Where the small costs go: every fsync and every git subprocess of a checkpoint.

@@ -32,10 +32,11 @@ from .errors import (
 # NumPy's import nor the Checkpointer's (a third of a short command's time).
 _LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "signal_file",
          "rows": "row_queries", "best_row": "row_queries", "current_row": "row_queries",
-         "load": "loading", "Loaded": "loading"}
+         "load": "loading", "Loaded": "loading", "Row": "exp_refs"}
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
+    from .exp_refs import Row
     from .loading import Loaded, load
     from .row_queries import best_row, current_row, rows
     from .signal_file import make_checkpoint
@@ -56,6 +57,7 @@ __all__ = [
     "load",
     "Loaded",
     "rows",
+    "Row",
     "best_row",
     "current_row",
     "DvcDaliError",

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .errors import PipelineMismatchError
 from .log import logger
+from .process_state import STATE
 
 KEY = "batches"  # a pipeline entry's manifest field
 ALL = -1  # DVC_DALI_VERIFY_BATCHES unset: every batch between two checkpoints
@@ -86,16 +87,14 @@ def _host_bytes(tensor_list: Any) -> str:
     return f"c{value:08x}"
 
 
-_weights: dict[int, Any] = {}  # device vectors of odd 64-bit weights, by length
-
-
 def _device_weights(n: int) -> Any:
+    """Device vectors of odd 64-bit weights, by length (kept per process)."""
     import cupy
 
-    if n not in _weights:
+    if n not in STATE.device_weights:
         w = cupy.arange(1, n + 1, dtype=cupy.uint64) * cupy.uint64(0x9E3779B97F4A7C15)
-        _weights[n] = w | cupy.uint64(1)
-    return _weights[n]
+        STATE.device_weights[n] = w | cupy.uint64(1)
+    return STATE.device_weights[n]
 
 
 def _device_bytes(tensor_list: Any) -> str:
@@ -247,7 +246,6 @@ class Recorder:
         self._expected: _Expected | None = None
         self._file = None
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None  # the one digest being computed
 
     @property
@@ -334,9 +332,10 @@ class Recorder:
                 logger.warning("a batch digest was not recorded (%s)", exc)
 
     def _in_background(self, name: str, index: int, outputs: Any) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-batch-digest")
-        self._pending = self._pool.submit(lambda: self._append(name, index, digest(outputs)))
+        if STATE.digest_pool is None:
+            STATE.digest_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-batch-digest")
+        self._pending = STATE.digest_pool.submit(
+            lambda: self._append(name, index, digest(outputs)))
 
     def _append(self, name: str, index: int, value: list[str]) -> None:
         with self._lock:

@@ -44,6 +44,8 @@ from .errors import (
     UnchangedCheckpointError,
 )
 from .log import logger
+from .process_state import STATE
+from .record_request import RecordRequest
 from .resume import NOTHING, RESUME, ResumeDecision, decide
 
 
@@ -99,7 +101,7 @@ class Checkpointer:
         # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
         # process only: torchrun's agent uses it to stop the other ranks)
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
-        self._keep = self._ctx.retention(keep_last, keep_best)
+        self._retention = self._ctx.retention(keep_last, keep_best)
         self.asynchronous = asynchronous
         self._worker: _Background | None = None  # the one background save in flight
         self.params = dict(params or {})
@@ -511,25 +513,25 @@ class Checkpointer:
             worker.join()
 
     def _capture(self, step: int, arrays: dict[str, Any] | None,
-                 metadata: dict[str, Any] | None) -> dict[str, Any]:
+                 metadata: dict[str, Any] | None) -> store.Capture:
         """Everything a snapshot needs: DALI states read now, arrays referenced."""
         self._announce()
-        return {
-            "step": step,
-            "pipelines": data_contents.annotate(
+        return store.Capture(
+            step=step,
+            pipelines=data_contents.annotate(
                 {**self._batches.checkpoint(_pipeline_entries(self._pipelines, self._iterators)),
                  **_tf_entries(self._tf)}, self._contents),
-            "arrays": _with_rng(arrays, self._rng),
-            "metadata": dict(metadata or {}),
-            "versions": _versions(),
-            "run": {"params": self.params, "total_steps": self.total_steps},
-            "dynamic": {name: dali_dynamic.serialize(ckpt) for name, ckpt in self._dynamic.items()},
+            arrays=_with_rng(arrays, self._rng),
+            metadata=dict(metadata or {}),
+            versions=_versions(),
+            run={"params": self.params, "total_steps": self.total_steps},
+            dynamic={name: dali_dynamic.serialize(ckpt) for name, ckpt in self._dynamic.items()},
             # md5 is what DVC caches by: computed while writing, it is handed to
             # DVC when this process records; elsewhere the cheaper crc32 serves
-            "digest": "md5" if self._ctx.mode == "record" else "crc32",
-        }
+            digest="md5" if self._ctx.mode == "record" else "crc32",
+        )
 
-    def _write(self, captured: dict[str, Any]) -> Path:
+    def _write(self, captured: store.Capture) -> Path:
         """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""
         t0 = time.perf_counter()
         if self.world_size == 1:
@@ -541,17 +543,16 @@ class Checkpointer:
         self.timings["save_s"] = time.perf_counter() - t0
         if self.world_size > 1:
             logger.info("rank %d/%d saved step %d in %.1f ms", self.rank, self.world_size,
-                        captured["step"], self.timings["save_s"] * 1000)
+                        captured.step, self.timings["save_s"] * 1000)
         return written
 
     def _signal(self, step: int) -> None:
         """Rank 0 signals once every rank has written; all wait for the record."""
         if self.rank == 0:
-            signal_file.make_checkpoint(step, out=str(self.path), keep_last=self._keep[0],
-                                              keep_best=self._keep[1], ctx=self._ctx,
-                                              expect_latest=self._latest, resumed=self.resumed,
-                                              branched=self._branched or bool(
-                                                  self._saved and self._saved.param_changes))
+            branched = self._branched or bool(self._saved and self._saved.param_changes)
+            signal_file.signal_checkpoint(self._ctx, RecordRequest(
+                step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
+                branched=branched), self._retention)
         distributed.barrier()
 
 
@@ -672,19 +673,19 @@ def _tf_entries(streams: dict[str, tuple[dali_tf.Stream, dict[str, Any]]]
             for name, (stream, description) in streams.items()}
 
 
-def _publish_one(path: Path, captured: dict[str, Any]) -> Path:
-    name, sha = store.write_snapshot(path, **captured)
+def _publish_one(path: Path, captured: store.Capture) -> Path:
+    name, sha = store.write_capture(path, captured)
     store.publish(path, [(name, sha)])
     store.remove_leftovers(path, keep=name)
     return path / name
 
 
-def _publish_ranks(path: Path, captured: dict[str, Any], rank: int, world_size: int) -> Path:
+def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int) -> Path:
     """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
     in LATEST once every rank has written, so LATEST never mixes steps."""
     rank_dir = f"rank-{rank:05d}"
-    name, sha = store.write_snapshot(path / rank_dir, **captured,
-                                     rank={"rank": rank, "world_size": world_size})
+    name, sha = store.write_capture(path / rank_dir, captured,
+                                    rank={"rank": rank, "world_size": world_size})
     entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
     if rank == 0:
         store.publish(path, [tuple(e) for e in entries])
@@ -701,14 +702,13 @@ class _Background:
     """One background save, run by the single worker thread of all
     Checkpointers (one at a time, in order). concurrent.futures joins its
     workers at interpreter exit, so a checkpoint in flight is finished whole
-    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that)."""
-
-    _pool: ThreadPoolExecutor | None = None
+    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that).
+    The worker is process_state's: a forked child gets its own."""
 
     def __init__(self, work) -> None:
-        if _Background._pool is None:
-            _Background._pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
-        self._future = _Background._pool.submit(work)
+        if STATE.background_pool is None:
+            STATE.background_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
+        self._future = STATE.background_pool.submit(work)
 
     def join(self) -> None:
         self._future.result()  # re-raises the background error in the training thread

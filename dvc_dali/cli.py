@@ -17,6 +17,7 @@ from typing import Callable
 from ._version import __version__
 from .context import SIGNAL_NAME
 from .errors import DvcDaliError
+from .exp_refs import Row
 from .gitcmd import parse_batch  # noqa: F401 (the `show` tests parse git's answers through it)
 from .row_queries import best_row, rows as recorded_rows
 
@@ -83,12 +84,12 @@ def _by_step(row: dict) -> tuple:
     return row["step"], row["time"], row["name"]
 
 
-def group_runs(rows: list[dict]) -> list[list[dict]]:
+def group_runs(rows: list[Row]) -> list[list[Row]]:
     """Rows per run (experiment name and baseline), the run with the newest
     row first, each run's rows by step; the newest row of each marked
     ``latest``. Commit times have whole seconds: where they tie, the end of
     a chain of rows beats its parents, then the higher step wins."""
-    runs: dict[tuple[str, str], list[dict]] = {}
+    runs: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
     groups = [sorted(mine, key=_by_step) for mine in runs.values()]
@@ -101,12 +102,12 @@ def group_runs(rows: list[dict]) -> list[list[dict]]:
     return groups
 
 
-def draw_tree(rows: list[dict]) -> list[str]:
+def draw_tree(rows: list[Row]) -> list[str]:
     """A run's checkpoints as a tree by step, oldest first; a branch where a
     run resumed from an older checkpoint of its own. The last row of the run,
     and of each branch, is drawn with └─."""
     by_sha = {r["sha"]: r for r in rows}
-    children: dict[str | None, list[dict]] = {}
+    children: dict[str | None, list[Row]] = {}
     for r in rows:
         parent = r["parent"] if r["parent"] in by_sha else None
         children.setdefault(parent, []).append(r)
@@ -137,7 +138,7 @@ def draw_tree(rows: list[dict]) -> list[str]:
     return lines
 
 
-def render(groups: list[list[dict]], names: dict[str, str]) -> list[str]:
+def render(groups: list[list[Row]], names: dict[str, str]) -> list[str]:
     """``group_runs``'s runs as text; ``names``: every row's name by sha, to
     say which run a run resumed from."""
     lines = []
@@ -199,6 +200,7 @@ def _checkpoint_step(path: Path) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .context import RECORDS_ITSELF, RunContext
+    from .record_request import RecordRequest
     from .recording import pipeline as recording
     from .signal_file import in_repo, remove_stale
 
@@ -230,8 +232,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         signals.signal(sig_num, lambda n, _f: child.send_signal(n))
 
     def record() -> None:  # record_and_prune logs the row it recorded
-        recording.record_and_prune(ctx, _checkpoint_step(checkpoint), out=str(checkpoint),
-                                   keep=keep, branched=branched)
+        recording.record_and_prune(ctx, RecordRequest(
+            _checkpoint_step(checkpoint), out=str(checkpoint), branched=branched), keep)
         sig.unlink(missing_ok=True)
 
     while child.poll() is None:

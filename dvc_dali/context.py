@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .errors import ConfigError
+from .record_request import Retention
 
 SIGNAL_NAME = "DVC_CHECKPOINT"
 # Set with DVC_CHECKPOINT when dvc-dali set it (stage_start.py) for a DVC 2
@@ -160,7 +161,7 @@ class RunContext:
 
     dvc_root: str | None = None
     stage: str | None = None
-    exp_name: str | None = None
+    dvc_exp_name: str | None = None  # DVC_EXP_NAME: what `dvc exp run -n` named this run
     baseline_rev: str | None = None
     watched: bool = False  # DVC_CHECKPOINT: DVC 2 or `dvc-dali run` answers the signal
     signal_file: str | None = None
@@ -183,7 +184,7 @@ class RunContext:
         return cls(
             dvc_root=env.get("DVC_ROOT") or None,
             stage=env.get("DVC_STAGE") or None,
-            exp_name=env.get("DVC_EXP_NAME") or None,
+            dvc_exp_name=env.get("DVC_EXP_NAME") or None,
             baseline_rev=env.get("DVC_EXP_BASELINE_REV") or None,
             watched=bool(env.get(SIGNAL_NAME)) and not env.get(RECORDS_ITSELF),
             signal_file=parse_signal_file(env.get("DVC_DALI_SIGNAL_FILE")),
@@ -220,13 +221,12 @@ class RunContext:
     def under_exp_run(self) -> bool:
         return bool(self.dvc_root and self.baseline_rev)
 
-    def retention(self, keep_last: object = None, keep_best: object = None
-                  ) -> tuple[int | None, str | None]:
+    def retention(self, keep_last: object = None, keep_best: object = None) -> Retention:
         """Arguments win over the environment; both are checked."""
         last = parse_keep_last(keep_last, "keep_last") if keep_last is not None else None
         best = parse_keep_best(keep_best, "keep_best") if keep_best is not None else None
-        return (last if last is not None else self.keep_last,
-                best if best is not None else self.keep_best)
+        return Retention(last if last is not None else self.keep_last,
+                         best if best is not None else self.keep_best)
 
 
 def repo_root(start: Path | None = None) -> Path | None:

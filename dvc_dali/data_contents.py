@@ -27,6 +27,7 @@ from typing import Any
 
 from .errors import PipelineMismatchError
 from .log import logger
+from .process_state import STATE
 
 KEY = "contents"  # the pipeline entry's manifest field
 LOCATION_ARGS = ("file_root", "file_list")
@@ -37,7 +38,6 @@ MAX_FILES = 10_000  # 8 hex digits a file in every manifest (80 KB at most); a r
 # reads every file: 100,000 small files would cost seconds
 _CHUNK = 1 << 20
 _SHOWN = 5  # changed files named in a refusal
-_said: set[tuple[str, str]] = set()  # locations over the threshold, said once per process
 
 
 def locations(description: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
@@ -134,8 +134,8 @@ class Contents:
                     files = _named(path, root if where.endswith(".files") else None)
                 total = sum(size for _, _, size in files)
                 if total > self.limit or len(files) > MAX_FILES:
-                    if (where, str(path)) not in _said:
-                        _said.add((where, str(path)))
+                    if (where, str(path)) not in STATE.said_digest_limit:  # once per process
+                        STATE.said_digest_limit.add((where, str(path)))
                         logger.info(
                             "pipeline %r: the data of %s (%s) is %s in %d files, over "
                             "DVC_DALI_CONTENT_DIGEST_MAX=%d bytes (or %d files): a resume checks "

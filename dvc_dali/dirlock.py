@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import CheckpointLockedError
+from .process_state import STATE
 
 
 def _lock_path(path: Path, rank: int) -> Path:
@@ -29,9 +30,6 @@ def _lock_path(path: Path, rank: int) -> Path:
     return Path(real).parent / f".{Path(real).name}-{key}.lock"
 
 
-_HELD: dict[Path, list[int]] = {}  # lock path -> [descriptor, holders in this process]
-
-
 class DirLock:
     """Held while a Checkpointer lives (or until the process ends)."""
 
@@ -39,14 +37,14 @@ class DirLock:
         self._lock = lock
 
     def release(self) -> None:
-        if _HELD is None:  # interpreter teardown (module globals cleared): the OS releases it
+        if STATE is None:  # interpreter teardown (module globals cleared): the OS releases it
             return
-        held = _HELD.get(self._lock)
+        held = STATE.held_dir_locks.get(self._lock)
         if held is None:
             return
         held[1] -= 1
         if held[1] == 0:
-            del _HELD[self._lock]
+            del STATE.held_dir_locks[self._lock]
             os.close(held[0])  # closing the descriptor releases the flock
         self._lock = None
 
@@ -54,8 +52,8 @@ class DirLock:
 def acquire(path: Path, rank: int = 0) -> DirLock:
     """Lock ``path`` for this process; several Checkpointers here share it."""
     lock = _lock_path(path, rank)
-    if lock in _HELD:
-        _HELD[lock][1] += 1
+    if lock in STATE.held_dir_locks:
+        STATE.held_dir_locks[lock][1] += 1
         return DirLock(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -75,7 +73,7 @@ def acquire(path: Path, rank: int = 0) -> DirLock:
             f"running: wait for it to end or stop it (kill {holder}), then run again.") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _HELD[lock] = [fd, 1]
+    STATE.held_dir_locks[lock] = [fd, 1]
     return DirLock(lock)
 
 
@@ -83,7 +81,7 @@ def holder(path: Path, rank: int = 0) -> str | None:
     """The pid of another live process writing ``path``, or None. Asks the
     lock without keeping it (a --temp run looking at the workspace's)."""
     lock = _lock_path(path, rank)
-    if lock in _HELD or not lock.exists():
+    if lock in STATE.held_dir_locks or not lock.exists():
         return None
     try:
         fd = os.open(lock, os.O_RDONLY)

@@ -23,20 +23,16 @@ from typing import Optional
 from .context import RunContext, debug_requested
 from .errors import DvcDaliError
 from .log import logger
-
-_hooked = False  # the excepthook, in every mode
-_installed = False  # Ctrl-C and SIGTERM lines: under `dvc exp run` only
-_kept: Optional[tuple[int, str]] = None  # (step, row) last recorded by this process
+from .process_state import STATE
 
 
 def kept(step: int, row: str) -> None:
     """Remember the latest recorded checkpoint, for the interruption line."""
-    global _kept
-    _kept = (step, row)
+    STATE.kept = (step, row)
 
 
 def last_kept() -> Optional[tuple[int, str]]:
-    return _kept
+    return STATE.kept
 
 
 def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "") -> str:
@@ -51,12 +47,12 @@ def _hook(previous):
     def excepthook(kind: type[BaseException], exc: BaseException,
                    tb: Optional[TracebackType]) -> None:
         ours = issubclass(kind, DvcDaliError) or (
-            _installed and issubclass(kind, KeyboardInterrupt))
+            STATE.exit_lines_installed and issubclass(kind, KeyboardInterrupt))
         # read now, not at install: the error may be the refusal of the environment
         if not ours or debug_requested():
             previous(kind, exc, tb)
         if ours and issubclass(kind, KeyboardInterrupt):
-            logger.warning(interruption_line("interrupted (Ctrl-C)", _kept))
+            logger.warning(interruption_line("interrupted (Ctrl-C)", STATE.kept))
         elif ours:
             logger.error("%s: %s", kind.__name__, exc)
     return excepthook
@@ -67,14 +63,13 @@ def install_hook() -> None:
     line (its message), not a traceback; DVC_DALI_DEBUG=1 prints both. Every
     entry point (Checkpointer, make_checkpoint) calls it before it reads the
     environment. Other exceptions go to the previous hook unchanged."""
-    global _hooked
-    if not _hooked:
-        _hooked = True
+    if not STATE.excepthook_installed:
+        STATE.excepthook_installed = True
         sys.excepthook = _hook(sys.excepthook)
 
 
 def on_sigterm(signum: int, _frame) -> None:
-    logger.warning(interruption_line("terminated (SIGTERM)", _kept))
+    logger.warning(interruption_line("terminated (SIGTERM)", STATE.kept))
     # SystemExit unwinds the training loop, so a checkpoint in flight is
     # finished (asynchronous mode) or abandoned whole (its writes are atomic).
     raise SystemExit(128 + signum)
@@ -85,11 +80,10 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
     under `dvc exp run` only, the Ctrl-C and SIGTERM lines: a handler the application
     installed for SIGTERM is left alone, and so is SIGTERM when ``sigterm``
     is false (torchrun's agent stops the other ranks with it)."""
-    global _installed
     install_hook()
-    if _installed or not ctx.under_exp_run:
+    if STATE.exit_lines_installed or not ctx.under_exp_run:
         return
-    _installed = True
+    STATE.exit_lines_installed = True
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)

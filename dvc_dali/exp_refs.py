@@ -14,17 +14,41 @@ import hashlib
 import json
 import os
 import re
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional, TypedDict
 from urllib.parse import unquote
 
 from . import gitcmd
 from .errors import DvcDaliError, RecordError
-from .recording.cache import CACHE
+from .process_state import STATE
 
 #: First word of the machine-readable line in every checkpoint commit message.
 LINEAGE_KEY = "dvc-dali-checkpoint:"
 EXPS_NAMESPACE = "refs/exps"
 _LINEAGE_RE = re.compile(r"^" + re.escape(LINEAGE_KEY) + r"\s*(.*)$", re.MULTILINE)
+
+
+class _Listed(TypedDict):
+    name: str  # the row's name: `dvc exp apply <name>`
+    ref: str  # refs/exps/<baseline[:2]>/<baseline[2:]>/<name>
+    sha: str  # its commit
+    exp: str  # its run's name
+    step: int
+    parent: Optional[str]  # the previous row's commit; None for a run's first row
+    stage: Optional[str]  # "<dvc.yaml path>:<stage name>"
+    outs: Optional[str]  # digest of the stage's dvc.lock outs (see outs_digest)
+    baseline: str  # the commit the run started from
+    time: int  # commit time, seconds since the epoch
+
+
+class Row(_Listed, total=False):
+    """One recorded row, as ``dvc_dali.rows()`` gives it: a plain dict
+    (``row["step"]``), typed. ``list_rows`` gives the first fields;
+    ``rows()`` adds metrics, params (unless ``params=False``) and
+    dvc_experiments."""
+
+    metrics: dict[str, float]  # the row's DVCLive metrics, flattened: "train/acc"
+    params: dict[str, Any]  # its params.yaml, flattened: "train.lr"
+    dvc_experiments: list[str]  # DVC's own experiments holding the same outputs
 
 
 def parse_lineage(text: str) -> Optional[dict[str, str]]:
@@ -59,19 +83,19 @@ def outs_digest(entry: Optional[dict]) -> str:
 def git_dirs(path: str) -> tuple[str, str]:
     """(absolute git dir, work tree top level) of the repo holding path."""
     key = os.path.realpath(path)
-    if key not in CACHE.git_dirs:
+    if key not in STATE.git_dirs:
         proc = gitcmd.run(["rev-parse", "--absolute-git-dir", "--show-toplevel"], path,
                           check=False)
         lines = proc.stdout.split("\n")
         if proc.returncode != 0 or len(lines) < 2:
             raise RecordError(f"'{path}' is not inside a git work tree "
                               f"({proc.stderr.strip()}); run inside `dvc exp run` of a git repo.")
-        CACHE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
-    return CACHE.git_dirs[key]
+        STATE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
+    return STATE.git_dirs[key]
 
 
 def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
-                         ) -> Iterator[tuple[str, str, int, dict]]:
+                         ) -> Iterator[tuple[str, str, int, dict[str, str]]]:
     """(sha, ref, commit time, lineage fields) of every dvc-dali row."""
     fmt = "%(objectname)%00%(refname)%00%(committerdate:unix)%00%(contents)%00%00"
     proc = gitcmd.run(["--git-dir", git_dir, "for-each-ref", f"--format={fmt}", namespace],
@@ -86,7 +110,7 @@ def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
             yield sha, ref, int(date or 0), fields
 
 
-def _row(sha: str, ref: str, date: int, fields: dict) -> Optional[dict]:
+def _row(sha: str, ref: str, date: int, fields: dict[str, str]) -> Optional[Row]:
     where = baseline_and_name(ref)
     if where is None:  # DVC's own refs/exps/exec/..., apply/...
         return None
@@ -95,16 +119,14 @@ def _row(sha: str, ref: str, date: int, fields: dict) -> Optional[dict]:
     except ValueError:
         return None
     parent = fields.get("parent")
-    return {
-        "name": where[1], "ref": ref, "sha": sha, "exp": fields["exp"], "step": step,
-        "parent": None if parent in (None, "none") else parent,
-        "stage": unquote(fields["stage"]) if "stage" in fields else None,
-        "outs": fields.get("outs"), "baseline": where[0], "time": date,
-    }
+    return Row(name=where[1], ref=ref, sha=sha, exp=fields["exp"], step=step,
+               parent=None if parent in (None, "none") else parent,
+               stage=unquote(fields["stage"]) if "stage" in fields else None,
+               outs=fields.get("outs"), baseline=where[0], time=date)
 
 
 def list_rows(dvc_root: str, exp: Optional[str] = None, namespace: str = EXPS_NAMESPACE
-              ) -> list[dict]:
+              ) -> list[Row]:
     """dvc-dali rows under refs/exps (or ``namespace``, laid out alike) of the
     repo at dvc_root, sorted by (exp, step, time). Each: name, ref, sha, exp,
     step, parent, stage, outs, baseline, time."""

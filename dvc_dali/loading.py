@@ -18,10 +18,13 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from . import store
 from .errors import ConfigError, DvcDaliError
+
+if TYPE_CHECKING:
+    from .exp_refs import Row
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Loaded:
 
 
 def _resolve(rev: str | Mapping[str, Any], repo: str | None
-             ) -> tuple[str, dict[str, Any] | None, str]:
+             ) -> tuple[str, Row | None, str]:
     """(git revision, row, repository to read): a row (a dict from
     dvc_dali.rows()), a row's ref, sha or name is looked up among the
     recorded rows (row_queries.rows_root: under `dvc exp run` DVC_ROOT's);
@@ -139,7 +142,7 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
         return _loaded(store.read_arrays(Path(tmp), names), row, f"{_label(rev)}:{rel}")
 
 
-def _loaded(snap: store.Snapshot, row: dict[str, Any] | None, where: str = "") -> Loaded:
+def _loaded(snap: store.Snapshot, row: Row | None, where: str = "") -> Loaded:
     manifest = snap.manifest
     run = manifest.get("run") or {}
     return Loaded(snap.step, dict(snap.arrays), dict(manifest.get("metadata") or {}),

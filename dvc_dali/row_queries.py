@@ -12,11 +12,11 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .best import best_row as _best_row
 from .errors import DvcDaliError
-from .exp_refs import exp_refs, git_dirs, list_rows, outs_digest
+from .exp_refs import Row, exp_refs, git_dirs, list_rows, outs_digest
 from .flat_keys import flat_keys
 from .gitcmd import read_blobs
 
@@ -48,7 +48,7 @@ def _params(blob: bytes | None) -> dict[str, Any]:
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
          metrics_file: str = DEFAULT_METRICS, params: bool = True, *,
-         run: dict[str, Any] | str | None = None) -> list[dict[str, Any]]:
+         run: Row | str | None = None) -> list[Row]:
     """The recorded checkpoint rows of the repository at ``repo`` (default:
     :func:`rows_root`), of experiment name ``exp`` or all, or of one run:
     ``run`` is a row (a dict from here or :func:`current_row`), its ref or
@@ -91,7 +91,7 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     return found
 
 
-def _into(got: dict[str, Any], func: Any, *args: Any) -> None:
+def _into(got: dict[str, Any], func: Callable[..., Any], *args: Any) -> None:
     """func(*args) on a thread: its value or its exception into ``got``."""
     try:
         got["value"] = func(*args)
@@ -118,7 +118,7 @@ def _label(row: object) -> str:
     return str(row.get("ref") or row.get("name")) if isinstance(row, dict) else repr(row)
 
 
-def matching_rows(found: list[dict[str, Any]], key: object) -> list[dict[str, Any]]:
+def matching_rows(found: list[Row], key: object) -> list[Row]:
     """The rows ``key`` names: a row dict (by its sha), a full ref, a sha (7
     hex digits at least) or a row name (which may repeat on other baselines)."""
     if isinstance(key, dict):
@@ -131,7 +131,7 @@ def matching_rows(found: list[dict[str, Any]], key: object) -> list[dict[str, An
     return named or [r for r in found if len(key) >= 7 and r["sha"].startswith(key)]
 
 
-def the_row(found: list[dict[str, Any]], key: object, what: str, root: str) -> dict[str, Any]:
+def the_row(found: list[Row], key: object, what: str, root: str) -> Row:
     """The one row ``key`` names (see :func:`matching_rows`), else ConfigError."""
     from .errors import ConfigError
 
@@ -147,7 +147,7 @@ def the_row(found: list[dict[str, Any]], key: object, what: str, root: str) -> d
     return named[0]
 
 
-def run_rows(found: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+def run_rows(found: list[Row], row: Row) -> list[Row]:
     """The rows of ``row``'s run, as retention counts them: its experiment
     name on its baseline, and on the other baselines the run went on to
     when it was resumed there (rows linked by parent). Pure."""
@@ -168,7 +168,7 @@ def run_rows(found: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str,
 
 
 def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike | None = None
-                ) -> dict[str, Any] | None:
+                ) -> Row | None:
     """The recorded row the checkpoint output at ``path`` holds: the one
     whose dvc.lock gives that output the md5 the stage's dvc.lock here gives
     it, at the step of the checkpoint's manifest (the newest such row).
@@ -246,14 +246,14 @@ def _lock_outs(blob: bytes | None) -> set[str]:
             if isinstance(entry, dict) and entry.get("outs")}
 
 
-def _dvc_experiments(found: list[dict[str, Any]], refs: list[tuple[str, str]]
+def _dvc_experiments(found: list[Row], refs: list[tuple[str, str]]
                      ) -> list[tuple[str, str]]:
     """The refs under refs/exps that are not rows (DVC's own experiments)."""
     shas = {r["sha"] for r in found}
     return [(ref, sha) for ref, sha in refs if sha not in shas]
 
 
-def mark_dvc_duplicates(root: str, found: list[dict[str, Any]],
+def mark_dvc_duplicates(root: str, found: list[Row],
                         refs: list[tuple[str, str]],
                         locks: list[bytes | None] | None = None) -> None:
     """DVC's own experiment of an invocation (`dvc exp run -n NAME` commits it
@@ -271,7 +271,7 @@ def mark_dvc_duplicates(root: str, found: list[dict[str, Any]],
         row["dvc_experiments"] = sorted(set(by_outs.get(row.get("outs") or "", [])))
 
 
-def best_row(found: list[dict[str, Any]], spec: str) -> dict[str, Any] | None:
+def best_row(found: list[Row], spec: str) -> Row | None:
     """The row with the highest (``metric:max``) or lowest (``metric:min``)
     metric ('train/acc', as `dvc-dali show` prints it); the later step where
     they tie; None when no row has it. The rule retention's

@@ -12,6 +12,7 @@ Outside `dvc exp run` the checkpoint stays on disk and nothing is recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -20,9 +21,8 @@ from . import distributed, exit_hooks
 from .context import SIGNAL_NAME, RunContext, repo_root
 from .errors import SignalError
 from .log import logger
-
-_said_not_recording = False
-
+from .process_state import STATE
+from .record_request import RecordRequest, Retention
 
 def signal_path(ctx: RunContext) -> Path:
     """Where the signal file goes: `dvc-dali run`'s choice, else DVC_ROOT
@@ -79,19 +79,16 @@ def remove_stale(path: Path) -> None:
 
 
 def _say_not_recording(ctx: RunContext) -> None:
-    global _said_not_recording
-    if not _said_not_recording:
+    if not STATE.said_not_recording:
         why = ("this `dvc exp run` did not set DVC_STAGE (DVC 2 without `checkpoint: "
                "true` on the output, or DVC < 3.49)" if ctx.baseline_rev
                else "not running under `dvc exp run`")
         logger.info("%s; checkpoints are saved on disk but not recorded as experiments", why)
-        _said_not_recording = True
+        STATE.said_not_recording = True
 
 
 def make_checkpoint(step: int | None = None, *, out: str | None = None,
-                    keep_last: int | None = None, keep_best: str | None = None,
-                    ctx: RunContext | None = None, expect_latest: str | None = None,
-                    resumed: bool | None = None, branched: bool = False) -> None:
+                    keep_last: int | None = None, keep_best: str | None = None) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
 
     A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
@@ -101,13 +98,18 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     ``keep_last``/``keep_best`` (default: env DVC_DALI_KEEP_LAST and
     DVC_DALI_KEEP_BEST; unset keeps every row) prune older rows of this
     run after recording, sparing the best by a DVCLive metric such as
-    "train/acc:max". ``expect_latest`` and ``resumed`` are the
-    Checkpointer's: the LATEST it just wrote, and whether the run resumed
-    (``branched``: with changed params, so its rows are a run of their own).
+    "train/acc:max".
     """
     exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
-    ctx = ctx or RunContext.from_environ()
+    ctx = RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
+    signal_checkpoint(ctx, RecordRequest(step, out=out), keep)
+
+
+def signal_checkpoint(ctx: RunContext, request: RecordRequest, keep: Retention) -> None:
+    """make_checkpoint() with what a Checkpointer knows besides (``request``:
+    the LATEST it just wrote, whether the run resumed or branched off; ``keep``
+    checked already): signal, then wait until the row is recorded."""
     exit_hooks.install(ctx, sigterm=distributed.world()[1] == 1)
     if ctx.mode == "off":
         _say_not_recording(ctx)
@@ -121,13 +123,12 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
 
     # before the first row: a stage DVC 3 cannot resume is refused; resumed None:
     # a bare script (a Checkpointer started its run itself)
-    branched = recording.start_before_first_row(ctx, out, bare=resumed is None) or branched
+    if recording.start_before_first_row(ctx, request.out, bare=request.resumed is None):
+        request = dataclasses.replace(request, branched=True)
     remove_stale(path)
     write_signal(path)
     try:
-        result = recording.record_and_prune(ctx, step, out=out, keep=keep,
-                                            expect_latest=expect_latest, resumed=resumed,
-                                            branched=branched)
+        result = recording.record_and_prune(ctx, request, keep)
         exit_hooks.kept(result.step, result.name)
     finally:
         path.unlink(missing_ok=True)

@@ -49,6 +49,7 @@ from .errors import (
     CheckpointWriteError,
     RankMismatchError,
 )
+from .process_state import STATE
 
 FORMAT = manifest_schema.FORMAT
 FORMAT_VERSION = manifest_schema.FORMAT_VERSION
@@ -210,6 +211,21 @@ def _npy_parts(array: np.ndarray) -> list:
     return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))]
 
 
+@dataclass(frozen=True)
+class Capture:
+    """Everything one snapshot holds, as a Checkpointer captured it at a step:
+    what :func:`write_capture` writes."""
+
+    step: int
+    pipelines: dict[str, dict[str, Any]]  # name -> {"state": bytes, plus manifest fields}
+    arrays: dict[str, Any]  # name -> an array or a nest of them (see arrays.py)
+    metadata: dict[str, Any]  # the user's JSON
+    versions: dict[str, str]  # package -> version, of the writer
+    run: dict[str, Any] | None = None  # {"params": ..., "total_steps": ...}
+    dynamic: dict[str, str] | None = None  # name -> a DALI dynamic-mode checkpoint (JSON text)
+    digest: str = "crc32"  # "md5": the member files get an md5 besides their CRC-32
+
+
 @dataclass
 class Snapshot:
     """A complete snapshot read back from disk, digests verified."""
@@ -234,9 +250,6 @@ def _check_step(step: Any, total_steps: Any) -> None:
                          f"{total_steps!r}")
 
 
-_meta_checked = ""  # the last text _meta_text found shallow enough
-
-
 def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     """metadata and run as the JSON the manifest will hold; TypeError for
     anything the reader would refuse, before anything is written."""
@@ -246,12 +259,11 @@ def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
                         f"dicts): {exc}") from None
-    global _meta_checked
-    if text != _meta_checked:  # a run saves the same params (and metadata) again and again
+    if text != STATE.meta_checked:  # a run saves the same params (and metadata) again and again
         if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
             raise TypeError(f"metadata and params must be plain JSON nested at most "
                             f"{safe_json.MAX_DEPTH - 2} levels deep")
-        _meta_checked = text
+        STATE.meta_checked = text
     return text
 
 
@@ -270,14 +282,13 @@ def _flatten_arrays(arrays: dict[str, Any]) -> tuple[dict[str, Any], list]:
 
 _WRITERS = 4  # member files written (and fsynced) at once
 _THREADS_FROM = 4 << 20  # bytes in a snapshot from which its files go to threads
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a fork gets its own
 
 
 def _writers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(_WRITERS, thread_name_prefix="dvc-dali-write"))
-    return _pool[1]
+    """The writer threads (process_state: a forked child gets its own)."""
+    if STATE.write_pool is None:
+        STATE.write_pool = ThreadPoolExecutor(_WRITERS, thread_name_prefix="dvc-dali-write")
+    return STATE.write_pool
 
 
 def _each(fn: Callable[..., Any], calls: list[tuple], threaded: bool
@@ -395,27 +406,31 @@ def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
                    dynamic: dict[str, str] | None = None,
                    rank: dict[str, int] | None = None,
                    digest: str = "crc32") -> tuple[str, str]:
-    """Write one complete snapshot under ``root`` (not yet named by LATEST:
-    see :func:`publish`); returns its name and its manifest's md5.
+    """:func:`write_capture` of a Capture of these fields (a hand-made
+    snapshot, as the tests write)."""
+    return write_capture(root, Capture(step, pipelines, arrays, metadata, versions, run,
+                                       dynamic, digest), rank)
 
-    ``pipelines`` maps a name to {"state": bytes, plus manifest fields};
-    ``arrays`` a name to an array or a nest of them (see arrays.py);
-    ``dynamic`` a name to a DALI dynamic-mode checkpoint (JSON text);
-    ``digest``: "md5" to give the member files an md5 besides their CRC-32
-    (where DVC will cache them).
-    """
+
+def write_capture(root: Path, capture: Capture,
+                  rank: dict[str, int] | None = None) -> tuple[str, str]:
+    """Write one complete snapshot of ``capture`` under ``root`` (not yet
+    named by LATEST: see :func:`publish`); returns its name and its
+    manifest's md5. ``rank``: this process's rank and the world size."""
+    step, run = capture.step, capture.run
     _check_step(step, (run or {}).get("total_steps"))
-    meta_text = _meta_text(metadata, run)
-    trees, leaves = _flatten_arrays(arrays)  # refused values raise before any file exists
+    meta_text = _meta_text(capture.metadata, run)
+    trees, leaves = _flatten_arrays(capture.arrays)  # refused values raise before any file
     name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     tmp = root / f".tmp-{name}"
-    batch = _Batch(digest)
+    batch = _Batch(capture.digest)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True)
-        members = _write_members(tmp, pipelines, leaves, dynamic or {}, batch)
+        members = _write_members(tmp, capture.pipelines, leaves, capture.dynamic or {}, batch)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "versions": capture.versions,
                     **members, "arrays": trees, **json.loads(meta_text),
                     "files": dict(batch.files), "rank": rank}
         # no indent: json's C encoder (indented output is encoded in Python, ~5x slower)

@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from .. import gitcmd
 from ..log import logger
+from ..process_state import STATE
 from . import dvc_door
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -83,8 +84,8 @@ def delete_ref(dvc_root: str, remote: str, ref: str) -> None:
 class Pusher:
     """The background pusher of one run."""
 
-    def __init__(self, dvc_root: str, git_remote: str, exp_name: str) -> None:
-        self.dvc_root, self.git_remote, self.exp_name = dvc_root, git_remote, exp_name
+    def __init__(self, dvc_root: str, git_remote: str, run_name: str) -> None:
+        self.dvc_root, self.git_remote, self.run_name = dvc_root, git_remote, run_name
         self._cond = threading.Condition()
         self._todo: list[Job] = []
         self._pushed: list[str] = []  # row names, in order
@@ -107,9 +108,9 @@ class Pusher:
         getattr(threading, "_register_atexit", atexit.register)(self.close)
 
     # -- the training side -------------------------------------------------
-    def push(self, name: str, ref: str, sha: str, objs: list[Any], exp: str = "") -> None:
+    def push(self, name: str, ref: str, sha: str, objs: list[Any], run_name: str = "") -> None:
         with self._cond:
-            self.exp_name = exp or self.exp_name  # a resumed run's rows keep its name
+            self.run_name = run_name or self.run_name  # a resumed run's rows keep its name
             self._todo.append(Job(ref, name, sha, list(objs)))
             self._cond.notify_all()
 
@@ -165,7 +166,7 @@ class Pusher:
         left = self.unpushed()
         if left:
             logger.warning("not pushed to %s: %s; push them with `dvc-dali push %s %s`",
-                           self.git_remote, ", ".join(left), self.git_remote, self.exp_name)
+                           self.git_remote, ", ".join(left), self.git_remote, self.run_name)
         return left
 
     # -- the worker ----------------------------------------------------------
@@ -243,7 +244,7 @@ class Pusher:
                 "the DVC remote (md5 %s%s); `dvc-dali push %s %s` names them; the rows after "
                 "it are still pushed", job.name, self.git_remote, len(gone),
                 ", ".join(gone[:3]), ", ..." if len(gone) > 3 else "", self.git_remote,
-                self.exp_name)
+                self.run_name)
         git_cpu = self._git(deletions, [(j.sha, j.ref) for j in pushed])
         logger.info("pushed %s to %s (%.0f ms)", ", ".join(j.name for j in pushed) or "nothing",
                     self.git_remote, (time.perf_counter() - t0) * 1000)
@@ -279,19 +280,15 @@ class Pusher:
             self._cond.wait(backoff(job.failures))
 
 
-_PUSHER: Optional[Pusher] = None
-
-
 def pusher() -> Optional[Pusher]:
-    return _PUSHER
+    return STATE.pusher
 
 
-def start(dvc_root: str, exp_name: str) -> Optional[Pusher]:
+def start(dvc_root: str, run_name: str) -> Optional[Pusher]:
     """Check DVC's auto-push settings before the first training step; start
     the pusher when they are on. A misconfigured remote raises RecordError."""
-    global _PUSHER
-    if _PUSHER is not None:
-        return _PUSHER
+    if STATE.pusher is not None:
+        return STATE.pusher
     repo = dvc_door.open_repo(dvc_root)
     try:
         remote = dvc_door.auto_push_remote(repo)
@@ -308,14 +305,14 @@ def start(dvc_root: str, exp_name: str) -> Optional[Pusher]:
         raise RecordError(f"experiment auto-push is on, but the git remote '{remote}' cannot "
                           f"be reached: {proc.stderr.strip()}. Fix it (`git remote -v`) or "
                           "turn auto-push off (`dvc config exp.auto_push false`).")
-    _PUSHER = Pusher(dvc_root, remote, exp_name)
-    return _PUSHER
+    STATE.pusher = Pusher(dvc_root, remote, run_name)
+    return STATE.pusher
 
 
 def settle(timeout: float) -> str:
     """Before a preempted process exits: wait up to ``timeout`` seconds for
     the rows in flight; what to add to the exit line ("" without auto-push)."""
-    p = _PUSHER
+    p = STATE.pusher
     if p is None:
         return ""
     in_time = p.wait(timeout)
@@ -325,4 +322,4 @@ def settle(timeout: float) -> str:
     why = "(files missing from the local DVC cache)" if in_time else \
         f"within {timeout:.0f} s (DVC_DALI_PUSH_GRACE)"
     return (f", NOT pushed to {p.git_remote} {why}: {len(left)} row(s) left; push them with "
-            f"`dvc-dali push {p.git_remote} {p.exp_name}`")
+            f"`dvc-dali push {p.git_remote} {p.run_name}`")

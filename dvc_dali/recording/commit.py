@@ -22,20 +22,17 @@ import pygit2
 
 from .. import gitcmd
 from ..errors import RecordError
+from ..process_state import STATE
 from . import row_tree, watch
-from .cache import CACHE
 
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path
-_REPOS: dict[str, pygit2.Repository] = {}
-_IDENTS: dict[tuple[str, str], tuple[str, str]] = {}
-_SWEPT: set[str] = set()
 
 
 def _repo(toplevel: str) -> pygit2.Repository:
-    repo = _REPOS.get(toplevel)
+    repo = STATE.git_repos.get(toplevel)
     if repo is None:
         try:
-            repo = _REPOS[toplevel] = pygit2.Repository(toplevel)
+            repo = STATE.git_repos[toplevel] = pygit2.Repository(toplevel)
         except pygit2.GitError as exc:
             raise RecordError(
                 f"cannot open the git repo at '{toplevel}' ({exc}); run "
@@ -49,25 +46,21 @@ def _signature(toplevel: str, who: str, when: int) -> pygit2.Signature:
     asked of git once per process; a fallback when git has none, so a bare
     CI machine still records."""
     key = (toplevel, who)
-    if key not in _IDENTS:
+    if key not in STATE.git_idents:
         proc = gitcmd.run(["var", f"GIT_{who}_IDENT"], toplevel, check=False)
         m = re.match(r"(.*) <(.*)> \d+ [+-]\d{4}$", proc.stdout.strip())
-        _IDENTS[key] = m.groups() if proc.returncode == 0 and m else (
+        STATE.git_idents[key] = m.groups() if proc.returncode == 0 and m else (
             "dvc-dali", "dvc-dali@localhost")
-    name, email = _IDENTS[key]
+    name, email = STATE.git_idents[key]
     return pygit2.Signature(name, email, when, _utc_offset_minutes())
-
-
-_last_row_time = 0
 
 
 def _next_row_time() -> int:
     """Now, in whole seconds as git stores it, but one second after this
     process's previous row at least: `dvc exp show` orders rows by commit
     time, and rows recorded within one second would list out of step order."""
-    global _last_row_time
-    _last_row_time = max(int(time.time()), _last_row_time + 1)
-    return _last_row_time
+    STATE.last_row_time = max(int(time.time()), STATE.last_row_time + 1)
+    return STATE.last_row_time
 
 
 def _utc_offset_minutes() -> int:
@@ -82,7 +75,7 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
 
     In-process with libgit2, except where git would store other bytes: a
     path with a clean filter (git-lfs...), which libgit2 cannot run, or an
-    index libgit2 cannot read (split index). Then with git, as before."""
+    index libgit2 cannot read (split index): there, with git itself (a private index)."""
     # Only reads the index: a git process holding index.lock (an editor's
     # `git status`) is no obstacle, since git replaces the index by rename.
     repo = _repo(toplevel)
@@ -95,7 +88,7 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
             stamp = row_tree.index_stamp(repo)
             tracked = frozenset(entry.path for entry in index)
             changed, full = _tracked_changes(index, toplevel)
-            seen = CACHE.start_changes[toplevel]
+            seen = STATE.start_changes[toplevel]
             seen.tree = None  # until this row's is written: a failure rebuilds from the index
             if _filtered(repo, toplevel, [path for path, _ in changed] + paths):
                 return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
@@ -108,7 +101,7 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
                                  _signature(toplevel, "COMMITTER", when), message,
                                  tree, [pygit2.Oid(hex=parent)])
     except pygit2.GitError:
-        seen = CACHE.start_changes.pop(toplevel, None)
+        seen = STATE.start_changes.pop(toplevel, None)
         if seen is not None:
             seen.watcher.close()
         return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
@@ -119,7 +112,7 @@ def _later_row_tree(repo: pygit2.Repository, toplevel: str, paths: list[str],
                     pinned: dict[str, bytes]) -> Optional[pygit2.Oid]:
     """A row after the first: its tree from the last row's (row_tree.py), or
     None to build it from the index."""
-    seen = CACHE.start_changes.get(toplevel)
+    seen = STATE.start_changes.get(toplevel)
     rels = [p.replace(os.sep, "/") for p in paths]
     if seen is None or seen.tree is None or "." in rels:  # the whole work tree: from the index
         return None
@@ -137,7 +130,7 @@ def _tracked_changes(index: pygit2.Index, toplevel: str
     directories from just before; later rows look only at the paths changed
     then or named by an event since. Without a usable watcher (no inotify,
     too many directories, a queue overflow) every row compares everything."""
-    seen = CACHE.start_changes.get(toplevel)
+    seen = STATE.start_changes.get(toplevel)
     if seen is not None and seen.watcher.usable:
         named = seen.watcher.changed()
         if named is not None:
@@ -149,7 +142,7 @@ def _tracked_changes(index: pygit2.Index, toplevel: str
                else seen.watcher)
     changed = [(d.new_file.path, d.status_char() == "D") for d in index.diff_to_workdir().deltas]
     if first:
-        CACHE.start_changes[toplevel] = row_tree.Seen(watcher, {path for path, _ in changed})
+        STATE.start_changes[toplevel] = row_tree.Seen(watcher, {path for path, _ in changed})
     return changed, True
 
 
@@ -224,9 +217,9 @@ def _pid_alive(pid: int) -> bool:
 def sweep_leftovers(pattern: str) -> None:
     """Remove files of ours left by killed processes (pid in the name:
     private git indexes, dvc.lock temporaries), once per pattern and process."""
-    if pattern in _SWEPT:
+    if pattern in STATE.swept:
         return
-    _SWEPT.add(pattern)
+    STATE.swept.add(pattern)
     for path in glob.glob(pattern):
         m = re.search(r"dvc-dali(?:-index)?-(\d+)", os.path.basename(path))
         if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):

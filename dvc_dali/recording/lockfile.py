@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import atomic_file, gitcmd
 from ..errors import RecordError
+from ..process_state import STATE
 from . import dvc_door
-from .cache import CACHE
 from .commit import sweep_leftovers
 
 
@@ -44,7 +44,7 @@ def write_atomic(path: str, text: str) -> None:
 
 def current(path: str) -> Any:
     """dvc.lock parsed; what this process wrote last while the file is unchanged."""
-    return CACHE.from_files(("lock", path), lambda: ([path], read(path)[1]))
+    return STATE.from_files(("lock", path), lambda: ([path], read(path)[1]))
 
 
 def stage_entry(data: Any, stage_name: str) -> Any:
@@ -59,12 +59,8 @@ def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
         data["stages"] = {}
     data["stages"][stage_name] = entry
     write_atomic(path, dvc_door.dump_yaml(data))
-    CACHE.remember(("lock", path), [path], data)
-    _WRITTEN[(os.path.realpath(path), stage_name)] = _canonical(entry)
-
-
-# (dvc.lock, stage) -> the entry this process wrote there last
-_WRITTEN: dict[tuple[str, str], str] = {}
+    STATE.remember(("lock", path), [path], data)
+    STATE.written_lock_entries[(os.path.realpath(path), stage_name)] = _canonical(entry)
 
 
 def _canonical(entry: Any) -> str:
@@ -75,7 +71,7 @@ def replaced(path: str, stage_name: str, entry: Any) -> bool:
     """Whether the stage's entry ``entry`` (as read now) differs from the one
     this process wrote last: another command (`dvc exp apply`, `git
     checkout`...) rewrote dvc.lock, and checked the outputs out with it."""
-    mine = _WRITTEN.get((os.path.realpath(path), stage_name))
+    mine = STATE.written_lock_entries.get((os.path.realpath(path), stage_name))
     return mine is not None and mine != _canonical(entry)
 
 

@@ -9,17 +9,17 @@ from typing import Any, Optional
 
 from ..context import RunContext
 from ..errors import RecordError
+from ..process_state import STATE
 from . import dvc_door, lockfile
 from .outputs import is_checkpoint_dir
-from .cache import CACHE
 from .stage import STAGE_FIX, find_stage, stage_problems
 
 
 def repo_at(start: str) -> Any:
     root = dvc_door.find_root(start)
-    if root not in CACHE.repos:
-        CACHE.repos[root] = dvc_door.open_repo(root)
-    return CACHE.repos[root]
+    if root not in STATE.dvc_repos:
+        STATE.dvc_repos[root] = dvc_door.open_repo(root)
+    return STATE.dvc_repos[root]
 
 
 def check_stage(ctx: RunContext, checkpoint_path: Optional[str],

@@ -15,7 +15,8 @@ into one row of ``dvc exp show``, in named steps:
     apply retention       retention.py
 
 without touching the user's HEAD, index or files other than dvc.lock. All of
-DVC's internals are behind dvc_door.py; per-process lookups live in cache.py.
+DVC's internals are behind dvc_door.py; per-process lookups live in
+process_state.py (STATE).
 """
 
 from __future__ import annotations
@@ -32,13 +33,22 @@ from ..context import RunContext
 from ..errors import RecordError
 from ..exp_refs import LINEAGE_KEY, list_rows
 from ..log import logger
+from ..record_request import RecordRequest, Retention
+from ..process_state import STATE
 from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
-from .cache import CACHE
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
-__all__ = ["LINEAGE_KEY", "RecordResult", "check_stage", "checkpoint_outputs", "list_rows",
-           "record", "record_and_prune", "reset_stage", "start_bare_run", "start_run"]
+__all__ = ["LINEAGE_KEY", "RecordRequest", "RecordResult", "Retention", "check_stage",
+           "checkpoint_outputs", "list_rows", "record", "record_and_prune", "record_request",
+           "reset_stage", "start_bare_run", "start_before_first_row", "start_run"]
+
+
+def _dvc_exp_name(ctx: RunContext) -> str:
+    """This invocation's DVC experiment name: DVC_EXP_NAME, or exp-<baseline[:7]>
+    when DVC gives none. A row's run keeps the name of the run it resumed
+    (rows.run_name), which may be another."""
+    return ctx.dvc_exp_name or f"exp-{ctx.baseline_rev[:7]}"
 
 
 def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
@@ -48,7 +58,7 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     called before the checkpoint is read (a Checkpointer), so a --temp or
     queued run can get the workspace's checkpoint first."""
     check_stage(ctx, out)
-    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
 
 
@@ -61,9 +71,9 @@ def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> b
     again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
     make_checkpoint(), the script having read its state already (a stage
     without `checkpoint: true`, where `import dvc_dali` did not start it)."""
-    if CACHE.run_started is None:
-        CACHE.run_started = _start_bare_run(ctx, out, late)
-    return CACHE.run_started
+    if STATE.run_started is None:
+        STATE.run_started = _start_bare_run(ctx, out, late)
+    return STATE.run_started
 
 
 def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> bool:
@@ -74,9 +84,9 @@ def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> b
     as a run of their own (see start_bare_run)."""
     if bare:
         return start_bare_run(ctx, out, late=True)
-    if CACHE.run_started is None:
+    if STATE.run_started is None:
         start_run(ctx, out)
-        CACHE.run_started = False
+        STATE.run_started = False
     return False
 
 
@@ -84,7 +94,7 @@ def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
     from ..errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
-    auto_push.start(ctx.dvc_root, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}")
+    auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
     if late and start.carried:  # it trained from step 0 though there was one to resume
         raise RecordError(
@@ -130,7 +140,7 @@ def data_changes(ctx: RunContext, data_path: str) -> list[str]:
 def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
     """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
     that its run went on from: (that row's name, the later rows' names)."""
-    start = CACHE.run_start
+    start = STATE.run_start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step:
         return None, []
@@ -143,7 +153,7 @@ def batches_after(out: str, log_id: str, step: int) -> dict[str, list[list[str]]
     from .. import batch_digests
     from ..loading import load
 
-    start = CACHE.run_start
+    start = STATE.run_start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step or not start.later_rows:
         return {}
@@ -165,14 +175,14 @@ class RecordResult:
     name: str  # row name, usable with `dvc exp apply`
     sha: str  # commit sha
     step: int
-    exp_name: str  # DVC_EXP_NAME of the running experiment
+    run_name: str  # the run the row belongs to (see rows.run_name)
     parent: Optional[str]  # previous checkpoint commit of this lineage
     baseline: str
     workspace: bool  # True: workspace run; False: --temp / queued run
     lockfile: str  # absolute path of the dvc.lock that was written
     duration_s: float
     phases: dict[str, float]  # seconds per step, for benchmarks
-    objects: tuple = ()  # hash infos of the cached outputs, for the pusher
+    objects: tuple[Any, ...] = ()  # DVC's hash infos of the cached outputs, for the pusher
 
 
 @dataclasses.dataclass
@@ -181,7 +191,7 @@ class _Where:
 
     dvc_root: str  # the main repo (DVC_ROOT)
     baseline: str
-    exp_name: str
+    dvc_exp_name: str  # see _dvc_exp_name
     git_dir: str  # this run's repo: the workspace, or a --temp/queue clone
     toplevel: str
     main_git_dir: str
@@ -200,7 +210,7 @@ def _locate(ctx: RunContext) -> _Where:
     root = dvc_door.find_root(os.getcwd())
     git_dir, toplevel = exp_refs.git_dirs(root)
     main_git_dir, _ = exp_refs.git_dirs(ctx.dvc_root)
-    where = _Where(ctx.dvc_root, ctx.baseline_rev, ctx.exp_name or f"exp-{ctx.baseline_rev[:7]}",
+    where = _Where(ctx.dvc_root, ctx.baseline_rev, _dvc_exp_name(ctx),
                    git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
                    repo_at(root))
     if not where.workspace:
@@ -211,9 +221,9 @@ def _locate(ctx: RunContext) -> _Where:
 def _check_shared_cache(where: _Where) -> None:
     """--temp/queued runs must write into the main repo's cache."""
     key = os.path.realpath(where.dvc_root)
-    if key not in CACHE.main_cache_dirs:
-        CACHE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
-    mine, main = where.repo.cache.local_cache_dir, CACHE.main_cache_dirs[key]
+    if key not in STATE.main_cache_dirs:
+        STATE.main_cache_dirs[key] = dvc_door.cache_dir(where.dvc_root)
+    mine, main = where.repo.cache.local_cache_dir, STATE.main_cache_dirs[key]
     if os.path.realpath(mine) != os.path.realpath(main):
         raise RecordError(f"this run's DVC cache '{mine}' is not the cache of DVC_ROOT "
                           f"'{where.dvc_root}' ('{main}'), so recorded checkpoints could not be "
@@ -221,7 +231,7 @@ def _check_shared_cache(where: _Where) -> None:
 
 
 def _check_name(where: _Where, name: str) -> None:
-    if name == where.exp_name:
+    if name == where.dvc_exp_name:
         raise RecordError(f"checkpoint name '{name}' equals the experiment name (env "
                           "DVC_EXP_NAME); `dvc exp run` could then not create its own ref. "
                           "Pass another name.")
@@ -255,28 +265,28 @@ def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
     try:
         old = lockfile.entry_at(where.main_git_dir, where.toplevel, parent, lock_rel, stage_name)
     except Exception:
-        return False  # unreadable: continue the run, as before
+        return False  # unreadable: the run goes on, not branched off
     def canonical(entry: Any) -> str:  # order-insensitive: both are ordered maps
         return json.dumps((entry or {}).get("params"), sort_keys=True, default=str)
     return canonical(old) != canonical(new_entry)
 
 
-def _lineage(where: _Where, stage_addr: str, old_entry: Any, new_entry: dict,
-             args: "_Args", lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
+def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entry: dict,
+             request: RecordRequest, lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
     """Where the row hangs: after this process's previous row, else after the
     recorded row whose outputs this run resumed from, in that row's run."""
-    key = (os.path.realpath(where.main_git_dir), where.exp_name, stage_addr)
-    if key not in CACHE.tips:
+    key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
+    if key not in STATE.tips:
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
-        branched = args.branched
-        if parent and args.resumed is None:  # a bare port: its params tell
+        branched = request.branched
+        if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
-        CACHE.tips[key] = (parent, step, rows.run_name(where.exp_name, run, branched))
-    parent, last_step, run = CACHE.tips[key]
-    return Lineage(run, last_step + 1 if args.step is None else args.step, parent,
+        STATE.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
+    parent, last_step, run = STATE.tips[key]
+    return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry))
 
 
@@ -297,23 +307,23 @@ def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
     outputs as they are now (the checkpoint just written)."""
     with phases.timed("save"):
         outputs.seed_digests(where.repo, stage)
-        dvc_door.save_stage(stage, run_start.known_deps(), CACHE.untracked_outs)
+        dvc_door.save_stage(stage, run_start.known_deps(), STATE.untracked_outs)
         outputs.require_persisted(stage)
 
 
-def _prepare(where: _Where, ctx: RunContext, args: "_Args", phases: _Phases) -> tuple:
+def _prepare(where: _Where, ctx: RunContext, request: RecordRequest, phases: _Phases) -> tuple:
     """What needs no repo lock: the stage (once per process) and, when the
     run's deps and params were taken at its start, hashing its outputs. DVC
     commands of other runs wait for the lock only 3 s: it is held briefly."""
-    stg, stage_paths = _find(where, args.stage or ctx.stage, args.out, ctx.stage, phases)
-    if args.expect_latest is not None:
-        outputs.require_latest(stg, args.out, args.expect_latest)
+    stg, stage_paths = _find(where, request.stage or ctx.stage, request.out, ctx.stage, phases)
+    if request.expect_latest is not None:
+        outputs.require_latest(stg, request.out, request.expect_latest)
     if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
         _save_stage(where, stg, phases)
     return stg, stage_paths
 
 
-def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
+def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
                 phases: _Phases) -> RecordResult:
     """Under DVC's repo lock: cache, dvc.lock, commit, ref."""
     t0 = time.perf_counter()
@@ -321,7 +331,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
     lock_data = lockfile.current(lock_path)
     old_entry = lockfile.stage_entry(lock_data, stg.name)
     if lockfile.replaced(lock_path, stg.name, old_entry):
-        _refuse_replaced(where, stg, args)
+        _refuse_replaced(where, stg, request)
     if not run_start.known_deps():
         _save_stage(where, stg, phases)
     pinned = run_start.pin(where.toplevel)
@@ -332,33 +342,34 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], args: "_Args",
         lockfile.write_entry(lock_path, lock_data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if args.resumed is False else old_entry, entry, args,
+                           None if request.resumed is False else old_entry, entry, request,
                            os.path.relpath(lock_path, where.toplevel), stg.name)
-        first = args.message.strip() or f"dvc-dali checkpoint {where.exp_name} step {lineage.step}"
+        first = (request.message.strip()
+                 or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)
                                for p in dvc_door.take_new_gitignores(where.repo)]
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     with phases.timed("publish"):
-        ref, row = _publish(where, sha, args.name or rows.row_name(lineage.exp, lineage.step),
-                            bool(args.name))
-    CACHE.tips[(os.path.realpath(where.main_git_dir), where.exp_name, lineage.stage)] = (
-        sha, lineage.step, lineage.exp)
-    return RecordResult(ref, row, sha, lineage.step, lineage.exp, lineage.parent,
+        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
+                            bool(request.name))
+    STATE.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
+        sha, lineage.step, lineage.run)
+    return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.cached_out_hashes(stg)))
 
 
-def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
+def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     """dvc.lock was rewritten by another command since this run's last row:
     the outputs were checked out with it, and DVCLive's files (which DVCLive
     appends to) are another row's now; no row may hold them."""
     run_start.note_replaced()
-    tip = CACHE.tips.get((os.path.realpath(where.main_git_dir), where.exp_name,
+    tip = STATE.tips.get((os.path.realpath(where.main_git_dir), where.dvc_exp_name,
                           rows.stage_address(where.repo.root_dir, stg)))
     last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
-    step = f"step {args.step}" if args.step is not None else "this checkpoint"
+    step = f"step {request.step}" if request.step is not None else "this checkpoint"
     after = (f"its rows up to {last} are intact: `dvc exp apply {last}` then `dvc exp run` "
              "resumes it" if last else "`dvc exp run` starts it again")
     raise RecordError(
@@ -368,33 +379,21 @@ def _refuse_replaced(where: _Where, stg: Any, args: "_Args") -> None:
         f"{step} is not recorded and this run stops; {after}.")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Args:
-    step: Optional[int]
-    stage: Optional[str]
-    name: Optional[str]
-    message: str
-    out: Optional[str]
-    expect_latest: Optional[str]
-    resumed: Optional[bool]
-    branched: bool = False  # resumed with changed params: a new run off the row
-
-
-def _record(ctx: RunContext, args: _Args) -> RecordResult:
+def _record(ctx: RunContext, request: RecordRequest) -> RecordResult:
     t0 = time.perf_counter()
     phases = _Phases()
     with phases.timed("open"):
         where = _locate(ctx)
-        _check_name(where, args.name or rows.row_name(where.exp_name, args.step or 0))
+        _check_name(where, request.name or rows.row_name(where.dvc_exp_name, request.step or 0))
     try:
-        stg, stage_paths = _prepare(where, ctx, args, phases)
+        stg, stage_paths = _prepare(where, ctx, request, phases)
         dvc_door.lock_repo(where.repo, ctx.lock_timeout)
         try:
-            result = _commit_row(where, stg, stage_paths, args, phases)
+            result = _commit_row(where, stg, stage_paths, request, phases)
         finally:
             dvc_door.unlock_repo(where.repo)
     except BaseException:
-        CACHE.forget_files()  # look everything up afresh next time
+        STATE.forget_files()  # look everything up afresh next time
         raise
     return dataclasses.replace(result, duration_s=time.perf_counter() - t0)
 
@@ -411,7 +410,8 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
            stage: Optional[str] = None, name: Optional[str] = None, message: str = "",
            out: Optional[str] = None, expect_latest: Optional[str] = None,
            resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
-    """Record the current stage outputs as one experiment row (see module doc).
+    """Record the current stage outputs as one experiment row (see module doc):
+    :func:`record_request` with a RecordRequest of these fields.
 
     step: training step, in the row name and the lineage line; None: one
         more than the previous checkpoint of this run (or the one it resumed).
@@ -425,29 +425,31 @@ def record(step: Optional[int] = None, *, ctx: Optional[RunContext] = None,
     branched: the run resumed with changed params; its rows are a new run
         (named after DVC_EXP_NAME), not the resumed row's run continued.
     """
-    ctx = ctx or RunContext.from_environ()
-    args = _Args(None if step is None else int(step), stage, name, message, out, expect_latest,
-                 resumed, branched)
-    with CACHE.lock:  # one recording at a time per process
-        return _record(ctx, args)
+    return record_request(ctx or RunContext.from_environ(), RecordRequest(
+        step, stage, name, message, out, expect_latest, resumed, branched))
 
 
-def record_and_prune(ctx: RunContext, step: Optional[int], *, out: Optional[str] = None,
-                     keep: tuple[Optional[int], Optional[str]] = (None, None),
-                     expect_latest: Optional[str] = None,
-                     resumed: Optional[bool] = None, branched: bool = False) -> RecordResult:
+def record_request(ctx: RunContext, request: RecordRequest) -> RecordResult:
+    """Record the row ``request`` asks for, one recording at a time per process."""
+    if request.step is not None:  # a NumPy or torch integer names the row as an int
+        request = dataclasses.replace(request, step=int(request.step))
+    with STATE.record_lock:
+        return _record(ctx, request)
+
+
+def record_and_prune(ctx: RunContext, request: RecordRequest,
+                     keep: Retention = Retention()) -> RecordResult:
     """Record one row, log it, then apply retention to its run's rows."""
-    result = record(step, ctx=ctx, out=out, expect_latest=expect_latest, resumed=resumed,
-                    branched=branched)
+    result = record_request(ctx, request)
     logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,
                  ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items()))
     pusher = auto_push.pusher()
     if pusher is not None:
-        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.exp_name)
-    for name in retention.prune(ctx.dvc_root, result.exp_name, result.baseline,
-                                result.ref, *keep):
+        pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
+    for name in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
+                                result.ref, keep.keep_last, keep.keep_best):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
     return result

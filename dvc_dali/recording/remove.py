@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 from .. import gitcmd
 from ..errors import DvcDaliError
-from ..exp_refs import baseline_and_name, exp_refs, list_rows
+from ..exp_refs import Row, baseline_and_name, exp_refs, list_rows
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Removed:
     dvc_ref: bool
 
 
-def select_refs(rows: Iterable[dict], names: Iterable[str],
+def select_refs(rows: Iterable[Row], names: Iterable[str],
                 exp_refs: Iterable[tuple[str, str]] = ()) -> list[Target]:
     """The refs removing the runs ``names`` deletes: every checkpoint row
     (``rows`` as ``list_rows`` gives them) whose lineage names one of them, on
@@ -63,7 +63,7 @@ def summarize(targets: Sequence[Target]) -> list[Removed]:
     return list(seen.values())
 
 
-def _unknown_message(unknown: list[str], rows: list[dict]) -> str:
+def _unknown_message(unknown: list[str], rows: list[Row]) -> str:
     by_row = {r["name"]: r["exp"] for r in rows}
     hints = [f"{n} is one checkpoint row of run {by_row[n]} (`dvc exp remove {n}` removes "
              "just that row)" for n in unknown if n in by_row]

@@ -14,11 +14,11 @@ from typing import Any, Iterable, Optional
 
 from .. import gitcmd
 from ..best import best_row
-from ..exp_refs import git_dirs, list_rows
+from ..exp_refs import Row, git_dirs, list_rows
 
 
-def select_pruned(rows: list[dict], keep_last: Optional[int], *, keep: Iterable[str] = ()
-                  ) -> list[dict]:
+def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[str] = ()
+                  ) -> list[Row]:
     """The rows to delete: all but the last ``keep_last`` by step (then time)
     and the refs in ``keep``. ``keep_last`` None keeps every row."""
     if keep_last is None:
@@ -42,14 +42,14 @@ def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional
         return None
 
 
-def prune(dvc_root: str, exp_name: str, baseline: str, just_recorded: str,
+def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
           keep_last: Optional[int], keep_best: Optional[str],
           metrics_file: str = "dvclive/metrics.json") -> list[str]:
     """Delete the run's rows retention does not keep; their names."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
-    rows = [r for r in list_rows(dvc_root, exp_name) if r["baseline"] == baseline]
+    rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline]
     keep = {just_recorded}
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
         best = best_row(rows, keep_best,

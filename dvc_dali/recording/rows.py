@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from .. import gitcmd
 from ..errors import RecordError
-from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, iter_checkpoint_refs
+from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, iter_checkpoint_refs
 from . import commit
 
 
@@ -20,14 +20,14 @@ from . import commit
 class Lineage:
     """What a row's commit message says about where it belongs."""
 
-    exp: str
+    run: str  # the run's name (the line's "exp=")
     step: int
     parent: Optional[str]
     stage: str  # quoted "<dvc.yaml path>:<name>"
     outs: str  # digest of the stage's dvc.lock outs
 
     def line(self) -> str:
-        return (f"{LINEAGE_KEY} exp={self.exp} step={self.step} "
+        return (f"{LINEAGE_KEY} exp={self.run} step={self.step} "
                 f"parent={self.parent or 'none'} stage={self.stage} outs={self.outs}")
 
 
@@ -35,8 +35,8 @@ def stage_address(root_dir: str, stage: Any) -> str:
     return quote(os.path.relpath(stage.path, root_dir) + ":" + stage.name, safe="/:@")
 
 
-def row_name(exp_name: str, step: int) -> str:
-    return f"{exp_name}-step{step}"
+def row_name(run_name: str, step: int) -> str:
+    return f"{run_name}-step{step}"
 
 
 #: DVC's own ref to the row `dvc exp apply` last applied (DVC 3 sets it and no
@@ -99,11 +99,11 @@ def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str
     return (chosen[1], chosen[2], chosen[3]) if chosen else (None, 0, None)
 
 
-def run_name(exp_name: str, parent_run: Optional[str], branched: bool) -> str:
+def run_name(dvc_exp_name: str, parent_run: Optional[str], branched: bool) -> str:
     """The run a row belongs to: a resumed run keeps its name and numbering
     (as DVC 2's checkpoint experiments did), whatever `dvc exp run` named
     this invocation; a run that changed params branches off under its own."""
-    return parent_run if parent_run and not branched else exp_name
+    return parent_run if parent_run and not branched else dvc_exp_name
 
 
 def _push_ref(sha: str, ref: str, cwd_top: str, main_git_dir: str) -> bool:
@@ -131,7 +131,7 @@ def create_row_ref(sha: str, ref: str, cwd_top: str, main_git_dir: str, workspac
     return _push_ref(sha, ref, cwd_top, main_git_dir)
 
 
-def superseded_by(rows: list[dict], row: dict) -> list[dict]:
+def superseded_by(rows: list[Row], row: Row) -> list[Row]:
     """The rows its run recorded after ``row``: the same experiment on the
     same baseline, whose lineage leads back to it. Pure."""
     by_sha = {r["sha"]: r for r in rows}

@@ -28,10 +28,11 @@ from typing import Any, Optional
 
 from .. import atomic_file, exp_refs
 from ..context import RunContext
+from ..exp_refs import Row
 from ..flat_keys import flat_keys
 from ..log import logger
+from ..process_state import STATE
 from . import dvc_door
-from .cache import CACHE
 from .carry import carry, missed
 from .stage import find_stage, output_at
 
@@ -46,8 +47,8 @@ class RunStart:
     # md5 of the workspace's checkpoint brought into this run (for a script
     # that read its state already: the one it should have started from)
     carried: Optional[str] = None
-    resumed_row: Optional[dict] = None  # the recorded row the workspace checkpoint is
-    later_rows: list = field(default_factory=list)  # rows its run recorded after it
+    resumed_row: Optional[Row] = None  # the recorded row the workspace checkpoint is
+    later_rows: list[Row] = field(default_factory=list)  # rows its run recorded after it
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -66,8 +67,8 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = 
     state already, only note the checkpoint it missed (carry.missed);
     true: before the checkpoint is read,
     bring the workspace's into a --temp/queued run (see carry.py)."""
-    if CACHE.run_start is not None:
-        return CACHE.run_start
+    if STATE.run_start is not None:
+        return STATE.run_start
     from .maintenance import repo_at
 
     repo = repo_at(os.getcwd())
@@ -94,7 +95,7 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = 
             start.params.update(flat_keys(values, prefix))
     finally:
         dvc_door.unlock_repo(repo)
-    CACHE.run_start = start
+    STATE.run_start = start
     atexit.register(_put_params_back, repo.root_dir, ctx.lock_timeout)
     return start
 
@@ -103,7 +104,7 @@ def pin(toplevel: str) -> dict[str, bytes]:
     """The params files changed since the run started (their values in the
     row are the start's already: see known_deps), as {path relative to
     toplevel: bytes at the start}, for the row's commit."""
-    start = CACHE.run_start
+    start = STATE.run_start
     if start is None:
         return {}
     changed = {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
@@ -113,7 +114,7 @@ def pin(toplevel: str) -> dict[str, bytes]:
     return {os.path.relpath(os.path.realpath(p), top): b for p, b in changed.items()}
 
 
-def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[dict], list]:
+def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[Row], list[Row]]:
     """The row whose outputs the run's dvc.lock names (after `dvc exp apply
     <row>`, or a kill), and the rows its run recorded after it."""
     from . import lockfile, rows
@@ -134,7 +135,7 @@ def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[dict]
 
 def known_deps() -> dict[str, Any]:
     """The deps' hashes as the run started ({} before start_run)."""
-    return CACHE.run_start.deps if CACHE.run_start is not None else {}
+    return STATE.run_start.deps if STATE.run_start is not None else {}
 
 
 def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dict]:
@@ -175,21 +176,21 @@ def _warn_changed(changed: dict[str, bytes]) -> None:
                    "params this run started with, and the file gets them back when training "
                    "ends (for DVC's own experiment of this run)",
                    ", ".join(os.path.relpath(p) for p in changed))
-    CACHE.run_start.warned = True
+    STATE.run_start.warned = True
 
 
 def note_replaced() -> None:
     """Another command checked another experiment out into the workspace:
     its params stay when this run stops (nothing is put back)."""
-    if CACHE.run_start is not None:
-        CACHE.run_start.replaced = True
+    if STATE.run_start is not None:
+        STATE.run_start.replaced = True
 
 
 def _put_params_back(root: str, lock_timeout: float) -> None:
     """At the end of training: the params files as the run started, so DVC's
     own final commit and dvc.lock of the run record the params it trained
     with, not those another command wrote meanwhile."""
-    start = CACHE.run_start
+    start = STATE.run_start
     if start is None or start.replaced:
         return
     from .maintenance import repo_at

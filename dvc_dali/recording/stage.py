@@ -6,8 +6,8 @@ import os
 from typing import Any, Optional
 
 from ..errors import RecordError
+from ..process_state import STATE
 from . import dvc_door
-from .cache import CACHE
 
 STAGE_FIX = """\
     outs:
@@ -84,7 +84,7 @@ def cached_stage(repo: Any, target: Optional[str], out: Optional[str],
         watched += [stg.path, os.path.join(os.path.dirname(stg.path), "params.yaml")]
         return watched, (stg, dvc_door.stage_files(repo, stg))
 
-    return CACHE.from_files(("stage", repo.root_dir, target, out, os.getcwd()), load)
+    return STATE.from_files(("stage", repo.root_dir, target, out, os.getcwd()), load)
 
 
 def output_at(stage: Any, checkpoint_path: Optional[str]) -> Any:

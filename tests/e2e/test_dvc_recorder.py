@@ -24,6 +24,7 @@ from dvc_dali.errors import RecordError
 from tests.helpers import REPO
 from tests.helpers.dvc_project import make_project, queue_report, wait_queue
 from tests.helpers.rows import exp_rows
+from dvc_dali.process_state import STATE, reset
 
 TRAIN_PY = textwrap.dedent(
     """\
@@ -371,7 +372,7 @@ def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
     res4 = rec.record()
     assert (res4.step, res4.name, res4.parent) == (3, "direct-step3", res3.sha)
     # ... also in a new process, found from the outputs in dvc.lock
-    rec.CACHE.tips.clear()
+    STATE.tips.clear()
     (repo / "ckpt" / "state.txt").write_text("4 direct")
     res5 = rec.record()
     assert (res5.step, res5.parent) == (4, res4.sha)
@@ -502,7 +503,7 @@ def test_tracked_files_changed_between_rows_are_in_the_next_row(repo, stage_env,
     git(repo, "add", "src")
     git(repo, "commit", "-qm", "a package")
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", git(repo, "rev-parse", "HEAD"))
-    rec.CACHE.clear()
+    reset()
 
     def files(sha: str) -> dict[str, str]:
         names = git(repo, "ls-tree", "-r", "--name-only", sha, "src").split()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dvc_dali.process_state import reset
 from dvc_dali.recording import pipeline as rec
 
 from tests.helpers.dvc_project import make_project
@@ -47,9 +48,9 @@ def repo(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     monkeypatch.chdir(r)
     (r / "ckpt").mkdir()
-    rec.CACHE.clear()
+    reset()
     yield r
-    rec.CACHE.clear()
+    reset()
 
 
 def test_a_changed_file_under_the_stage_dep_directory_is_in_the_next_row(repo):

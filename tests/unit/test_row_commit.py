@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dvc_dali.recording import commit
-from dvc_dali.recording.cache import CACHE
+from dvc_dali.process_state import reset
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
@@ -33,7 +33,7 @@ def git_tree(repo: Path, paths: list[str]) -> str:
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    CACHE.clear()
+    reset()
     git(tmp_path, "init", "-q", "-b", "main")
     git(tmp_path, "config", "user.email", "t@example.com")
     git(tmp_path, "config", "user.name", "t")
@@ -47,7 +47,7 @@ def repo(tmp_path) -> Path:
     git(tmp_path, "add", "-f", "plots/kept.log")
     git(tmp_path, "commit", "-qm", "base")
     yield tmp_path
-    CACHE.clear()
+    reset()
 
 
 def test_rows_are_the_trees_git_would_write(repo):

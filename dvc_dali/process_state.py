@@ -1,0 +1,162 @@
+"""Everything one process keeps between calls, in one object: ``STATE``.
+
+Lookups reused between checkpoints, handles, the background pusher and
+thread pools, what was said once, which hooks are installed. ``reset()``
+puts every field back to its initial value, as in a new process (tests call
+it); in a child made by ``os.fork()`` the fields that do not survive a fork
+(threads, locks, library handles: marked ``fork: reset``) start afresh,
+while what the child inherits as fact (hooks installed, the run started,
+lines already said, the dir locks whose descriptors it shares) stays.
+
+The rule for the lookups read from files (the stage from dvc.yaml and
+params.yaml, the dvc.lock data this process wrote): an entry stands while
+those files' stamps (inode, mtime, size) are unchanged; a recording that
+fails drops them all (``forget_files``), so the next one looks everything up
+afresh. Handles (DVC repos, git dirs) and the lineage tips this process
+published are kept for its lifetime.
+
+Plain data: this module imports no other dvc_dali module.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    import pygit2
+
+    from .recording.auto_push import Pusher
+    from .recording.row_tree import Seen
+    from .recording.run_start import RunStart
+
+#: A field a forked child must not reuse: it starts afresh there.
+_FORK_RESET = {"fork": "reset"}
+
+
+def stamp(paths: list[str]) -> tuple:
+    """What changes when any of paths is rewritten."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+@dataclass
+class _Stamped:
+    paths: list[str]
+    stamp: tuple
+    value: Any
+
+
+@dataclass
+class ProcessState:
+    # -- the recorder's lookups (recording/) --------------------------------
+    dvc_repos: dict[str, Any] = field(default_factory=dict, metadata=_FORK_RESET)  # root -> Repo
+    git_dirs: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> (git dir, top)
+    main_cache_dirs: dict[str, str] = field(default_factory=dict)  # DVC_ROOT -> cache dir
+    # the lineage tip per (main git dir, DVC_EXP_NAME, stage): (commit sha, step, run name)
+    tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(
+        default_factory=dict)
+    run_start: Optional[RunStart] = None  # the params this run trains with
+    # the run started (before its first row, once): start_bare_run's answer,
+    # whether its rows branch off; False after a Checkpointer's start_run
+    run_started: Optional[bool] = None
+    untracked_outs: set[str] = field(default_factory=set)  # outputs found not tracked by git
+    # git work tree -> row_tree.Seen: the tracked paths that may differ from the
+    # index (changed at the first row, or named by inotify since); its watcher's
+    # inotify descriptor is closed on reset
+    start_changes: dict[str, Seen] = field(default_factory=dict, metadata=_FORK_RESET)
+    files_cache: dict[Any, _Stamped] = field(default_factory=dict)  # see from_files
+    record_lock: threading.Lock = field(default_factory=threading.Lock,
+                                        metadata=_FORK_RESET)  # one recording at a time
+    written_lock_entries: dict[tuple[str, str], str] = field(
+        default_factory=dict)  # (dvc.lock, stage) -> the entry this process wrote there last
+    # -- the rows' commits (recording/commit.py) ----------------------------
+    git_repos: dict[str, pygit2.Repository] = field(default_factory=dict,
+                                                    metadata=_FORK_RESET)
+    git_idents: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    swept: set[str] = field(default_factory=set)  # leftover patterns swept once
+    last_row_time: int = 0  # commit time of this process's last row (seconds)
+    # -- threads ---------------------------------------------------------------
+    pusher: Optional[Pusher] = field(default=None, metadata=_FORK_RESET)  # auto_push.py
+    write_pool: Optional[ThreadPoolExecutor] = field(default=None,
+                                                     metadata=_FORK_RESET)  # store.py's writers
+    background_pool: Optional[ThreadPoolExecutor] = field(
+        default=None, metadata=_FORK_RESET)  # the Checkpointers' one asynchronous save
+    digest_pool: Optional[ThreadPoolExecutor] = field(
+        default=None, metadata=_FORK_RESET)  # batch_digests: a batch hashed while it trains
+    device_weights: dict[int, Any] = field(default_factory=dict,
+                                           metadata=_FORK_RESET)  # batch_digests, on the GPU
+    # -- the checkpoint directory's lock (dirlock.py) --------------------------
+    held_dir_locks: dict[Any, list[int]] = field(default_factory=dict)  # path -> [fd, holders]
+    # -- exit hooks, and what was said once -----------------------------------
+    excepthook_installed: bool = False  # exit_hooks: in every mode
+    exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
+    kept: Optional[tuple[int, str]] = None  # (step, row) this process recorded last
+    said_not_recording: bool = False  # signal_file
+    said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
+    meta_checked: str = ""  # store: the last metadata text found shallow enough
+
+    def from_files(self, key: Any, load: Callable[[], tuple[list[str], Any]]) -> Any:
+        """The value cached under key while its files are unchanged, else
+        ``load()`` -> (files it was read from, value)."""
+        hit = self.files_cache.get(key)
+        if hit is not None and stamp(hit.paths) == hit.stamp:
+            return hit.value
+        paths, value = load()
+        self.files_cache[key] = _Stamped(paths, stamp(paths), value)
+        return value
+
+    def remember(self, key: Any, paths: list[str], value: Any) -> None:
+        """Cache value as read from paths as they are now."""
+        self.files_cache[key] = _Stamped(paths, stamp(paths), value)
+
+    def forget_files(self) -> None:
+        """After a failed recording: look everything up afresh next time."""
+        self.files_cache.clear()
+        self.untracked_outs.clear()
+
+
+STATE = ProcessState()
+
+
+def _restart(names: list[str]) -> None:
+    """The fields ``names`` back to their initial values, closing what they
+    hold open (inotify watchers; with ``held_dir_locks``, the locks)."""
+    fresh = ProcessState()
+    if "start_changes" in names:
+        for seen in STATE.start_changes.values():
+            seen.watcher.close()
+    if "held_dir_locks" in names:
+        for fd, _holders in STATE.held_dir_locks.values():
+            try:
+                os.close(fd)  # as at a process's end: the lock goes
+            except OSError:
+                pass
+    for name in names:
+        setattr(STATE, name, getattr(fresh, name))
+
+
+def reset() -> None:
+    """Every field back to its initial value, as in a new process: caches,
+    the pusher (its thread is left to finish), thread pools, hooks flags,
+    what was said once; held checkpoint-directory locks are released."""
+    _restart([f.name for f in fields(ProcessState)])
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: no thread of the parent runs here, a lock may be held
+    by one that does not exist, and library handles are the parent's."""
+    _restart([f.name for f in fields(ProcessState) if f.metadata.get("fork") == "reset"])
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
