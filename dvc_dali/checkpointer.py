@@ -1,8 +1,9 @@
 """The Checkpointer: build pipelines fresh or restored, save, resume.
 
-A facade: DALI is reached only through dali_state (pipelines),
-dali_iterators (framework iterators), dali_dynamic (dynamic mode) and
-dali_tf (the TF plugin); the on-disk format is store's; what a rerun does
+A facade: what a checkpoint restores is restorable's (one protocol for
+DALI pipelines, TF datasets and dynamic mode, behind which DALI is reached
+through dali_state, dali_iterators, dali_dynamic and dali_tf); the on-disk
+format is store's; what a rerun does
 with the checkpoint it finds is resume's; recording into DVC is
 signal_file's (and recording/pipeline.py's).
 """
@@ -22,7 +23,6 @@ import numpy as np
 from . import arrays as arrays_mod
 from . import (
     batch_digests,
-    dali_dynamic,
     dali_iterators,
     dali_state,
     dali_tf,
@@ -31,6 +31,7 @@ from . import (
     distributed,
     exit_hooks,
     preemption,
+    restorable,
     rng_state,
     signal_file,
     store,
@@ -38,14 +39,13 @@ from . import (
 from ._version import __version__
 from .context import RunContext
 from .errors import (
-    CheckpointCorruptError,
     ConfigError,
-    PipelineMismatchError,
     UnchangedCheckpointError,
 )
 from .log import logger
 from .process_state import STATE
 from .record_request import RecordRequest
+from .restorable import Restorable
 from .resume import NOTHING, RESUME, ResumeDecision, decide
 
 
@@ -110,11 +110,8 @@ class Checkpointer:
             raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
                               "run's total number of steps")
         self.total_steps = total_steps
-        self._pipelines: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (pipe, description)
-        self._iterators: list[Any] = []
-        self._tf: dict[str, tuple[dali_tf.Stream, dict[str, Any]]] = {}  # name -> (stream, desc)
-        self._dynamic: dict[str, Any] = {}
-        self._contents: dict[str, data_contents.Contents] = {}  # name -> its data's digests
+        # everything the checkpoint restores (restorable.py), by (manifest part, name)
+        self._sources: dict[tuple[str, str], Restorable] = {}
         self.rank, self.world_size = distributed.world()
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
@@ -161,7 +158,8 @@ class Checkpointer:
                 "a changed parameter (a new run from step 0) from more steps (train further), "
                 "and would record rows for training it did not do.")
 
-    def _resume_from(self, snapshot: store.Snapshot | None) -> _Saved | None:
+    def _resume_from(self, snapshot: store.Snapshot | None
+                     ) -> restorable.SavedCheckpoint | None:
         """What to restore from the checkpoint read (see :mod:`dvc_dali.resume`):
         None when fresh, or for a finished run that starts anew."""
         if snapshot is None:
@@ -185,7 +183,7 @@ class Checkpointer:
         self._pending_message = decision.message if decision.action == RESUME else ""
         if decision.action != RESUME:
             return None
-        saved = _Saved(snapshot, decision.changes)
+        saved = restorable.SavedCheckpoint(snapshot, decision.changes, self._ctx.inexact)
         if self._ctx.mode == "record":
             saved.explain_data = self._data_changes
         return saved
@@ -208,7 +206,8 @@ class Checkpointer:
 
         def why(name: str) -> str:
             entry = manifest["pipelines"].get(name) or {}
-            contents = self._contents.get(name)
+            source = self._sources.get((restorable.PIPELINES, name))
+            contents = getattr(source, "contents", None)
             data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
             return batch_digests.what_changed(saved_versions, _versions(), data)
 
@@ -308,29 +307,39 @@ class Checkpointer:
         (batch_size, num_threads, device_id, seed and its own arguments), or
         an unbuilt ``Pipeline``. Returns the built pipeline.
         """
-        self._check_new_name(name)
+        pipe, description, contents = self._prepare(name, source, kwargs)
+        self._register(restorable.DaliPipeline(name, pipe, description, contents))
+        self._batches.watch(name, pipe, dali_state.keeps_outputs(pipe))
+        dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
+        return pipe
+
+    def _prepare(self, name: str, source: Any, kwargs: dict[str, Any]
+                 ) -> tuple[Any, dict[str, Any], data_contents.Contents]:
+        """An unbuilt pipeline, its description, and its data's contents
+        being digested on a thread (proof at runtime, data_contents.py)."""
+        if (restorable.PIPELINES, name) in self._sources:
+            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe)
-        # the data's contents, digested on a thread (proof at runtime, data_contents.py)
-        contents = data_contents.start(name, description, self._ctx.content_digest_max)
-        if self._saved is None:
-            dali_state.build(pipe, name)
-        else:
-            state = self._saved.pipeline_state(name, description)
-            dali_state.build(pipe, name, state, str(self._saved.state_file(name)))
-            data_contents.check(contents, self._saved.snapshot.manifest["pipelines"][name],
-                                str(self._saved.manifest_path), self._ctx.inexact)
-        self._contents[name] = contents
-        self._batches.watch(name, pipe, dali_state.keeps_outputs(pipe))
-        dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
-        self._pipelines[name] = (pipe, description)
-        self._announce()
-        return pipe
+        return pipe, description, data_contents.start(name, description,
+                                                      self._ctx.content_digest_max)
 
-    def _check_new_name(self, name: str) -> None:
-        if name in self._pipelines or name in self._tf:
-            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
+    def _register(self, source: Restorable) -> None:
+        """The one restore path: built from the checkpoint being resumed (or
+        fresh), then captured at every save."""
+        source.restore(self._saved)
+        self._sources[(source.section, source.name)] = source
+        self._announce()
+
+    def _of_kind(self, kind: type) -> list[Any]:
+        return [s for s in self._sources.values() if isinstance(s, kind)]
+
+    @property
+    def tf_datasets(self) -> dict[str, bool]:
+        """The :meth:`tf_dataset` datasets by name: whether an iterator was
+        made from each (the Keras callback checks that fit got them)."""
+        return {s.name: s.iterated for s in self._of_kind(restorable.TfDataset)}
 
     def tf_dataset(self, name: str, source: Any, *, output_dtypes: Any,
                    output_shapes: Any = None, transform: Any = None, **kwargs: Any) -> Any:
@@ -346,23 +355,11 @@ class Checkpointer:
         continues where the previous one stopped; the first starts at the
         saved position.
         """
-        self._check_new_name(name)
-        pipe = dali_state.prepare(source, kwargs)
-        dali_state.check_restorable(pipe, name)
-        description = dali_state.describe(pipe)
-        contents = data_contents.start(name, description, self._ctx.content_digest_max)
-        saved, where = None, ""
-        if self._saved is not None:
-            saved = self._saved.pipeline_state(name, description, kind=dali_tf.KIND)
-            where = str(self._saved.state_file(name))
-            data_contents.check(contents, self._saved.snapshot.manifest["pipelines"][name],
-                                str(self._saved.manifest_path), self._ctx.inexact)
-        self._contents[name] = contents
-        stream = dali_tf.Stream(saved, where)
-        dataset = dali_tf.dataset(pipe, stream.started, output_dtypes, output_shapes, transform)
-        self._tf[name] = (stream, description)
-        self._announce()
-        return dataset
+        pipe, description, contents = self._prepare(name, source, kwargs)
+        source_ = restorable.TfDataset(name, pipe, description, contents)
+        self._register(source_)
+        return dali_tf.dataset(pipe, source_.stream.started, output_dtypes, output_shapes,
+                               transform)
 
     def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
         """A framework iterator (``DALIGenericIterator``,
@@ -375,12 +372,13 @@ class Checkpointer:
         an iterator that skips the end of that epoch.
         """
         pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
-        known = {id(p) for p, _ in self._pipelines.values()}
+        known = {id(s.pipe): s for s in self._of_kind(restorable.DaliPipeline)}
         if any(id(p) not in known for p in pipes):
             raise ValueError("build the iterator's pipelines with Checkpointer.pipeline() "
                              "first, so they are restored and saved")
         it = dali_iterators.create(iterator_class, pipes, args, kwargs, self.resumed)
-        self._iterators.append(it)
+        for p in pipes:
+            known[id(p)].iterator = it  # saved through it from now on
         return it
 
     def dynamic(self, name: str = "dynamic") -> Any:
@@ -390,11 +388,10 @@ class Checkpointer:
         (``register(op, "name")``); when resuming, each gets its saved state
         at registration.
         """
-        if name not in self._dynamic:
-            saved = self._saved.dynamic_state(name) if self._saved else None
-            where = str(self._saved.snapshot.path) if self._saved else ""
-            self._dynamic[name] = dali_dynamic.checkpoint(name, saved, where)
-        return self._dynamic[name]
+        key = (restorable.DYNAMIC, name)
+        if key not in self._sources:
+            self._register(restorable.DynamicMode(name))
+        return self._sources[key].checkpoint
 
     def keras_callback(self, every: int, live: Any = None,
                        on_checkpoint: Any = None) -> Any:
@@ -416,7 +413,7 @@ class Checkpointer:
             raise ConfigError(f"Checkpointer.keras_callback() needs Keras 3 ({exc}): install "
                               "the tf extra, pip install \"dvc-dali[tf]\".") from None
 
-        return DaliCheckpoint(self, every, self._tf, live, on_checkpoint)
+        return DaliCheckpoint(self, every, live, on_checkpoint)
 
     def lightning_callback(self, every: int, live: Any = None,
                            on_checkpoint: Any = None) -> Any:
@@ -518,18 +515,21 @@ class Checkpointer:
         self._announce()
         return store.Capture(
             step=step,
-            pipelines=data_contents.annotate(
-                {**self._batches.checkpoint(_pipeline_entries(self._pipelines, self._iterators)),
-                 **_tf_entries(self._tf)}, self._contents),
+            pipelines=self._batches.checkpoint(self._captured(restorable.PIPELINES)),
             arrays=_with_rng(arrays, self._rng),
             metadata=dict(metadata or {}),
             versions=_versions(),
             run={"params": self.params, "total_steps": self.total_steps},
-            dynamic={name: dali_dynamic.serialize(ckpt) for name, ckpt in self._dynamic.items()},
+            dynamic=self._captured(restorable.DYNAMIC),
             # md5 is what DVC caches by: computed while writing, it is handed to
             # DVC when this process records; elsewhere the cheaper crc32 serves
             digest="md5" if self._ctx.mode == "record" else "crc32",
         )
+
+    def _captured(self, section: str) -> dict[str, Any]:
+        """Each registered source's state now, for one part of the manifest."""
+        return {name: source.capture() for (part, name), source in self._sources.items()
+                if part == section}
 
     def _write(self, captured: store.Capture) -> Path:
         """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""
@@ -556,75 +556,6 @@ class Checkpointer:
         distributed.barrier()
 
 
-class _Saved:
-    """The checkpoint being resumed, matched by name against what is built now.
-
-    DALI restores silently into a different pipeline, so each saved state is
-    handed out only to a pipeline with the same description.
-    """
-
-    def __init__(self, snapshot: store.Snapshot, param_changes: tuple[str, ...]) -> None:
-        self.snapshot = snapshot
-        self.param_changes = param_changes  # named in a mismatch, which they may explain
-        self.explain_data = lambda old, new: []  # the files behind a changed data digest
-        self.manifest_path = snapshot.path / store.MANIFEST
-
-    def state_file(self, name: str) -> Path:
-        return self.snapshot.path / self.snapshot.manifest["pipelines"][name]["file"]
-
-    def pipeline_state(self, name: str, description: dict[str, Any],
-                       kind: str = dali_state.KIND) -> bytes:
-        """Pipeline ``name``'s saved state, checked; refused for another
-        pipeline, or one built another way (``kind``: a DALI pipeline, a
-        TensorFlow DALIDataset)."""
-        saved = self.snapshot.manifest["pipelines"]
-        if name not in saved:
-            raise PipelineMismatchError(
-                f"{self.manifest_path}: has no pipeline {name!r} (it holds "
-                f"{sorted(saved) or 'none'}), so {name!r} cannot resume where the others do. "
-                "Register the pipelines under the names they were saved with, or start over "
-                "with `dvc-dali reset`.")
-        saved_kind = saved[name].get("kind", dali_state.KIND)
-        if saved_kind != kind:
-            raise PipelineMismatchError(
-                f"{self.manifest_path}: pipeline {name!r} was saved from {_BUILT_BY[saved_kind]}"
-                f", and is now built with {_BUILT_BY[kind]}; their states do not carry over. "
-                "Build it the way it was saved to resume, or start over with `dvc-dali reset`.")
-        old = saved[name].get("description")
-        if not isinstance(old, dict):
-            raise CheckpointCorruptError(f"{self.manifest_path}: pipeline {name!r} has no "
-                                         "description; start over with `dvc-dali reset`.")
-        diff = dali_state.differences(old, description)
-        if diff:
-            diff += self.explain_data(old, description)
-            raise PipelineMismatchError(
-                f"{self.manifest_path}: pipeline {name!r} differs from the one that wrote the "
-                "checkpoint, and DALI would restore into it silently, producing other "
-                "batches:\n  " + "\n  ".join(diff)
-                + "".join(f"\n  param {c}" for c in self.param_changes)
-                + "\nRun with the saved settings to resume, or start over with "
-                "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
-        state = self.snapshot.pipeline_states[name]
-        if kind == dali_tf.KIND:
-            dali_tf.unpack(state, str(self.state_file(name)))  # names the file if damaged
-        else:
-            dali_state.read_state(state, str(self.state_file(name)))
-        return state
-
-    def dynamic_state(self, name: str) -> str:
-        saved = self.snapshot.dynamic_states
-        if name not in saved:
-            raise PipelineMismatchError(
-                f"{self.manifest_path}: has no dynamic-mode state {name!r} (it holds "
-                f"{sorted(saved) or 'none'}); use the saved name, or start over with "
-                "`dvc-dali reset`.")
-        return saved[name]
-
-
-_BUILT_BY = {dali_state.KIND: "Checkpointer.pipeline() (a DALI pipeline)",
-             dali_tf.KIND: "Checkpointer.tf_dataset() (a TensorFlow DALIDataset)"}
-
-
 def _versions() -> dict[str, str]:
     return {
         "dvc_dali": __version__,
@@ -641,36 +572,6 @@ def _with_rng(arrays: dict[str, Any] | None, rng: bool) -> dict[str, Any]:
     if rng:
         out[rng_state.KEY] = rng_state.capture()
     return out
-
-
-def _pipeline_entries(pipes: dict[str, tuple[Any, dict[str, Any]]],
-                      iterators: list[Any]) -> dict[str, dict[str, Any]]:
-    """Each pipeline's state now and its manifest fields."""
-    # A pipeline under a framework iterator is saved through the iterator:
-    # pipe.checkpoint() would lose the iterator's counters.
-    through_iterator = dali_iterators.pipeline_states(iterators)
-    entries = {}
-    for name, (pipe, description) in pipes.items():
-        state = through_iterator.get(id(pipe)) or dali_state.capture(pipe)
-        info = dali_state.read_state(state, name)
-        entries[name] = {
-            "state": state,
-            "fingerprint": dali_state.fingerprint(description),
-            "description": description,
-            "iter": info["iter"],
-            "epoch_idx": info["epoch_idx"],
-            "serialized": dali_state.serialized(pipe),  # for `dvc-dali doctor --verify`
-        }
-    return entries
-
-
-def _tf_entries(streams: dict[str, tuple[dali_tf.Stream, dict[str, Any]]]
-                ) -> dict[str, dict[str, Any]]:
-    """Each TensorFlow dataset's iterator state now and its manifest fields."""
-    return {name: {"state": stream.state(), "kind": dali_tf.KIND,
-                   "fingerprint": dali_state.fingerprint(description),
-                   "description": description}
-            for name, (stream, description) in streams.items()}
 
 
 def _publish_one(path: Path, captured: store.Capture) -> Path:

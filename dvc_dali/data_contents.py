@@ -210,14 +210,3 @@ def check(contents: Contents, saved_entry: dict[str, Any], manifest_path: str,
         "checkout`, `git checkout`) to resume, or start over on the new data with `dvc-dali "
         "reset` (or Checkpointer(..., resume=False)); to continue on purpose, knowing the run "
         "is no longer exact, set DVC_DALI_INEXACT=1.")
-
-
-def annotate(entries: dict[str, dict[str, Any]], contents: dict[str, Contents]
-             ) -> dict[str, dict[str, Any]]:
-    """The pipelines' manifest entries with their ``contents`` (joined now:
-    the first save waits for the digests still being computed)."""
-    for name, job in contents.items():
-        records = job.result()
-        if name in entries and records:
-            entries[name][KEY] = records
-    return entries

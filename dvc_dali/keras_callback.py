@@ -27,12 +27,12 @@ from .errors import ConfigError
 class DaliCheckpoint(keras.callbacks.Callback):
     """Made by :meth:`dvc_dali.Checkpointer.keras_callback`."""
 
-    def __init__(self, ck: Any, every: int, streams: dict[str, Any], live: Any = None,
+    def __init__(self, ck: Any, every: int, live: Any = None,
                  on_checkpoint: Callable[[int, dict[str, float]], None] | None = None) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"keras_callback(every={every!r}): a positive number of steps")
-        self._ck, self._every, self._streams = ck, every, streams
+        self._ck, self._every = ck, every
         self._live, self._on_checkpoint = live, on_checkpoint
         self.step = ck.step  # optimizer steps done, over all fit calls
         self._saved_step = ck.step
@@ -67,7 +67,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
 
     # -- Keras hooks --------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if not self._streams:
+        if not self._ck.tf_datasets:
             raise ConfigError(
                 "keras_callback(): no dataset was built with Checkpointer.tf_dataset(), so the "
                 "data's position would not be saved and a resumed fit would train on other "
@@ -95,7 +95,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         before, self.step = self.step, self.step + batch - self._begin + 1
-        if not any(stream.iterated for stream, _ in self._streams.values()):
+        if not any(self._ck.tf_datasets.values()):
             raise ConfigError(
                 "model.fit was given a dataset other than the one Checkpointer.tf_dataset() "
                 "returned (a .map() or .batch() on it makes a new dataset whose position "
