@@ -39,7 +39,8 @@ def manifest(ckpt: Path) -> dict:
     return json.loads((ckpt / name / "manifest.json").read_text())
 
 
-def _keep_size_and_mtime(path: Path, raw: bytes) -> None:
+def keep_size_and_mtime(path: Path, raw: bytes) -> None:
+    """``raw`` written over ``path``, whose size it must have; mtime kept."""
     before = path.stat()
     path.write_bytes(raw)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -50,7 +51,7 @@ def _keep_size_and_mtime(path: Path, raw: bytes) -> None:
 def rewrite_same_size_and_mtime(path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one byte in the middle of the JPEG's entropy data
-    _keep_size_and_mtime(path, bytes(raw))
+    keep_size_and_mtime(path, bytes(raw))
 
 
 def perturb_same_size_and_mtime(path: Path) -> None:
@@ -63,4 +64,4 @@ def perturb_same_size_and_mtime(path: Path) -> None:
     while raw[i] >= 0xFE or raw[i - 1] == 0xFF or raw[i + 1] == 0xFF:
         i += 1
     raw[i] ^= 0x01
-    _keep_size_and_mtime(path, bytes(raw))
+    keep_size_and_mtime(path, bytes(raw))
