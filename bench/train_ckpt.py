@@ -173,7 +173,7 @@ def floor(src: Path, w: np.ndarray) -> dict:
         os.fsync(fd)
         os.close(fd)
 
-    def write_hashing():  # what store.write_snapshot does per array file, fsync included
+    def write_hashing():  # what store.write_capture does per array file, fsync included
         store._write_hashed(d / "hashing.npy", store._npy_parts(w))
 
     piece("write_plain", write_plain)

@@ -400,18 +400,6 @@ class _Batch:
         self._fds.clear()
 
 
-def write_snapshot(root: Path, step: int, pipelines: dict[str, dict[str, Any]],
-                   arrays: dict[str, Any], metadata: dict[str, Any],
-                   versions: dict[str, str], run: dict[str, Any] | None = None,
-                   dynamic: dict[str, str] | None = None,
-                   rank: dict[str, int] | None = None,
-                   digest: str = "crc32") -> tuple[str, str]:
-    """:func:`write_capture` of a Capture of these fields (a hand-made
-    snapshot, as the tests write)."""
-    return write_capture(root, Capture(step, pipelines, arrays, metadata, versions, run,
-                                       dynamic, digest), rank)
-
-
 def write_capture(root: Path, capture: Capture,
                   rank: dict[str, int] | None = None) -> tuple[str, str]:
     """Write one complete snapshot of ``capture`` under ``root`` (not yet

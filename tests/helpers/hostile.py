@@ -85,10 +85,10 @@ def write_store_checkpoint(root: Path) -> None:
     pipes = {name: {"state": f"\x0a\x03{name} fake DALI state".encode(),
                     "description": DESCRIPTION, "fingerprint": "0" * 40, "iter": 3,
                     "epoch_idx": 0} for name in ("train", "val")}
-    name, md5 = store.write_snapshot(
-        root, 7, pipes, user_arrays(), {"lr": 0.1, "note": "x"}, {"dvc_dali": "test"},
+    name, md5 = store.write_capture(root, store.Capture(
+        7, pipes, user_arrays(), {"lr": 0.1, "note": "x"}, {"dvc_dali": "test"},
         run={"params": {"lr": 0.1}, "total_steps": 10},
-        dynamic={"dyn": '{"reader": {"pos": 3}}'})
+        dynamic={"dyn": '{"reader": {"pos": 3}}'}))
     store.publish(root, [(name, md5)])
 
 
