@@ -326,7 +326,7 @@ def _check_torch(c: _Checker, info: dict, field: str, dtype: np.dtype) -> None:
                        "torch array has it")
         return
     view, view_field = info.get("torch_view"), key(field, "torch_view")
-    if view is not None and view not in TORCH_VIEWS:
+    if view is not None and (not isinstance(view, str) or view not in TORCH_VIEWS):
         c.fail(view_field, f"is {_show(view)}, expected null or int8/int16/int32/int64")
     name = c.text(c.get(info, field, "torch_dtype"), key(field, "torch_dtype"), _TORCH_DTYPE,
                   "a torch dtype name")

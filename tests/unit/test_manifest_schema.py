@@ -92,6 +92,8 @@ BAD_FIELDS = [
     ("array_files[0].torch_dtype", "load", "array_files[0].torch_dtype"),  # no torch dtype
     ("array_files[0].torch_dtype", "torch.load()", "array_files[0].torch_dtype"),
     ("array_files[0].torch_view", "float32", "array_files[0].torch_view"),
+    ("array_files[0].torch_view", [], "array_files[0].torch_view"),  # unhashable: found by fuzz
+    ("array_files[0].torch_view", {"a": 1}, "array_files[0].torch_view"),
     ("array_files[1]", [], "array_files[1]"),
     ("array_files", {}, "array_files"),
     ("files.pipelines/00000.dali.md5", "x" * 32, "files['pipelines/00000.dali'].md5"),
