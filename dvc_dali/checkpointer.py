@@ -185,7 +185,8 @@ class Checkpointer:
             return None
         saved = restorable.SavedCheckpoint(snapshot, decision.changes, self._ctx.inexact)
         if self._ctx.mode == "record":
-            saved.explain_data = self._data_changes
+            ctx = self._ctx  # not self (a cycle would keep the directory lock)
+            saved.explain_data = lambda old, new: _data_changes(ctx, old, new)
         return saved
 
     def _resume_batch_proof(self) -> None:
@@ -203,34 +204,18 @@ class Checkpointer:
             found = recording.batches_after(str(self.path), log_id,
                                             self._saved.snapshot.step)
         saved_versions = manifest.get("versions") or {}
+        sources = self._sources  # not self: a closure over self would keep this
+        # Checkpointer (and its directory lock) alive past its last reference
 
         def why(name: str) -> str:
             entry = manifest["pipelines"].get(name) or {}
-            source = self._sources.get((restorable.PIPELINES, name))
+            source = sources.get((restorable.PIPELINES, name))
             contents = getattr(source, "contents", None)
             data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
             return batch_digests.what_changed(saved_versions, _versions(), data)
 
         self._batches.resume(log_id, found, self._saved.snapshot.step, why,
                              str(self._saved.manifest_path))
-
-    def _data_changes(self, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-        """'<dir>: added ..., changed ...' for each data location whose digest
-        changed, as far as the recorded rows tell."""
-        from .recording import pipeline as recording
-
-        lines = []
-        for key, digest in (new.get("data") or {}).items():
-            if (old.get("data") or {}).get(key) == digest:
-                continue
-            op, _, arg = key.rpartition(".")
-            value = new["operators"].get(op, {}).get("args", {}).get(arg)
-            for path in value if isinstance(value, list) else [value]:
-                if isinstance(path, str) and os.path.isdir(path):
-                    found = recording.data_changes(self._ctx, path)
-                    if found:
-                        lines.append(f"{key} ({path}): " + ", ".join(found))
-        return lines
 
     def _refuse_unchanged_rerun(self, step: int) -> None:
         """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
@@ -554,6 +539,25 @@ class Checkpointer:
                 step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
                 branched=branched), self._retention)
         distributed.barrier()
+
+
+def _data_changes(ctx: RunContext, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'<dir>: added ..., changed ...' for each data location whose digest
+    changed, as far as the recorded rows tell."""
+    from .recording import pipeline as recording
+
+    lines = []
+    for key, digest in (new.get("data") or {}).items():
+        if (old.get("data") or {}).get(key) == digest:
+            continue
+        op, _, arg = key.rpartition(".")
+        value = new["operators"].get(op, {}).get("args", {}).get(arg)
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, str) and os.path.isdir(path):
+                found = recording.data_changes(ctx, path)
+                if found:
+                    lines.append(f"{key} ({path}): " + ", ".join(found))
+    return lines
 
 
 def _versions() -> dict[str, str]:

@@ -145,3 +145,32 @@ def test_a_manifest_holds_the_first_digests_the_companion_file_all(tmp_path, mon
     assert record["previous"] == first and len(record["digests"]) == 3
     kept = batch_digests.read_companion(companion(ckpt), first)["train"]
     assert len(kept) == 5 and kept[:3] == record["digests"]
+
+
+def test_a_resumed_checkpointer_let_go_frees_its_directory(tmp_path):
+    """Its batch proof keeps no reference to it: dropped without close(), as
+    a script's ends, the directory lock goes at once (no cycle for the GC)."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2],
+                     kill_after=4)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+
+    import gc
+
+    from tests.helpers import pipelines
+
+    import dvc_dali
+
+    def resumed_step() -> int:
+        ck = dvc_dali.Checkpointer(ckpt)
+        fn, kwargs = pipelines.make("source", str(tmp_path))["train"]
+        ck.pipeline("train", fn, **kwargs)
+        return ck.step
+
+    gc.disable()
+    try:
+        assert resumed_step() == 2
+        again = proof_run("source", tmp_path, ckpt, tmp_path / "again.npz", 6)
+    finally:
+        gc.enable()
+    assert again.returncode == 0, again.stderr[-3000:]
