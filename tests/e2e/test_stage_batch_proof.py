@@ -9,6 +9,7 @@ machine after `dvc exp pull`); with the data put back, it resumes."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -51,6 +52,10 @@ def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(proje
     assert killed.returncode != 0
     assert {"a-step10", "a-step20"} <= set(exp_rows(project)) and "a-step30" not in exp_rows(
         project)
+    # the workspace's checkpoint replayed without training: its batches so far
+    ws = run(["dvc-dali", "doctor", "--verify"], project, check=False)
+    assert re.search(r"ok   checkpoint \(workspace\), pipeline 'train': the [45] batches "
+                     r"recorded after step 20 are reproduced exactly", ws.stdout), ws.stdout
     images = project / "data" / "digits"
     rotate_same_size_files(images)
 
