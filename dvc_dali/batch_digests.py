@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -211,11 +212,18 @@ def log_id_of(manifest: dict[str, Any]) -> str | None:
     return None
 
 
+def _new_log_id() -> str:
+    """32 hex digits: the time (ns) first, so names sort in creation order."""
+    return f"{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
+
+
 def _prune(directory: Path) -> None:
+    """The oldest companion files beyond the newest _KEEP_LOGS go: ordered by
+    name (the id's time), one listdir, no stat a file (it runs at each save)."""
     try:
-        logs = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        logs = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
         for old in logs[:-_KEEP_LOGS]:
-            old.unlink(missing_ok=True)
+            (directory / old).unlink(missing_ok=True)
     except OSError:
         pass
 
@@ -369,7 +377,7 @@ class Recorder:
             return entries
         self._settle()
         with self._lock:
-            new_id = uuid.uuid4().hex
+            new_id = _new_log_id()
             for name, entry in entries.items():
                 if name in self._count:
                     entry[KEY] = {"log": new_id, "previous": self.log_id,

@@ -81,3 +81,13 @@ def test_verify_batches_setting(value, want):
 def test_a_bad_verify_batches_names_the_variable(value):
     with pytest.raises(ConfigError, match="DVC_DALI_VERIFY_BATCHES"):
         RunContext.from_environ({"DVC_DALI_VERIFY_BATCHES": value})
+
+
+def test_pruning_keeps_the_newest_companion_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(bd, "_KEEP_LOGS", 3)
+    made = [bd._new_log_id() for _ in range(5)]  # in creation order
+    assert made == sorted(made) and all(len(i) == 32 and bd._valid_id(i) for i in made)
+    for log_id in reversed(made):  # written newest first: the name decides, not the mtime
+        (tmp_path / f"{log_id}.jsonl").write_text("{}\n")
+    bd._prune(tmp_path)
+    assert sorted(p.stem for p in tmp_path.iterdir()) == made[2:]
