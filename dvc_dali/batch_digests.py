@@ -252,7 +252,7 @@ class Recorder:
         self._recorded: dict[str, int] = {}  # this segment's digests so far
         self._count: dict[str, int] = {}
         self._expected: _Expected | None = None
-        self._file = None
+        self._log: Path | None = None  # the companion file; None: the manifest only
         self._lock = threading.Lock()
         self._pending: Future | None = None  # the one digest being computed
 
@@ -353,22 +353,23 @@ class Recorder:
             done = self._done.setdefault(name, [])
             if len(done) < MANIFEST_MAX:
                 done.append(value)
-            if self._file is not None:
+            if self._log is not None:
+                line = json.dumps({"p": name, "i": index, "d": value}) + "\n"
                 try:
-                    self._file.write(json.dumps({"p": name, "i": index, "d": value}) + "\n")
-                    self._file.flush()
+                    _append_line(self._log, line.encode())
                 except OSError:
-                    self._file = None  # the manifest still gets them
+                    self._log = None  # the manifest still gets them
 
     def _open(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._log = None
+        log = self.directory / f"{self.log_id}.jsonl"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.directory / f"{self.log_id}.jsonl", "a", encoding="utf-8")
+            _append_line(log, b"")  # the segment exists from its checkpoint on
         except OSError as exc:
             logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
+            return
+        self._log = log
 
     def checkpoint(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """At a save: the digests since the previous checkpoint go into each
@@ -391,6 +392,16 @@ class Recorder:
             self._open()
         _prune(self.directory)
         return entries
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """One O_APPEND write, the descriptor closed at once: a Checkpointer left
+    to the garbage collector holds no file open, and a kill loses no line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import hashlib
 import io
 import json
@@ -405,7 +406,8 @@ def bounded(what: str, check_fds: bool = True):
     def alarm(signum, frame):
         raise Timeout(f"{what}: still running after {2 * TIME_BOUND_S} s")
 
-    fds = len(os.listdir("/proc/self/fd"))
+    gc.collect()  # an earlier test's garbage is closed now, not inside the body
+    fds = _open_fds()
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, 2 * TIME_BOUND_S)
     tracemalloc.start()
@@ -421,7 +423,20 @@ def bounded(what: str, check_fds: bool = True):
     assert elapsed < TIME_BOUND_S, f"{what}: took {elapsed:.1f} s"
     assert peak < MEMORY_BOUND, f"{what}: allocated {peak >> 20} MiB"
     if check_fds:
-        assert len(os.listdir("/proc/self/fd")) == fds, f"{what}: leaked a file descriptor"
+        leaked = {fd: target for fd, target in _open_fds().items() if fds.get(fd) != target}
+        assert not leaked, f"{what}: leaked file descriptors {leaked}"
+
+
+def _open_fds() -> dict[str, str]:
+    """Each open descriptor and what it points at: one the body opened and
+    left open shows as new, one another object's finalizer closed does not."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # listdir's own descriptor, closed already
+    return found
 
 
 def open_store(root: Path, must_fail: bool, what: str) -> store.Snapshot | None:

@@ -174,3 +174,30 @@ def test_a_resumed_checkpointer_let_go_frees_its_directory(tmp_path):
     finally:
         gc.enable()
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_recording_holds_no_file_open_between_batches(tmp_path):
+    """Each digest is one append, its descriptor closed at once: a Checkpointer
+    dropped without close() leaves no descriptor for the garbage collector
+    (an open one, closed by it later, in whatever code runs then)."""
+    import os
+
+    from tests.helpers import pipelines
+
+    import dvc_dali
+
+    ckpt = tmp_path / "ckpt"
+    ck = dvc_dali.Checkpointer(ckpt)
+    fn, kwargs = pipelines.make("source", str(tmp_path))["train"]
+    pipe = ck.pipeline("train", fn, **kwargs)
+    ck.save(1)
+    for _ in range(3):
+        pipelines.outputs_of(pipe)
+    ck.save(2)
+    pipelines.outputs_of(pipe)
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not [t for t in held if "dvc-dali-batches" in t], held
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1
+    ck.close()
