@@ -135,6 +135,28 @@ def digest(outputs: Sequence[Any], hash_bytes: bool = True) -> list[str]:
     return out
 
 
+def digest_arrays(outputs: Sequence[Any]) -> list[str]:
+    """One batch of host arrays, in the same form as :func:`digest`: each
+    output an array whose first axis is the batch, or a list of per-sample
+    arrays (ragged samples)."""
+    import numpy as np
+
+    out = []
+    for output in outputs:
+        if isinstance(output, (list, tuple)):
+            samples = [np.asarray(s) for s in output]
+            shapes = [s.shape for s in samples]
+        else:
+            samples = [np.asarray(output)]
+            shapes = [samples[0].shape[1:]] * (samples[0].shape[0] if samples[0].ndim else 1)
+        value = 0
+        for s in samples:
+            value = _crc(memoryview(np.ascontiguousarray(s)).cast("B"), value)
+        dtype = samples[0].dtype.name if samples else "none"
+        out.append(f"{dtype}/{zlib.crc32(repr(shapes).encode()):08x}/c{value:08x}")
+    return out
+
+
 def differences(want: list[str], got: list[str]) -> list[str]:
     """What differs between two batch digests, output by output."""
     if len(want) != len(got):
@@ -275,13 +297,20 @@ class Recorder:
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
         """Digest each batch ``pipe`` returns from ``outputs()`` and
         ``share_outputs()`` (``run()`` and the iterators go through them)."""
-        if not self.on:
+        if not self.track(name):
             return
-        self._count.setdefault(name, 0)
-        self._done.setdefault(name, [])
         for method in ("outputs", "share_outputs"):
             original = getattr(pipe, method)
             setattr(pipe, method, self._wrapped(name, original, dynamic_executor))
+
+    def track(self, name: str) -> bool:
+        """Digest the batches of stream ``name`` (handed in by :meth:`observe`
+        where the stream is not a pipeline); False when verification is off."""
+        if not self.on:
+            return False
+        self._count.setdefault(name, 0)
+        self._done.setdefault(name, [])
+        return True
 
     def _wrapped(self, name: str, original: Callable[..., Any], deferred: bool) -> Callable:
         def produce(*args: Any, **kwargs: Any) -> Any:
@@ -291,7 +320,16 @@ class Recorder:
 
         return produce
 
-    def _on_batch(self, name: str, outputs: Any, deferred: bool) -> None:
+    def observe(self, name: str, batch: Sequence[Any],
+                digest_of: Callable[[Any], list[str]]) -> None:
+        """One batch of a tracked stream (``digest_of(batch)``: its digest),
+        compared when resuming, else recorded; at once, before it is used."""
+        if self.on:
+            self._on_batch(name, batch, False, digest_of)
+
+    def _on_batch(self, name: str, outputs: Any, deferred: bool,
+                  digest_of: Callable[[Any], list[str]] | None = None) -> None:
+        digest_of = digest if digest_of is None else digest_of
         self._settle()
         index = self._count[name]
         self._count[name] = index + 1
@@ -299,12 +337,12 @@ class Recorder:
             return
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
-            self._check(name, index, expected[index], digest(outputs))
+            self._check(name, index, expected[index], digest_of(outputs))
             return
         if deferred and not any(_on_device(tl) for tl in outputs):
             self._in_background(name, index, outputs)
         else:
-            self._append(name, index, digest(outputs))
+            self._append(name, index, digest_of(outputs))
 
     def _check(self, name: str, index: int, want: list[str], got: list[str]) -> None:
         diff = differences(want, got)

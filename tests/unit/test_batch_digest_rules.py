@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from dvc_dali import batch_digests as bd
@@ -91,3 +93,17 @@ def test_pruning_keeps_the_newest_companion_files(tmp_path, monkeypatch):
         (tmp_path / f"{log_id}.jsonl").write_text("{}\n")
     bd._prune(tmp_path)
     assert sorted(p.stem for p in tmp_path.iterdir()) == made[2:]
+
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    ([np.zeros((4, 3), np.uint8)], [np.zeros((3, 4), np.uint8)], False),  # shapes
+    ([np.zeros((4, 3), np.uint8)], [np.zeros((4, 3), np.int8)], False),  # dtype
+    ([np.zeros((4, 3), np.uint8)], [np.eye(4, 3, dtype=np.uint8)], False),  # bytes
+    ([[np.ones(2), np.ones(3)]], [[np.ones(3), np.ones(2)]], False),  # ragged: the order
+    ([[np.ones(2)]], [np.ones((1, 2))], True),  # one sample, ragged or dense: the same
+    ([np.arange(6).reshape(2, 3)], [np.arange(6).reshape(2, 3)], True),
+])
+def test_host_arrays_digest_tells_shapes_dtypes_and_bytes(a, b, equal):
+    da, db = bd.digest_arrays(a), bd.digest_arrays(b)
+    assert (da == db) == equal, bd.differences(da, db)
