@@ -103,7 +103,7 @@ def content_digest_s_per_gb(tmp: Path, megabytes: int) -> float:
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
-    n_images, steps, rounds, mb = (2000, 300, 3, 256) if quick else (2000, 1000, 5, 1024)
+    n_images, steps, rounds, mb = (2000, 150, 7, 256) if quick else (2000, 500, 9, 1024)
     say(f"[16] writing {n_images} JPEGs")
     root = write_jpegs(tmp / "jpegs", n_images, classes=8)
     rates: dict[str, list[float]] = {m: [] for m in ("on", "off", "resumed on", "resumed off")}

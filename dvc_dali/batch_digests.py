@@ -73,19 +73,28 @@ def _crc(data: Any, value: int = 0) -> int:
     return crc32_function()(data, value)
 
 
-def _host_bytes(tensor_list: Any) -> str:
-    """CRC-32 of the samples' bytes in order (a dense batch: one buffer)."""
-    parts = [tensor_list.as_tensor()] if tensor_list.is_dense_tensor() else tensor_list
+def _host_digest(tensor_list: Any) -> tuple[str, str]:
+    """(the samples' shapes, CRC-32 of their bytes in order). A dense batch
+    is one buffer and one shape: no per-sample Python work, which a resume
+    pays before each batch is handed out."""
+    if tensor_list.is_dense_tensor():
+        dense = tensor_list.as_tensor()
+        shape = dense.shape()
+        shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
+        return shapes, f"c{_crc(_host_view(dense)):08x}"
     value = 0
-    for part in parts:
-        try:
-            view = memoryview(part).cast("B")  # DALI's CPU tensors: the buffer protocol
-        except (TypeError, ValueError):
-            import numpy as np
+    for part in tensor_list:
+        value = _crc(_host_view(part), value)
+    return repr(tensor_list.shape()), f"c{value:08x}"
 
-            view = memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
-        value = _crc(view, value)
-    return f"c{value:08x}"
+
+def _host_view(part: Any) -> memoryview:
+    try:
+        return memoryview(part).cast("B")  # DALI's CPU tensors: the buffer protocol
+    except (TypeError, ValueError):
+        import numpy as np
+
+        return memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
 
 
 def _device_weights(n: int) -> Any:
@@ -120,18 +129,16 @@ def _on_device(tensor_list: Any) -> bool:
     return type(tensor_list).__name__ == "TensorListGPU"
 
 
-def digest(outputs: Sequence[Any], hash_bytes: bool = True) -> list[str]:
+def digest(outputs: Sequence[Any]) -> list[str]:
     """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``."""
     out = []
     for tl in outputs:
-        shapes = zlib.crc32(repr(tl.shape()).encode())
-        if not hash_bytes:
-            data = "-"
-        elif _on_device(tl):
-            data = _device_bytes(tl)
+        if _on_device(tl):
+            shapes, data = repr(tl.shape()), _device_bytes(tl)
         else:
-            data = _host_bytes(tl)
-        out.append(f"{str(tl.dtype).rsplit('.', 1)[-1].lower()}/{shapes:08x}/{data}")
+            shapes, data = _host_digest(tl)
+        crc = zlib.crc32(shapes.encode())
+        out.append(f"{str(tl.dtype).rsplit('.', 1)[-1].lower()}/{crc:08x}/{data}")
     return out
 
 

@@ -106,3 +106,18 @@ def test_pruning_keeps_the_newest_companion_files(tmp_path, monkeypatch):
 def test_host_arrays_digest_tells_shapes_dtypes_and_bytes(a, b, equal):
     da, db = bd.digest_arrays(a), bd.digest_arrays(b)
     assert (da == db) == equal, bd.differences(da, db)
+
+
+def test_a_dali_batch_digest_tells_sample_order_shapes_and_bytes():
+    """Dense batches take the one-buffer path, ragged ones the per-sample one."""
+    from nvidia.dali.tensors import TensorListCPU
+
+    def of(*samples):
+        return bd.digest([TensorListCPU([np.asarray(s, np.uint8) for s in samples])])
+
+    a, b = np.zeros((2, 3)), np.ones((3, 2))
+    assert of(a, b) == of(a, b)
+    assert of(a, b) != of(b, a)  # ragged: the order of the shapes
+    assert of(a, a) != of(a, np.eye(2, 3))  # dense: the bytes
+    assert of(a, a) != of(a.reshape(3, 2), a.reshape(3, 2))  # dense: the shape
+    assert bd.differences(of(a, a), of(a, a, a)) == ["output 0: sample shapes differ"]
