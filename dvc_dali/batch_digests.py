@@ -345,6 +345,10 @@ class Recorder:
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
             self._check(name, index, expected[index], digest_of(outputs))
+            if index + 1 == len(expected) and self._expected is not None:
+                logger.info("pipeline %r: its %d batches after step %d are those the run it "
+                            "resumes produced (batch digests)", name, index + 1,
+                            self._expected.step)
             return
         if deferred and not any(_on_device(tl) for tl in outputs):
             self._in_background(name, index, outputs)

@@ -14,7 +14,7 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from tests.helpers.dvc_project import run
+from tests.helpers.dvc_project import queue_report, run, wait_queue
 from tests.helpers.rows import exp_rows
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
@@ -67,6 +67,8 @@ def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(proje
     rotate_same_size_files(images, back=True)
     done = run(["dvc", "exp", "run"], project, env=OFF)
     assert "resuming from step 20" in done.stdout, done.stdout
+    assert re.search(r"pipeline 'train': its [45] batches after step 20 are those the run it "
+                     r"resumes produced", done.stdout + done.stderr), done.stdout + done.stderr
     assert "a-step60" in exp_rows(project)
     # replayed without training: the batches after a row's checkpoint are its run's
     ok = run(["dvc-dali", "doctor", "--verify", "a-step30"], project, check=False)
@@ -86,3 +88,29 @@ def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(proje
     rotate_same_size_files(images, back=True)
     again = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project, env=OFF)
     assert "resuming from step 30" in again.stdout, again.stdout
+    assert "its 10 batches after step 30 are those the run it resumes produced" in \
+        again.stdout + again.stderr, again.stdout + again.stderr
+
+
+def test_temp_and_queued_runs_are_compared_with_the_run_they_continue(project):
+    """A --temp or queued run keeps its digests in the workspace (DVC_ROOT's),
+    where the next run from the same row, --temp or queued, finds them."""
+    lean = ["-S", "train.steps=20"]
+    killed = run(["dvc", "exp", "run", "--temp", "-n", "t", *lean], project, check=False,
+                 env={KILL: "15"})
+    assert killed.returncode != 0 and "t-step10" in exp_rows(project), killed.stderr[-3000:]
+    run(["dvc", "exp", "apply", "t-step10"], project)
+    temp = run(["dvc", "exp", "run", "--temp", *lean], project)
+    said = temp.stdout + temp.stderr
+    assert "resuming from step 10" in said, said
+    assert re.search(r"its [45] batches after step 10 are those the run it resumes produced",
+                     said), said
+
+    run(["dvc", "exp", "apply", "t-step10"], project)
+    run(["dvc", "exp", "run", "--queue", "-n", "q", *lean, "-S", "train.lr=0.05"], project)
+    run(["dvc", "queue", "start"], project)
+    wait_queue(project, lambda s: s.get("q") in ("Success", "Failed"), "queued run q done",
+               lambda s: queue_report(project, s))
+    logs = run(["dvc", "queue", "logs", "q"], project).stdout
+    assert "resuming from step 10" in logs, queue_report(project, {"q": "?"})
+    assert "its 10 batches after step 10 are those the run it resumes produced" in logs, logs
