@@ -41,7 +41,7 @@ except ImportError as exc:
              "torch extra (python3 -m pip install -e \".[example,torch]\"), or set "
              "train.framework to numpy or keras.")
 from common import (CLASSES, CROP, IntervalMeter, checkpoint_interval,  # noqa: E402
-                    digits_pipeline, kill_at_step, parse_args, read_params,
+                    digits_pipeline, kill_at_step, kill_if_at, parse_args, read_params,
                     save_arrays_zip)
 
 import dvc_dali  # noqa: E402
@@ -200,6 +200,8 @@ def main(argv=None) -> int:
                                 lambda: rank == 0 and save_model(Path(args.model), model),
                                 arrays={"model": model.state_dict(), "optim": opt.state_dict()},
                                 metadata={"lr": lr, "framework": "torch"})
+        else:
+            kill_if_at(step, kill_at)
 
     if rank == 0:
         save_model(Path(args.model), model)

@@ -3,6 +3,7 @@ killed and resumed, it ends with the uninterrupted run's model."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -32,10 +33,15 @@ def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
     out = run(["dvc", "exp", "run", "-n", "ref", *TORCH], ref)
     assert out.stderr.count("dvc-dali: rank 1/2 saved step 60") == 1
     work = two_ranks(tmp_path / "work")
-    killed = run(["dvc", "exp", "run", "-n", "k", *TORCH], work, check=False, env={KILL: "20"})
+    # killed between two checkpoints: each rank compares the batches after step
+    # 20 with those its own stream produced before the kill
+    killed = run(["dvc", "exp", "run", "-n", "k", *TORCH], work, check=False, env={KILL: "25"})
     assert killed.returncode != 0
     resumed = run(["dvc", "exp", "run", "-n", "r", *TORCH], work)
     assert resumed.stdout.count("resuming from step 20") == 2  # both ranks
+    said = resumed.stdout + resumed.stderr
+    assert len(re.findall(r"its [45] batches after step 20 are those the run it resumes "
+                          r"produced", said)) == 2, said[-3000:]
     assert model_sha(work) == model_sha(ref)
     rows = exp_rows(work)
     assert rows["k-step20"]["step"] == 20 and rows["k-step60"]["step"] == 60  # run k goes on
@@ -45,4 +51,6 @@ def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
     temp = run(["dvc", "exp", "run", "--temp", "-n", "t", *TORCH, "-S", "train.adam_lr=0.02"],
                work)
     assert temp.stdout.count("resuming from step 40") == 2, temp.stdout[-3000:]
+    assert (temp.stdout + temp.stderr).count(
+        "its 10 batches after step 40 are those the run it resumes produced") == 2
     assert exp_rows(work)["t-step50"]["step"] == 50
