@@ -6,8 +6,15 @@ From each checkpoint on, every batch a registered pipeline hands out
 ``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
 samples' shapes and a digest of its bytes (CRC-32 of the host bytes; on a
 GPU a weighted sum computed on the device, so nothing is copied to the host).
-At most ``DVC_DALI_VERIFY_BATCHES`` batches after each checkpoint (default:
-all of them).
+So is every batch a DALI dynamic-mode reader registered on
+``Checkpointer.dynamic()`` yields from ``next_epoch`` (stream
+``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): brought to
+the host sample by sample (dali_dynamic.host_outputs: a GPU batch is copied)
+and digested at once with :func:`digest_arrays`, before the loop gets it.
+RNGs registered there yield no batches; what is drawn with them follows
+from their restored state. At most ``DVC_DALI_VERIFY_BATCHES`` batches after
+each checkpoint (default: all of them); ``0``: none, and the pipelines and
+readers are left unwrapped.
 
 Where they go:
 - as each batch is produced, one JSON line appended (no fsync) to a
@@ -18,16 +25,19 @@ Where they go:
   so a run killed between two checkpoints leaves them for the resume;
 - into the next checkpoint's manifest (each pipeline entry's ``batches``:
   the id of the checkpoint they follow and the first MANIFEST_MAX digests,
-  so a long interval does not grow every manifest), so a resume of an
-  earlier row (after `dvc exp apply`, on another machine after `dvc exp
-  pull`) finds them in the row that came next.
+  so a long interval does not grow every manifest; a dynamic-mode reader's
+  in its Checkpoint's entry of the manifest's ``dynamic`` part, ``batches``
+  by reader name: :func:`into_manifest`), so a resume of an earlier row
+  (after `dvc exp apply`, on another machine after `dvc exp pull`) finds
+  them in the row that came next.
 
 A resume compares each re-produced batch with its digest before it is
 returned, so the training step never sees a batch that differs: a mismatch
-is a :class:`BatchMismatchError` naming the pipeline, the step, what differs
-and what changed since. ``DVC_DALI_INEXACT=1`` continues on purpose, saying
-once that the run is no longer exact. Where no digest exists (a run killed
-right after its checkpoint), nothing is said and the batches are recorded.
+is a :class:`BatchMismatchError` naming the pipeline (or reader), the step,
+what differs and what changed since. ``DVC_DALI_INEXACT=1`` continues on
+purpose, saying once that the run is no longer exact. Where no digest exists
+(a run killed right after its checkpoint), nothing is said and the batches
+are recorded.
 
 While recording (no digest to compare with), a batch's bytes are hashed on
 a background thread while the training step uses it, one batch at a time
@@ -47,7 +57,7 @@ import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import PipelineMismatchError
 from .log import logger
@@ -59,6 +69,11 @@ COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
 MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
 _ID_CHARS = set("0123456789abcdef")
+# what can explain a dynamic-mode reader's other batch: dynamic mode saves no
+# description of its readers nor digests of their data to name a change from
+UNDESCRIBED = ("a dynamic-mode reader's data and arguments are not described in the "
+               "checkpoint: a data file changed (even with its size and mtime kept), added or "
+               "removed, another reader argument or the code around the reader would do this")
 
 
 class BatchMismatchError(PipelineMismatchError):
@@ -221,24 +236,58 @@ def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
     return found
 
 
+def dynamic_stream(checkpoint: str, reader: str) -> str:
+    """The stream name of reader ``reader`` registered on dynamic-mode
+    Checkpoint ``checkpoint`` (Checkpointer.dynamic's name)."""
+    return f"{checkpoint}/{reader}"
+
+
+def _records(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(stream, its ``batches`` record) for each pipeline entry and each
+    dynamic-mode reader (under its Checkpoint's entry: ``batches`` maps the
+    reader's name to its record)."""
+    for name, entry in (manifest.get("pipelines") or {}).items():
+        if isinstance(entry, dict):
+            yield name, entry.get(KEY)
+    for dname, entry in (manifest.get("dynamic") or {}).items():
+        readers = entry.get(KEY) if isinstance(entry, dict) else None
+        if isinstance(readers, dict):
+            for reader, rec in readers.items():
+                yield dynamic_stream(dname, reader), rec
+
+
 def from_manifest(manifest: dict[str, Any], log_id: str) -> dict[str, list[list[str]]]:
     """The digests a later checkpoint's manifest holds for the batches after
-    checkpoint ``log_id``."""
+    checkpoint ``log_id``, by stream (pipeline or dynamic-mode reader)."""
     found = {}
-    for name, entry in (manifest.get("pipelines") or {}).items():
-        rec = entry.get(KEY) if isinstance(entry, dict) else None
+    for name, rec in _records(manifest):
         if isinstance(rec, dict) and rec.get("previous") == log_id:
             found[name] = [list(b) for b in rec.get("digests") or []]
     return found
 
 
 def log_id_of(manifest: dict[str, Any]) -> str | None:
-    """The batch-log id of a checkpoint (the same for each of its pipelines)."""
-    for entry in (manifest.get("pipelines") or {}).values():
-        rec = entry.get(KEY) if isinstance(entry, dict) else None
+    """The batch-log id of a checkpoint (the same for each of its streams)."""
+    for _name, rec in _records(manifest):
         if isinstance(rec, dict) and _valid_id(rec.get("log")):
             return rec["log"]
     return None
+
+
+def into_manifest(recorder: Recorder, pipelines: dict[str, dict[str, Any]],
+                  dynamic: dict[str, dict[str, Any]],
+                  readers: dict[str, tuple[str, str]]) -> None:
+    """At a save (one :meth:`Recorder.checkpoint`: one new segment): each
+    pipeline's digests into its entry, each dynamic-mode reader's (``readers``:
+    stream -> (Checkpoint name, reader name)) into its Checkpoint's entry,
+    ``batches`` by reader name: the manifest's ``dynamic`` part holds what is
+    saved of dynamic mode, and a reader is no pipeline."""
+    streams: dict[str, dict[str, Any]] = {stream: {} for stream in readers}
+    recorder.checkpoint({**pipelines, **streams})
+    for stream, entry in streams.items():
+        dname, reader = readers[stream]
+        if KEY in entry and dname in dynamic:
+            dynamic[dname].setdefault(KEY, {})[reader] = entry[KEY]
 
 
 def _new_log_id() -> str:
@@ -280,6 +329,7 @@ class Recorder:
         self._done: dict[str, list[list[str]]] = {}  # this segment's first digests
         self._recorded: dict[str, int] = {}  # this segment's digests so far
         self._count: dict[str, int] = {}
+        self._kinds: dict[str, str] = {}  # stream -> what a message calls it
         self._expected: _Expected | None = None
         self._log: Path | None = None  # the companion file; None: the manifest only
         self._lock = threading.Lock()
@@ -310,11 +360,13 @@ class Recorder:
             original = getattr(pipe, method)
             setattr(pipe, method, self._wrapped(name, original, dynamic_executor))
 
-    def track(self, name: str) -> bool:
+    def track(self, name: str, kind: str = "pipeline") -> bool:
         """Digest the batches of stream ``name`` (handed in by :meth:`observe`
-        where the stream is not a pipeline); False when verification is off."""
+        where the stream is not a pipeline; ``kind``: what a message calls it);
+        False when verification is off."""
         if not self.on:
             return False
+        self._kinds[name] = kind
         self._count.setdefault(name, 0)
         self._done.setdefault(name, [])
         return True
@@ -362,15 +414,16 @@ class Recorder:
         exp = self._expected
         step = exp.step + index + 1
         changed = exp.why(name)
+        kind = self._kinds.get(name, "pipeline")
         if self.inexact:
-            logger.warning("pipeline %r produced another batch %d after the checkpoint at step "
+            logger.warning("%s %r produced another batch %d after the checkpoint at step "
                            "%d than the run it resumes (%s); continuing on purpose "
-                           "(DVC_DALI_INEXACT=1): this run is no longer exact", name, index + 1,
-                           exp.step, "; ".join(diff))
+                           "(DVC_DALI_INEXACT=1): this run is no longer exact", kind, name,
+                           index + 1, exp.step, "; ".join(diff))
             self._expected = None  # said once; from here on the batches are recorded
             return
         raise BatchMismatchError(
-            f"pipeline {name!r}: the batch for step {step} (batch {index + 1} after the "
+            f"{kind} {name!r}: the batch for step {step} (batch {index + 1} after the "
             f"checkpoint at step {exp.step}, {exp.where}) differs from the one the run it "
             f"resumes produced, so the training would not be exact; refused before it trains "
             f"on it:\n  " + "\n  ".join(diff) + f"\n  since then: {changed}\n"

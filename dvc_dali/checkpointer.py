@@ -23,6 +23,7 @@ import numpy as np
 from . import arrays as arrays_mod
 from . import (
     batch_digests,
+    dali_dynamic,
     dali_iterators,
     dali_state,
     dali_tf,
@@ -112,6 +113,9 @@ class Checkpointer:
         self.total_steps = total_steps
         # everything the checkpoint restores (restorable.py), by (manifest part, name)
         self._sources: dict[tuple[str, str], Restorable] = {}
+        # the dynamic-mode readers whose batches are digested: stream -> (its
+        # Checkpoint's name, its name there), for the manifest (batch_digests)
+        self._dynamic_readers: dict[str, tuple[str, str]] = {}
         self.rank, self.world_size = distributed.world()
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
@@ -208,6 +212,9 @@ class Checkpointer:
         # Checkpointer (and its directory lock) alive past its last reference
 
         def why(name: str) -> str:
+            if name not in manifest["pipelines"]:  # a dynamic-mode reader: no description
+                return batch_digests.what_changed(saved_versions, _versions(),
+                                                  [batch_digests.UNDESCRIBED])
             entry = manifest["pipelines"].get(name) or {}
             source = sources.get((restorable.PIPELINES, name))
             contents = getattr(source, "contents", None)
@@ -302,7 +309,7 @@ class Checkpointer:
                  ) -> tuple[Any, dict[str, Any], data_contents.Contents]:
         """An unbuilt pipeline, its description, and its data's contents
         being digested on a thread (proof at runtime, data_contents.py)."""
-        if (restorable.PIPELINES, name) in self._sources:
+        if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
@@ -371,11 +378,15 @@ class Checkpointer:
 
         Register dynamic-mode readers and RNGs on it
         (``register(op, "name")``); when resuming, each gets its saved state
-        at registration.
+        at registration. Each batch a registered reader's ``next_epoch``
+        yields is digested as stream ``"<name>/<reader name>"`` (proof at
+        runtime, batch_digests.py).
         """
         key = (restorable.DYNAMIC, name)
         if key not in self._sources:
             self._register(restorable.DynamicMode(name))
+            dali_dynamic.on_readers(self._sources[key].checkpoint, _reader_digests(
+                self._batches, self._sources, self._dynamic_readers, name))
         return self._sources[key].checkpoint
 
     def keras_callback(self, every: int, live: Any = None,
@@ -498,14 +509,18 @@ class Checkpointer:
                  metadata: dict[str, Any] | None) -> store.Capture:
         """Everything a snapshot needs: DALI states read now, arrays referenced."""
         self._announce()
+        pipelines = self._captured(restorable.PIPELINES)
+        dynamic = {name: {"state": text}
+                   for name, text in self._captured(restorable.DYNAMIC).items()}
+        batch_digests.into_manifest(self._batches, pipelines, dynamic, self._dynamic_readers)
         return store.Capture(
             step=step,
-            pipelines=self._batches.checkpoint(self._captured(restorable.PIPELINES)),
+            pipelines=pipelines,
             arrays=_with_rng(arrays, self._rng),
             metadata=dict(metadata or {}),
             versions=_versions(),
             run={"params": self.params, "total_steps": self.total_steps},
-            dynamic=self._captured(restorable.DYNAMIC),
+            dynamic=dynamic,
             # md5 is what DVC caches by: computed while writing, it is handed to
             # DVC when this process records; elsewhere the cheaper crc32 serves
             digest="md5" if self._ctx.mode == "record" else "crc32",
@@ -539,6 +554,31 @@ class Checkpointer:
                 step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
                 branched=branched), self._retention)
         distributed.barrier()
+
+
+def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, str], Any],
+                    readers: dict[str, tuple[str, str]], dname: str) -> Any:
+    """The hook that digests each reader registered on dynamic-mode
+    Checkpoint ``dname``. It holds the recorder and the dicts, never the
+    Checkpointer: DALI's Checkpoint keeps it, and a Checkpointer dropped
+    without close() must free its directory lock at once."""
+    def watch(key: str, reader: Any) -> None:
+        stream = batch_digests.dynamic_stream(dname, key)
+        if (restorable.PIPELINES, stream) in sources:  # one stream, two sources' digests
+            raise ValueError(f"dynamic-mode reader {stream!r} has the name of a pipeline "
+                             "registered with this Checkpointer; register it under another")
+        if not recorder.track(stream, "dynamic-mode reader"):
+            return  # verification off: the reader is left as it is, at no cost
+        readers[stream] = (dname, key)
+        dali_dynamic.observe_batches(
+            reader, lambda batch: recorder.observe(stream, batch, _host_digest))
+
+    return watch
+
+
+def _host_digest(batch: Any) -> list[str]:
+    """A dynamic-mode reader's batch, brought to the host, digested."""
+    return batch_digests.digest_arrays(dali_dynamic.host_outputs(batch))
 
 
 def _data_changes(ctx: RunContext, old: dict[str, Any], new: dict[str, Any]) -> list[str]:

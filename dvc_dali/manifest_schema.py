@@ -274,6 +274,9 @@ def _check_dynamic(c: _Checker, dynamic: Any, files: dict) -> None:
     def entry(name: str, info: Any, field: str) -> None:
         c.mapping(info, field)
         c.member(c.get(info, field, "file"), key(field, "file"), "dynamic/", files)
+        if "batches" in info:  # optional: its readers' batch digests, by reader name
+            c.mapping(info["batches"], key(field, "batches"), lambda reader, record, path:
+                      _check_batches(c, record, path))
 
     c.mapping(dynamic, "dynamic", entry)
 

@@ -222,7 +222,9 @@ class Capture:
     metadata: dict[str, Any]  # the user's JSON
     versions: dict[str, str]  # package -> version, of the writer
     run: dict[str, Any] | None = None  # {"params": ..., "total_steps": ...}
-    dynamic: dict[str, str] | None = None  # name -> a DALI dynamic-mode checkpoint (JSON text)
+    # name -> a DALI dynamic-mode checkpoint (JSON text), or {"state": that
+    # text, plus manifest fields}
+    dynamic: dict[str, str | dict[str, Any]] | None = None
     digest: str = "crc32"  # "md5": the member files get an md5 besides their CRC-32
 
 
@@ -320,7 +322,7 @@ def _each(fn: Callable[..., Any], calls: list[tuple], threaded: bool
 
 
 def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list,
-                   dynamic: dict[str, str], batch: _Batch) -> dict[str, Any]:
+                   dynamic: dict[str, str | dict[str, Any]], batch: _Batch) -> dict[str, Any]:
     """Write every member file into ``tmp`` (into ``batch``); the manifest's
     pipelines, array_files and dynamic fields."""
     work: dict[str, list] = {}
@@ -335,10 +337,12 @@ def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list
         work[rel] = _npy_parts(host)
         out["array_files"].append({"file": rel, "dtype": host.dtype.str,
                                    "shape": list(host.shape), **info})
-    for i, (dname, text) in enumerate(sorted(dynamic.items())):
+    for i, (dname, value) in enumerate(sorted(dynamic.items())):
         rel = f"dynamic/{i:05d}.json"
-        work[rel] = [text.encode()]
-        out["dynamic"][dname] = {"file": rel}
+        info = value if isinstance(value, dict) else {"state": value}
+        work[rel] = [info["state"].encode()]
+        out["dynamic"][dname] = {"file": rel, **{k: v for k, v in info.items()
+                                                 if k != "state"}}
     for sub in sorted({rel.split("/")[0] for rel in work}):
         (tmp / sub).mkdir()
         batch.dirs.append(tmp / sub)

@@ -6,7 +6,8 @@ between two checkpoints, for the proof-at-runtime tests.
 
 Steps from the checkpoint's step (0 when fresh) to N, saving after each
 step K; after step M it kills itself. Every output of every step goes to
-OUT (.npz) when it gets to N.
+OUT (.npz) when it gets to N. KIND "dynamic": a DALI dynamic-mode reader
+(and an RNG) registered on ``Checkpointer.dynamic()`` instead of pipelines.
 """
 
 from __future__ import annotations
@@ -20,19 +21,56 @@ import dvc_dali
 from tests.helpers import pipelines
 
 
+def pipeline_steps(ck, kind: str, data: str):
+    """Each step's samples by key: every output of every pipeline (built
+    now, before the loop reads the checkpoint's step)."""
+    pipes = {name: ck.pipeline(name, fn, **kw)
+             for name, (fn, kw) in pipelines.make(kind, data).items()}
+
+    def steps():
+        while True:
+            yield {f"{name}_{i:03d}": sample for name, pipe in pipes.items()
+                   for i, sample in enumerate(pipelines.outputs_of(pipe))}
+
+    return steps()
+
+
+def dynamic_steps(ck, data: str):
+    """Each step's samples by key: a dynamic-mode reader's batch (encoded
+    files of different lengths, labels) and a uniform draw of a registered
+    RNG, epoch after epoch (registered now, before the loop reads the step)."""
+    import nvidia.dali.experimental.dynamic as ndd
+
+    dyn = ck.dynamic()
+    reader = ndd.readers.File(file_root=f"{data}/images", random_shuffle=True, seed=5)
+    rng = ndd.random.RNG(seed=42)
+    dyn.register(reader, "reader")
+    dyn.register(rng, "rng")
+
+    def steps():
+        while True:
+            for files, labels in reader.next_epoch(batch_size=5):
+                angle = ndd.random.uniform(batch_size=5, range=(-10.0, 10.0), rng=rng)
+                out = {f"files_{i:03d}": np.asarray(f) for i, f in enumerate(files)}
+                out["labels"] = np.asarray(ndd.as_tensor(labels))
+                out["angle"] = np.asarray(ndd.as_tensor(angle))
+                yield out
+
+    return steps()
+
+
 def main() -> None:
     ap = pipelines.runner_parser("kind")
     ap.add_argument("--kill-after", type=int, default=None)
     args = ap.parse_args()
 
     ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)
-    pipes = {name: ck.pipeline(name, fn, **kw)
-             for name, (fn, kw) in pipelines.make(args.kind, args.data).items()}
+    steps = (dynamic_steps(ck, args.data) if args.kind == "dynamic"
+             else pipeline_steps(ck, args.kind, args.data))
     results = {}
     for step in range(ck.step, args.until):
-        for name, pipe in pipes.items():
-            for i, sample in enumerate(pipelines.outputs_of(pipe)):
-                results[f"{step:04d}_{name}_{i:03d}"] = sample
+        for key, sample in next(steps).items():
+            results[f"{step:04d}_{key}"] = sample
         if step + 1 in args.save_at:
             ck.save(step + 1)
         if step + 1 == args.kill_after:

@@ -121,3 +121,34 @@ def test_a_dali_batch_digest_tells_sample_order_shapes_and_bytes():
     assert of(a, a) != of(a, np.eye(2, 3))  # dense: the bytes
     assert of(a, a) != of(a.reshape(3, 2), a.reshape(3, 2))  # dense: the shape
     assert bd.differences(of(a, a), of(a, a, a)) == ["output 0: sample shapes differ"]
+
+
+def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path):
+    """A dynamic-mode reader is no pipeline: its digests go to the manifest's
+    dynamic part, under its Checkpoint's entry by reader name, and are found
+    there under its stream name ("<Checkpoint name>/<reader name>")."""
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    stream, readers = bd.dynamic_stream("dyn", "reader"), {"dyn/reader": ("dyn", "reader")}
+    assert stream == "dyn/reader" and rec.track(stream, "dynamic-mode reader")
+    dynamic = {"dyn": {"state": "{}"}}
+    bd.into_manifest(rec, {"train": {}}, dynamic, readers)
+    first = dynamic["dyn"][bd.KEY]["reader"]
+    assert first["previous"] is None and first["digests"] == []
+    batch = [np.arange(6, dtype=np.uint8).reshape(2, 3), [np.zeros(2), np.zeros(3)]]
+    rec.observe(stream, batch, bd.digest_arrays)
+    pipelines, dynamic = {"train": {}}, {"dyn": {"state": "{}"}}
+    bd.into_manifest(rec, pipelines, dynamic, readers)
+    assert pipelines == {"train": {}}  # not tracked: nothing added
+    manifest = {"pipelines": pipelines, "dynamic": dynamic}
+    assert bd.from_manifest(manifest, first["log"]) == {stream: [bd.digest_arrays(batch)]}
+    assert bd.log_id_of(manifest) == dynamic["dyn"][bd.KEY]["reader"]["log"]
+    assert bd.log_id_of({"pipelines": {}, "dynamic": {"dyn": {"file": "x"}}}) is None
+
+
+def test_a_dynamic_mode_readers_mismatch_names_it(tmp_path):
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.resume(ID1, {"dyn/reader": [["uint8/0000aaaa/c11111111"]]}, 2, lambda name: "x", "m")
+    rec.track("dyn/reader", "dynamic-mode reader")
+    with pytest.raises(bd.BatchMismatchError, match="dynamic-mode reader 'dyn/reader': the "
+                       "batch for step 3"):
+        rec.observe("dyn/reader", [np.zeros((1, 2), np.uint8)], bd.digest_arrays)
