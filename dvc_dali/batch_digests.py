@@ -398,14 +398,19 @@ class Recorder:
         if index < len(expected):
             self._check(name, index, expected[index], digest_of(outputs))
             if index + 1 == len(expected) and self._expected is not None:
-                logger.info("pipeline %r: its %d batches after step %d are those the run it "
-                            "resumes produced (batch digests)", name, index + 1,
-                            self._expected.step)
+                self._matched(name, index + 1)
             return
         if deferred and not any(_on_device(tl) for tl in outputs):
             self._in_background(name, index, outputs)
         else:
             self._append(name, index, digest_of(outputs))
+
+    def _matched(self, name: str, count: int) -> None:
+        """Said once a stream's recorded digests run out: the proof was made."""
+        first = self._expected.step + 1
+        steps = f"step {first}" if count == 1 else f"steps {first}-{first + count - 1}"
+        logger.info("%s %r: the batches for %s are those the run it resumes produced (batch "
+                    "digests)", self._kinds.get(name, "pipeline"), name, steps)
 
     def _check(self, name: str, index: int, want: list[str], got: list[str]) -> None:
         diff = differences(want, got)
@@ -508,13 +513,16 @@ def _append_line(path: Path, line: bytes) -> None:
 
 def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
                  data_lines: Iterable[str]) -> str:
-    """'DALI 2.3.0 -> 2.4.0; data ...' or what can still explain it."""
-    parts = [f"{k} {saved_versions.get(k)} -> {now_versions.get(k)}" for k in ("dali",)
-             if saved_versions.get(k) and saved_versions.get(k) != now_versions.get(k)]
-    parts += list(data_lines)
-    if not parts:
-        parts.append("the DALI version, the data files' names and sizes and the pipeline's "
-                     "description are unchanged; a file rewritten in place with its old size, "
-                     "a changed external_source callable, plugin or custom operator, or "
-                     "another kind of device would do this")
-    return "; ".join(parts)
+    """'DALI 2.4.0 -> 2.3.0; data ...', and where the data's listing cannot
+    tell, the causes that remain (a version change may not be the one)."""
+    saved, now = saved_versions.get("dali"), now_versions.get("dali")
+    parts = [f"DALI {saved} -> {now}"] if saved and saved != now else []
+    data = list(data_lines)
+    if not data:
+        unchanged = ("the data files' names and sizes and the pipeline's description are "
+                     "unchanged" if parts else "the DALI version, the data files' names and "
+                     "sizes and the pipeline's description are unchanged")
+        data = [f"{unchanged}; a file rewritten in place with its old size, a changed "
+                "external_source callable, plugin or custom operator, or another kind of "
+                "device would do this"]
+    return "; ".join(parts + data)

@@ -7,6 +7,7 @@ are killed with SIGKILL between two checkpoints, as a preemption would."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -73,6 +74,9 @@ def test_a_changed_external_source_callable_is_refused(tmp_path):
     # the same callable resumes, and its batches are those of an uninterrupted run
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # steps 3 and 4 were compared (step 4's digest may have been lost at the kill)
+    assert re.search(r"pipeline 'train': the batches? for steps? 3(-4)? are those the run it "
+                     r"resumes produced", proc.stderr), proc.stderr
     whole = proof_run("source", tmp_path, tmp_path / "whole", tmp_path / "whole.npz", 6)
     assert whole.returncode == 0, whole.stderr[-3000:]
     resumed, reference = outputs(tmp_path / "resumed.npz"), outputs(tmp_path / "whole.npz")
@@ -195,9 +199,10 @@ def test_recording_holds_no_file_open_between_batches(tmp_path):
         pipelines.outputs_of(pipe)
     ck.save(2)
     pipelines.outputs_of(pipe)
+    pipelines.outputs_of(pipe)  # waits for the first one's digest (hashed on a thread)
     held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
             if os.path.exists(f"/proc/self/fd/{fd}")]
     assert not [t for t in held if "dvc-dali-batches" in t], held
     log_id = batch_digests.log_id_of(manifest(ckpt))
-    assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1
+    assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) >= 1
     ck.close()
