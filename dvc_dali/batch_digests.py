@@ -266,6 +266,26 @@ def from_manifest(manifest: dict[str, Any], log_id: str) -> dict[str, list[list[
     return found
 
 
+def from_rows(path: str, candidates: Iterable[dict[str, Any]], log_id: str,
+              repo: str | None = None) -> dict[str, list[list[str]]]:
+    """The digests for the batches after checkpoint ``log_id``, from the
+    first of the ``candidates`` rows whose manifest holds them: where they
+    are when the companion file is not (another machine, after `dvc exp
+    pull`)."""
+    from .loading import load
+
+    for row in candidates:
+        try:
+            manifest = load(path, rev=row, repo=repo, names=[]).manifest
+        except Exception as exc:  # noqa: BLE001 (evidence: a row not read proves nothing)
+            logger.debug("batch digests of %s not read: %s", row.get("name"), exc)
+            continue
+        found = from_manifest(manifest, log_id)
+        if found:
+            return found
+    return {}
+
+
 def log_id_of(manifest: dict[str, Any]) -> str | None:
     """The batch-log id of a checkpoint (the same for each of its streams)."""
     for _name, rec in _records(manifest):

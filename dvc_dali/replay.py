@@ -49,19 +49,10 @@ def _recorded(root: Path, path: str, manifest: dict, row: dict) -> dict[str, lis
     found = batch_digests.read_companion(root / batch_digests.COMPANION, log_id)
     if found or not row.get("sha"):
         return found
-    from .loading import load
     from .row_queries import rows
 
-    for child in rows(repo=str(root)):
-        if child.get("parent") == row["sha"]:
-            try:
-                later = load(path, rev=child, repo=str(root), names=[]).manifest
-            except DvcDaliError:
-                continue
-            found = batch_digests.from_manifest(later, log_id)
-            if found:
-                return found
-    return {}
+    children = (r for r in rows(repo=str(root)) if r.get("parent") == row["sha"])
+    return batch_digests.from_rows(path, children, log_id, str(root))
 
 
 def verify(root: Path, path: str, row: str | None,
