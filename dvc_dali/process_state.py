@@ -103,6 +103,7 @@ class ProcessState:
     kept: Optional[tuple[int, str]] = None  # (step, row) this process recorded last
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
+    said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
     meta_checked: str = ""  # store: the last metadata text found shallow enough
 
     def from_files(self, key: Any, load: Callable[[], tuple[list[str], Any]]) -> Any:

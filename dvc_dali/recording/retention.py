@@ -3,8 +3,10 @@
 Only the rows of the run that just recorded are candidates: the same
 experiment name on the same baseline. The row just recorded is always kept,
 and so is the best by a DVCLive metric when one is named (dvc_dali/best.py:
-the rule `dvc-dali show --best` follows too). Only refs go: the
-data stays in the cache until `dvc gc`.
+the rule `dvc-dali show --best` follows too); while no row has that metric
+(misspelt, or not logged yet), nothing is pruned: the best is unknown, and
+what is recorded is not lost on a guess. Only refs go: the data stays in
+the cache until `dvc gc`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Iterable, Optional
 from .. import gitcmd
 from ..best import best_row
 from ..exp_refs import Row, git_dirs, list_rows
+from ..log import logger
+from ..process_state import STATE
 
 
 def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[str] = ()
@@ -42,6 +46,16 @@ def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional
         return None
 
 
+def _say_no_best(spec: str, run_name: str, metrics_file: str, rows: int) -> None:
+    if spec in STATE.said_no_best:
+        return
+    STATE.said_no_best.add(spec)
+    logger.warning("keep_best %r (DVC_DALI_KEEP_BEST or keep_best=): none of the %d rows of run "
+                   "%r has that metric in %s, so the best row is unknown and no row is "
+                   "pruned until one has it; check the name against `dvc-dali show`", spec,
+                   rows, run_name, metrics_file)
+
+
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
           keep_last: Optional[int], keep_best: Optional[str],
           metrics_file: str = "dvclive/metrics.json") -> list[str]:
@@ -54,7 +68,10 @@ def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
         best = best_row(rows, keep_best,
                         lambda r: _metrics_at(git_dir, dvc_root, r["sha"], metrics_file))
-        keep.add(best["ref"] if best else just_recorded)
+        if best is None:  # a misspelt metric, or one not logged yet: the best is unknown
+            _say_no_best(keep_best, run_name, metrics_file, len(rows))
+            return []
+        keep.add(best["ref"])
     removed = []
     for row in select_pruned(rows, keep_last, keep=keep):
         gitcmd.run(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],

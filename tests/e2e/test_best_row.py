@@ -27,3 +27,17 @@ def test_keep_best_show_best_and_best_row_pick_the_later_of_tied_rows(tmp_path):
     assert dvc_dali.best_row(rows, "train/acc:max")["name"] == "a-step10"
     shown = run(["dvc-dali", "show", "a", "--best", "train/acc:max"], project).stdout
     assert "best by train/acc:max: a-step10 (step 10, train/acc=0.9)" in shown, shown
+
+
+def test_keep_best_by_a_metric_no_row_has_prunes_nothing_and_says_so(tmp_path):
+    """A misspelt metric (or one not logged yet): the best row is unknown, so
+    keeping only the last rows could delete it; nothing is pruned, said once."""
+    project = template_project(tmp_path, steps=15)
+    said = run(["dvc", "exp", "run", "-n", "b", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/accuracy:max"})
+    rows = dvc_dali.rows("b", repo=project)
+    assert sorted(r["name"] for r in rows) == ["b-step10", "b-step15", "b-step5"], rows
+    text = said.stdout + said.stderr
+    assert text.count("keep_best 'train/accuracy:max' (DVC_DALI_KEEP_BEST or keep_best=): "
+                      "none of the") == 1, text
+    assert "no row is pruned until one has it" in text, text
