@@ -150,6 +150,11 @@ def exp_refs(root: str) -> list[tuple[str, str]]:
     proc = gitcmd.run(["for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
                        EXPS_NAMESPACE], root, check=False, unrunnable=DvcDaliError)
     broken = [line for line in proc.stderr.splitlines() if "broken ref" in line]
+    if proc.returncode != 0 and "not a git repository" in proc.stderr:
+        raise DvcDaliError(
+            f"{root} is not in a git repository, so it has no recorded rows: DVC experiments, "
+            "and dvc-dali's rows, are git refs (a DVC project made with `dvc init --no-scm` "
+            "has none). Run `git init` and `dvc init` without --no-scm to record rows")
     if proc.returncode != 0 or broken:
         status = f" (exit {proc.returncode})" if proc.returncode else ""
         raise DvcDaliError(

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dvc_dali
+
 from tests.helpers.dvc_project import commit_all, make_project, run
 from tests.helpers.rows import exp_refs, exp_rows
 
@@ -255,6 +257,19 @@ def test_show_unknown_experiment_exits_1(bare_project):
     assert out.returncode == 1 and "'nosuch'" in out.stderr
     empty = run([*DVC_DALI, "show"], bare_project)  # asked for nothing in particular: fine
     assert "a  (baseline" in empty.stdout
+
+
+def test_a_dvc_project_without_git_has_no_rows_and_says_why(tmp_path):
+    """`dvc init --no-scm`: no git, so no experiment refs; not "repair git"."""
+    run(["dvc", "init", "--no-scm", "-q"], tmp_path)
+    out = run([*DVC_DALI, "show"], tmp_path, check=False)
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.startswith(f"dvc-dali show: {tmp_path} is not in a git repository, so "
+                                 "it has no recorded rows"), out.stderr
+    assert "--no-scm" in out.stderr and "git fsck" not in out.stderr, out.stderr
+    assert dvc_dali.current_row("checkpoint", repo=tmp_path) is None
+    with pytest.raises(dvc_dali.DvcDaliError, match="not in a git repository"):
+        dvc_dali.rows(repo=tmp_path)
 
 
 def test_show_says_when_git_fails(bare_project, tmp_path_factory):
