@@ -114,3 +114,40 @@ def test_temp_and_queued_runs_are_compared_with_the_run_they_continue(project):
     logs = run(["dvc", "queue", "logs", "q"], project).stdout
     assert "resuming from step 10" in logs, queue_report(project, {"q": "?"})
     assert "the batches for steps 11-20 are those the run it resumes produced" in logs, logs
+
+
+def swap_two_same_size_files(images: Path) -> list[str]:
+    """Two PNGs of the same size exchange their bytes, mtimes kept (swapped
+    again, they are back); their names under ``images``."""
+    by_size = defaultdict(list)
+    for path in sorted(images.rglob("*.png")):
+        by_size[path.stat().st_size].append(path)
+    a, b = next(g for g in by_size.values() if len(g) > 1)[:2]
+    blobs, stats = (a.read_bytes(), b.read_bytes()), (a.stat(), b.stat())
+    for path, blob, st in ((a, blobs[1], stats[0]), (b, blobs[0], stats[1])):
+        path.write_bytes(blob)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return [str(p.relative_to(images)) for p in (a, b)]
+
+
+def test_data_rewritten_after_a_checkpoint_is_refused_by_name(project):
+    """Killed right after a checkpoint (no batch digest after it), and an
+    applied earlier row: the content digest names the rewritten files before
+    the first step, whether or not the next batches would read them."""
+    killed = run(["dvc", "exp", "run", "-n", "c"], project, check=False, env={KILL: "20"})
+    assert killed.returncode != 0 and "c-step20" in exp_rows(project)
+    images = project / "data" / "digits"
+    names = swap_two_same_size_files(images)
+    proc = run(["dvc", "exp", "run"], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "PipelineMismatchError" in said, said
+    assert "Traceback" not in said and f"changed {names[0]}" in said, said
+
+    swap_two_same_size_files(images)  # back
+    assert "resuming from step 20" in run(["dvc", "exp", "run"], project).stdout
+    run(["dvc", "exp", "apply", "c-step30"], project)
+    swap_two_same_size_files(images)
+    proc = run(["dvc", "exp", "run", "-S", "train.lr=0.05"], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"changed {names[0]}" in said, said
+    assert "checkpoint/step-000000030-" in said, said  # the applied row's manifest
