@@ -14,7 +14,7 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from tests.helpers.dvc_project import queue_report, run, wait_queue
+from tests.helpers.dvc_project import queue_report, run, template_project, wait_queue
 from tests.helpers.rows import exp_rows
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
@@ -39,8 +39,8 @@ def rotate_same_size_files(images: Path, back: bool = False) -> int:
     return moved
 
 
-def refused(project: Path, *args: str) -> str:
-    proc = run(["dvc", "exp", "run", *args], project, check=False, env=OFF)
+def refused(project: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = run(["dvc", "exp", "run", *args], project, check=False, env={**OFF, **(env or {})})
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0, said
     assert "BatchMismatchError" in said and "Traceback" not in said, said
@@ -151,3 +151,49 @@ def test_data_rewritten_after_a_checkpoint_is_refused_by_name(project):
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0 and f"changed {names[0]}" in said, said
     assert "checkpoint/step-000000030-" in said, said  # the applied row's manifest
+
+
+OFFSET_SOURCE = '''
+class Offset:  # an external_source callable: what it returns is not in the description
+    def __call__(self, info):
+        shift = float(os.environ.get("TRAIN_OFFSET", "0"))
+        return np.full((1,), (info.idx_in_epoch % 5) * 0.01 + shift, np.float32)
+
+
+@pipeline_def
+def images(data):'''
+
+
+def test_a_changed_external_source_callable_is_refused_under_dvc_exp_run(tmp_path):
+    """The template's pipeline with an external_source callable whose values
+    move with an environment variable DVC does not see: killed between two
+    checkpoints, and as an applied earlier row (companion files removed)."""
+    project = template_project(tmp_path, steps=20)
+    train = project / "train.py"
+    text = train.read_text().replace("\n\n@pipeline_def\ndef images(data):", OFFSET_SOURCE)
+    text = text.replace(
+        "    return fn.cast(imgs, dtype=types.FLOAT) / 255.0, labels",
+        "    offset = fn.external_source(source=Offset(), batch=False, name=\"offset\")\n"
+        "    return fn.cast(imgs, dtype=types.FLOAT) / 255.0 + offset, labels")
+    text = text.replace(
+        "        ck.make_checkpoint(step, arrays={\"w\": w}, metadata={\"lr\": p[\"lr\"]})\n",
+        "        ck.make_checkpoint(step, arrays={\"w\": w}, metadata={\"lr\": p[\"lr\"]})\n"
+        "    if step == int(os.environ.get(\"KILL_AT\", \"0\")):\n"
+        "        os.kill(os.getpid(), 9)\n")
+    assert text.count("Offset()") == 1 and "KILL_AT" in text
+    train.write_text(text)
+    run(["git", "commit", "-qam", "an external_source"], project)
+
+    killed = run(["dvc", "exp", "run", "-n", "s"], project, check=False, env={"KILL_AT": "15"})
+    assert killed.returncode != 0 and "s-step10" in exp_rows(project), killed.stderr[-3000:]
+    said = refused(project, env={"TRAIN_OFFSET": "1"})
+    assert "pipeline 'train': the batch for step 11 (batch 1 after the checkpoint at step 10" \
+        in said and "external_source callable" in said, said
+    done = run(["dvc", "exp", "run"], project)
+    assert re.search(r"the batches for steps 11-1[45] are those the run it resumes produced",
+                     done.stdout + done.stderr), done.stdout + done.stderr
+
+    run(["dvc", "exp", "apply", "s-step10"], project)
+    shutil.rmtree(project / ".dvc" / "tmp" / "dvc-dali" / "batches")
+    said = refused(project, "-S", "train.lr=0.05", env={"TRAIN_OFFSET": "1"})
+    assert "the batch for step 11 (batch 1 after the checkpoint at step 10" in said, said
