@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -199,5 +200,11 @@ def test_recording_holds_no_file_open_between_batches(tmp_path):
             if os.path.exists(f"/proc/self/fd/{fd}")]
     assert not [t for t in held if "dvc-dali-batches" in t], held
     log_id = batch_digests.log_id_of(manifest(ckpt))
+    # the last batch's digest is appended by the background thread (the
+    # dynamic executor's batches are hashed while the step uses them)
+    deadline = time.monotonic() + 30
+    while (not batch_digests.read_companion(companion(ckpt), log_id)
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
     assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1
     ck.close()
