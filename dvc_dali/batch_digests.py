@@ -16,6 +16,18 @@ from their restored state. At most ``DVC_DALI_VERIFY_BATCHES`` batches after
 each checkpoint (default: all of them); ``0``: none, and the pipelines and
 readers are left unwrapped.
 
+Streams that are not DALI pipelines hand their batches in themselves
+(:meth:`Recorder.track`, :meth:`Recorder.observe`, digested with
+:func:`digest_arrays`): a TensorFlow ``tf_dataset``, whose pipeline runs
+inside TensorFlow, out of Python's sight, ends in a map node of dvc-dali's
+(dali_tf.py) that hands each element, after the user's ``transform`` (what
+the training step gets), to ``observe`` as host arrays when the consumer
+takes it: under eager iteration and inside Keras's ``tf.function`` alike.
+A mismatch raised there is raised in a thread of TensorFlow's, which hands
+the consumer an error of its own; :attr:`Recorder.failure` keeps the
+mismatch, and the dataset's iterators and the Keras callback raise it
+instead.
+
 Where they go:
 - as each batch is produced, one JSON line appended (no fsync) to a
   companion file named by the checkpoint's batch-log id, outside the
@@ -354,6 +366,9 @@ class Recorder:
         self._log: Path | None = None  # the companion file; None: the manifest only
         self._lock = threading.Lock()
         self._pending: Future | None = None  # the one digest being computed
+        # the mismatch :meth:`observe` raised last: where it was raised in a
+        # thread of TensorFlow's, the caller gets TF's error and raises this
+        self.failure: BatchMismatchError | None = None
 
     @property
     def on(self) -> bool:
@@ -403,8 +418,13 @@ class Recorder:
                 digest_of: Callable[[Any], list[str]]) -> None:
         """One batch of a tracked stream (``digest_of(batch)``: its digest),
         compared when resuming, else recorded; at once, before it is used."""
-        if self.on:
+        if not self.on:
+            return
+        try:
             self._on_batch(name, batch, False, digest_of)
+        except BatchMismatchError as exc:
+            self.failure = exc
+            raise
 
     def _on_batch(self, name: str, outputs: Any, deferred: bool,
                   digest_of: Callable[[Any], list[str]] | None = None) -> None:

@@ -350,8 +350,23 @@ class Checkpointer:
         pipe, description, contents = self._prepare(name, source, kwargs)
         source_ = restorable.TfDataset(name, pipe, description, contents)
         self._register(source_)
+        batches = self._batches  # not self: TensorFlow keeps the check function
+        check = None
+        if not source_.check_node:
+            logger.info("pipeline %r: its TensorFlow state was saved without dvc-dali's "
+                        "batch check, so this run does not digest its batches", name)
+        elif batches.track(name):
+            def check(arrays: list[Any]) -> None:  # each element, as training takes it
+                batches.observe(name, arrays, batch_digests.digest_arrays)
         return dali_tf.dataset(pipe, source_.stream.started, output_dtypes, output_shapes,
-                               transform)
+                               transform, check, lambda: batches.failure, source_.check_node)
+
+    @property
+    def batch_failure(self) -> Exception | None:
+        """The batch mismatch a :meth:`tf_dataset` raised inside TensorFlow,
+        which hands it on as an error of its own: the Keras callback raises
+        this instead (the iterators of the dataset do so themselves)."""
+        return self._batches.failure
 
     def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
         """A framework iterator (``DALIGenericIterator``,

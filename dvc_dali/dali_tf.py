@@ -13,6 +13,14 @@ from it continues where the previous one stopped (the first starts at the
 saved position), in a fresh run as in a resumed one: Keras makes a new
 iterator per ``fit`` call, and a resumed ``fit`` that starts mid-epoch is
 two calls.
+
+Each dataset ends in one map node of dvc-dali's, after the user's
+``transform``: it hands every element, as host arrays, to the batch
+digests (batch_digests.py) as the consumer takes it, eagerly or inside
+Keras's ``tf.function``. The node is there whether digests are on or off
+(off: an identity), since a TF iterator state restores only into the same
+chain of nodes; states saved without it (``check_node`` absent from their
+manifest entry) are restored into a dataset built without it.
 """
 
 from __future__ import annotations
@@ -21,16 +29,20 @@ from __future__ import annotations
 # subclassing tf.data's dataset classes is its job, and no other module's.
 # ruff: noqa: SLF001
 
+import contextlib
 import re
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from .errors import CheckpointCorruptError, ConfigError
+from .errors import CheckpointCorruptError, ConfigError, DvcDaliError
 
 KIND = "tensorflow"  # the manifest's "kind" of a pipeline saved through its TF iterator
 MAGIC = b"dvc-dali tf-iterator 1\n"
+# what TensorFlow's error says when the check refused a batch
+REFUSED = "dvc-dali refused this batch; its error is raised in place of this one"
+CHECK_NODE = "check_node"  # a TF pipeline entry's field: its state has the check node
 _PREFIX = "state"  # the scratch checkpoint's prefix: state.index, state.data-...
 # The only file names a TF checkpoint of one iterator has: nothing else is
 # ever written out of a (possibly hostile) packed state.
@@ -144,11 +156,20 @@ class Stream:
 
 
 def dataset(pipe: Any, on_iter: Callable[[Any], None], output_dtypes: Any,
-            output_shapes: Any = None, transform: Callable[[Any], Any] | None = None) -> Any:
+            output_shapes: Any = None, transform: Callable[[Any], Any] | None = None,
+            check: Callable[[list[Any]], None] | None = None,
+            failure: Callable[[], BaseException | None] = lambda: None,
+            check_node: bool = True) -> Any:
     """A ``DALIDataset`` over ``pipe`` (with the pipeline's own batch size,
     threads, device and queue depths: DALIDataset's defaults would override
     them), optionally ``transform``-ed (``lambda ds: ds.map(...)``); every
-    iterator of the result is handed to ``on_iter`` as it is made."""
+    iterator of the result is handed to ``on_iter`` as it is made.
+
+    With ``check_node``, one map node ends it: ``check(arrays)`` gets each
+    element (its components as host arrays, flattened) as it is taken, or,
+    with ``check`` None, the element passes unseen. A DvcDaliError ``check``
+    raises fails the element with an error of TensorFlow's; the iterators
+    raise ``failure()`` (the refusal, kept) instead (see :func:`typed_errors`)."""
     try:
         import nvidia.dali.plugin.tf as dali_tf
         from tensorflow.python.data.ops import dataset_ops
@@ -170,6 +191,92 @@ def dataset(pipe: Any, on_iter: Callable[[Any], None], output_dtypes: Any,
         ds = transform(ds)
         if not isinstance(ds, dataset_ops.DatasetV2):
             raise TypeError(f"transform= returned {type(ds).__name__}, not a tf.data.Dataset")
+    if check_node:
+        ds = _checked(ds, check)
+    return _tracked(ds, on_iter, failure)
+
+
+def _checked(ds: Any, check: Callable[[list[Any]], None] | None) -> Any:
+    """``ds`` with the map node that hands each element to ``check`` (see
+    :func:`dataset`); last, after the user's transform, so ``check`` sees
+    what the training step gets, when it gets it."""
+    import tensorflow as tf
+
+    unpacked = type(ds.element_spec) is tuple  # tf.data passes a tuple's members as arguments
+
+    def body(*flat: Any) -> bool:
+        try:
+            check([_numeric(a) for a in flat])
+        except DvcDaliError:  # kept by the caller (failure()); raised here, TensorFlow
+            return False      # would print it with a Python traceback
+        return True
+
+    @tf.autograph.experimental.do_not_convert
+    def node(*args: Any) -> Any:
+        element = args if unpacked else args[0]
+        if check is None:  # the same node, so a state saved with digests off restores
+            return tf.nest.map_structure(tf.identity, element, expand_composites=True)
+        ok = tf.numpy_function(body, tf.nest.flatten(element, expand_composites=True),
+                               Tout=tf.bool, stateful=True, name="dvc_dali_batch_check")
+        with tf.control_dependencies([tf.debugging.Assert(ok, [REFUSED])]):
+            return tf.nest.map_structure(tf.identity, element, expand_composites=True)
+
+    options = tf.data.Options()
+    # tf.data may add a prefetch after the last node: the check would then run
+    # ahead of the training, and a checkpoint would hold checked batches unseen
+    options.experimental_optimization.inject_prefetch = False
+    if check is not None:
+        # A Python function in a dataset is "external state", with which TF
+        # refuses to save an iterator by default; the check holds no state of
+        # the position (its digests restart at each checkpoint).
+        options.experimental_external_state_policy = (
+            tf.data.experimental.ExternalStatePolicy.IGNORE)
+    return ds.map(node).with_options(options)
+
+
+def _numeric(array: Any) -> Any:
+    """A tf.string component (NumPy objects: bytes) as the bytes of each
+    string after its length, which a digest can read; others as they are."""
+    import numpy as np
+
+    array = np.asarray(array)  # a scalar comes as a NumPy scalar, a string one as bytes
+    if array.dtype.kind not in "OS":
+        return array
+    parts = [struct.pack("<Q", len(b)) + bytes(b) for b in array.reshape(-1)]
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+@contextlib.contextmanager
+def typed_errors(failure: Callable[[], BaseException | None]) -> Iterator[None]:
+    """TensorFlow's error for a batch the check refused is raised as the
+    refusal itself (``failure()``, kept when the check raised it): the caller
+    gets the typed error with its message."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        cause = failure()
+        if cause is None or REFUSED not in str(exc):
+            raise
+        raise cause from None
+
+
+def _tracked(ds: Any, on_iter: Callable[[Any], None],
+             failure: Callable[[], BaseException | None]) -> Any:
+    """``ds`` itself, but its iterators are seen, and raise a check's error typed."""
+    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    class _Iterator(iterator_ops.OwnedIterator):
+        """An eager iterator (``next(it)``, ``for x in ds``); inside a
+        ``tf.function`` (Keras's fit) TensorFlow rebuilds a plain one from
+        its components, so there the caller of the function re-raises."""
+
+        def _next_internal(self) -> Any:  # behind __next__ and get_next
+            with typed_errors(failure):
+                return super()._next_internal()
 
     class _Tracked(dataset_ops.UnaryUnchangedStructureDataset):
         """``ds`` itself, but its iterators are seen (a tf.data node adds nothing)."""
@@ -179,8 +286,12 @@ def dataset(pipe: Any, on_iter: Callable[[Any], None], output_dtypes: Any,
             super().__init__(inner, inner._variant_tensor)
 
         def __iter__(self) -> Any:
-            iterator = super().__iter__()
+            if not (context.executing_eagerly() or ops.inside_function()):
+                return super().__iter__()  # tf.data's own refusal
+            with ops.colocate_with(self._variant_tensor):  # as tf.data's __iter__
+                iterator = _Iterator(self)
             on_iter(iterator)
             return iterator
 
     return _Tracked(ds)
+

@@ -16,11 +16,13 @@ from __future__ import annotations
 # BackupAndRestore starts a resumed fit at its epoch.
 # ruff: noqa: SLF001
 
+import weakref
 from typing import Any, Callable
 
 import keras
 import numpy as np
 
+from . import dali_tf
 from .errors import ConfigError
 
 
@@ -79,6 +81,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
                 "DALIDataset never ends, so Keras cannot tell where an epoch ends.")
         if not self._restored:
             self._restore()
+        self._typed_train_function()
         epoch, done = divmod(self.step, steps)
         if self._plan is None:
             if done:
@@ -109,6 +112,26 @@ class DaliCheckpoint(keras.callbacks.Callback):
         if self._plan is None:
             self.model._initial_epoch = None  # it would hold for the model's next fit too
             self._save_last()
+
+    def _typed_train_function(self) -> None:
+        """A batch that differs from the recorded one is refused inside the
+        dataset, in a thread of TensorFlow's, which fails the train function
+        with an error of its own: the refusal (BatchMismatchError, with its
+        message) is raised instead. Keras made the train function before
+        on_train_begin and keeps it for the model's later fits."""
+        step = self.model.train_function
+        if step is None or getattr(step, "_dvc_dali_typed", False):
+            return
+        # weakly: the model keeps the function, and must not keep the
+        # Checkpointer (and its directory lock) past its last reference
+        ck = weakref.ref(self._ck)
+
+        def train_function(iterator: Any) -> Any:
+            with dali_tf.typed_errors(lambda: getattr(ck(), "batch_failure", None)):
+                return step(iterator)
+
+        train_function._dvc_dali_typed = True
+        self.model.train_function = train_function
 
     # -- saving and restoring ----------------------------------------------
     def _save_last(self) -> None:

@@ -233,6 +233,8 @@ def _check_pipelines(c: _Checker, pipelines: Any, files: dict) -> None:
             c.text(info["serialized"], key(field, "serialized"), _BASE64, "base64 text")
         if "batches" in info:  # optional: older manifests have none
             _check_batches(c, info["batches"], key(field, "batches"))
+        if "check_node" in info:  # a TF state with dvc-dali's check node (dali_tf.py)
+            c.typed(info["check_node"], key(field, "check_node"), bool, "true or false")
 
     c.mapping(pipelines, "pipelines", entry)
 

@@ -169,12 +169,16 @@ class TfDataset:
     description: dict[str, Any]
     contents: data_contents.Contents
     stream: dali_tf.Stream | None = field(default=None)
+    # the dataset ends in dvc-dali's check node (dali_tf); a state saved
+    # without it (by an earlier dvc-dali) restores only into a dataset without it
+    check_node: bool = True
 
     def restore(self, saved: SavedCheckpoint | None) -> None:
         state, where = None, ""
         if saved is not None:
             state = saved.pipeline_state(self.name, self.description, kind=dali_tf.KIND)
             where = str(saved.state_file(self.name))
+            self.check_node = saved.entry(self.name).get(dali_tf.CHECK_NODE) is True
             data_contents.check(self.contents, saved.entry(self.name),
                                 str(saved.manifest_path), saved.inexact)
         self.stream = dali_tf.Stream(state, where)
@@ -184,9 +188,12 @@ class TfDataset:
         return self.stream is not None and self.stream.iterated
 
     def capture(self) -> dict[str, Any]:
-        return _with_contents({"state": self.stream.state(), "kind": dali_tf.KIND,
-                               "fingerprint": dali_state.fingerprint(self.description),
-                               "description": self.description}, self.contents)
+        entry = {"state": self.stream.state(), "kind": dali_tf.KIND,
+                 "fingerprint": dali_state.fingerprint(self.description),
+                 "description": self.description}
+        if self.check_node:
+            entry[dali_tf.CHECK_NODE] = True
+        return _with_contents(entry, self.contents)
 
 
 @dataclass(eq=False)

@@ -4,7 +4,9 @@ ck.keras_callback) in a process of its own; what it saw goes to OUT (.npz).
     python tf_runner.py CONFIG_JSON DATA CKPT OUT
 
 CONFIG, stream mode: {"mode": "stream", "until": N, "save_at": [K...], "batch": B,
-"seed": S, "reiter": bool (a new iter() after each save), "transform": bool}
+"seed": S, "reiter": bool (a new iter() after each save), "transform": bool,
+"kill_after": K (SIGKILL after step K), "old_layout": bool (the TF state saved
+as dvc-dali did before its check node)}
 -> every batch's images, labels and angles by 1-based step.
 CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "steps_per_epoch": S, "every": N, "signal_at": K (SIGTERM to itself after step K),
@@ -52,7 +54,23 @@ def dataset(ck, cfg, data):
                          transform=transform)
 
 
+def old_layout() -> None:
+    """Datasets built and saved without the check node (dali_tf), as by an
+    earlier dvc-dali."""
+    from dvc_dali import restorable
+
+    restore = restorable.TfDataset.restore
+
+    def without(self, saved) -> None:
+        restore(self, saved)
+        self.check_node = False
+
+    restorable.TfDataset.restore = without
+
+
 def stream(cfg, data, ckpt) -> dict:
+    if cfg.get("old_layout"):
+        old_layout()
     ck = dvc_dali.Checkpointer(ckpt)
     ds = dataset(ck, cfg, data)
     it = iter(ds)
@@ -61,6 +79,8 @@ def stream(cfg, data, ckpt) -> dict:
         images, labels, angles = (t.numpy() for t in next(it))
         out.update({f"{step:04d}_images": images, f"{step:04d}_labels": labels,
                     f"{step:04d}_angles": angles})
+        if step == cfg.get("kill_after"):
+            os.kill(os.getpid(), signal.SIGKILL)
         if step in cfg.get("save_at", []):
             ck.save(step)
             if cfg.get("reiter"):  # the old iterator gone first, as Keras drops a fit's

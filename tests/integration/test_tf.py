@@ -23,10 +23,11 @@ from dvc_dali.errors import CheckpointCorruptError  # noqa: E402
 from tests.helpers import HELPERS, REPO
 
 
-def runner(cfg: dict, data, ckpt, out, ok: bool = True) -> tuple[dict, subprocess.CompletedProcess]:
+def runner(cfg: dict, data, ckpt, out, ok: bool = True, **env: str
+           ) -> tuple[dict, subprocess.CompletedProcess]:
     proc = subprocess.run([sys.executable, str(HELPERS / "tf_runner.py"), json.dumps(cfg),
                            str(data), str(ckpt), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
     if not ok:
         return {}, proc
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -96,6 +97,141 @@ def test_tf_dataset_data_rewritten_in_place_is_refused_by_name(data_dir, tmp_pat
                      ok=False)
     assert proc.returncode != 0 and "PipelineMismatchError" in proc.stderr, proc.stderr
     assert "changed class1/003.jpg" in proc.stderr, proc.stderr
+
+
+# names, sizes and mtimes kept, no content digest (threshold 0): only the
+# batch digests can tell
+NO_CONTENT_DIGEST = {"DVC_DALI_CONTENT_DIGEST_MAX": "0"}
+
+
+def perturbed_copy(data_dir, tmp_path):
+    from tests.helpers.proof import perturb_same_size_and_mtime
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    return data, lambda: [perturb_same_size_and_mtime(p) for p in data.rglob("*.jpg")]
+
+
+def refused(proc, step: int, saved: int) -> str:
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert "BatchMismatchError" in text and "Traceback" not in text, text[-3000:]
+    assert (f"pipeline 'train': the batch for step {step} (batch {step - saved} after the "
+            f"checkpoint at step {saved}") in text, text[-3000:]
+    assert "output 0: same dtype and shapes, other bytes" in text, text[-3000:]
+    assert "DVC_DALI_INEXACT=1" in text, text[-3000:]
+    return text
+
+
+@pytest.mark.parametrize("transform", [False, True])
+def test_tf_batches_that_differ_are_refused_before_their_step(data_dir, tmp_path, transform):
+    """Eager iteration: saved at step 2, killed after step 4, a file rewritten
+    in place: the resume is refused at step 3's batch; INEXACT goes on."""
+    data, perturb = perturbed_copy(data_dir, tmp_path)
+    cfg = {"mode": "stream", "until": 6, "transform": transform}
+    _, proc = runner({**cfg, "save_at": [2], "kill_after": 4}, data, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False, **NO_CONTENT_DIGEST)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    perturb()
+    _, proc = runner(cfg, data, tmp_path / "ck", tmp_path / "b.npz", ok=False,
+                     **NO_CONTENT_DIGEST)
+    refused(proc, 3, 2)
+    entry = json.loads(next((tmp_path / "ck").glob("step-*/manifest.json")).read_text())
+    assert entry["pipelines"]["train"]["check_node"] is True
+    assert not (tmp_path / "b.npz").exists()
+    _, proc = runner(cfg, data, tmp_path / "ck", tmp_path / "b.npz",
+                     DVC_DALI_INEXACT="1", **NO_CONTENT_DIGEST)
+    assert proc.stderr.count("no longer exact") == 1, proc.stderr[-3000:]
+
+
+def test_tf_batches_that_differ_are_refused_under_keras_fit(data_dir, tmp_path):
+    """cb.fit and model.fit: the refusal comes out of fit typed, before the
+    step trains on the batch."""
+    data, perturb = perturbed_copy(data_dir, tmp_path)
+    _, proc = runner({**KERAS, "fit": "cb", "kill_at": 7}, data, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False, **NO_CONTENT_DIGEST)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    perturb()
+    _, proc = runner({**KERAS, "fit": "cb"}, data, tmp_path / "ck", tmp_path / "b.npz",
+                     ok=False, **NO_CONTENT_DIGEST)
+    assert "trained to step" not in refused(proc, 6, 5)
+    _, proc = runner({**KERAS, "fit": "cb"}, data, tmp_path / "ck", tmp_path / "b.npz",
+                     DVC_DALI_INEXACT="1", **NO_CONTENT_DIGEST)
+    assert "trained to step 30" in proc.stdout and "no longer exact" in proc.stderr
+
+
+def test_keras_model_fit_refuses_batches_that_differ(data_dir, tmp_path):
+    data, perturb = perturbed_copy(data_dir, tmp_path)
+    _, proc = runner({**KERAS, "fit": "model", "kill_at": 12}, data, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False, **NO_CONTENT_DIGEST)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    perturb()
+    _, proc = runner({**KERAS, "fit": "model", "epochs": 2}, data, tmp_path / "ck",
+                     tmp_path / "b.npz", ok=False, **NO_CONTENT_DIGEST)
+    refused(proc, 11, 10)
+
+
+@pytest.mark.parametrize("first,then", [("0", ""), ("", "0")])
+def test_tf_state_restores_with_batch_digests_turned_on_or_off(data_dir, tmp_path, first,
+                                                                then):
+    """The check node is there either way, so the TF state restores."""
+    cfg = {"mode": "stream", "until": 8}
+    reference, _ = runner(cfg, data_dir, tmp_path / "ref", tmp_path / "ref.npz")
+    runner({**cfg, "until": 3, "save_at": [3]}, data_dir, tmp_path / "ck", tmp_path / "a.npz",
+           DVC_DALI_VERIFY_BATCHES=first)
+    resumed, _ = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "b.npz",
+                        DVC_DALI_VERIFY_BATCHES=then)
+    same_from(reference, resumed, 3)
+
+
+def test_a_tf_state_saved_without_the_check_node_resumes_undigested(data_dir, tmp_path):
+    """As an earlier dvc-dali saved it: restored into a dataset without the node."""
+    cfg = {"mode": "stream", "until": 8}
+    reference, _ = runner(cfg, data_dir, tmp_path / "ref", tmp_path / "ref.npz")
+    runner({**cfg, "until": 3, "save_at": [3], "old_layout": True}, data_dir, tmp_path / "ck",
+           tmp_path / "a.npz")
+    resumed, proc = runner({**cfg, "save_at": [5]}, data_dir, tmp_path / "ck",
+                           tmp_path / "b.npz")
+    same_from(reference, resumed, 3)
+    assert "saved without dvc-dali's batch check" in proc.stderr, proc.stderr[-3000:]
+    entry = json.loads(next((tmp_path / "ck").glob("step-*/manifest.json")).read_text())
+    assert "check_node" not in entry["pipelines"]["train"]
+
+
+def test_the_check_node_keeps_each_element_and_sees_it_when_taken():
+    """Any element structure and shape passes unchanged; each element is
+    checked once, as it is taken (no prefetch after the node); a refusal the
+    check raises comes out of the iterator typed."""
+    import tensorflow as tf
+
+    from dvc_dali.batch_digests import BatchMismatchError, digest_arrays
+
+    kinds = [tf.data.Dataset.from_tensor_slices(([b"ab", b"c"],)),
+             tf.data.Dataset.from_tensor_slices({"a": [1, 2], "s": ["x", "yz"]}),
+             tf.data.Dataset.range(3).map(lambda x: tf.fill([x], x)),  # unknown shapes
+             tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1, 2], [3]])).batch(2),
+             tf.data.Dataset.range(5).map(lambda x: (x, tf.cast(x, tf.float32)))]
+    for plain in kinds:
+        seen = []
+        ds = dali_tf._checked(plain, lambda arrays: seen.append(digest_arrays(arrays)))
+        assert ds.element_spec == plain.element_spec
+        it = iter(ds)
+        next(it)
+        assert len(seen) == 1
+        assert sum(1 for _ in it) + 1 == len(seen) == sum(1 for _ in plain)
+
+    refusal = BatchMismatchError("pipeline 'x': the batch for step 2 differs")
+
+    def check(arrays) -> None:
+        if int(arrays[0]) == 1:
+            raise refusal
+
+    ds = dali_tf._tracked(dali_tf._checked(tf.data.Dataset.range(3), check),
+                          lambda it: None, lambda: refusal)
+    it = iter(ds)
+    assert int(next(it)) == 0
+    with pytest.raises(BatchMismatchError, match="the batch for step 2"):
+        next(it)
 
 
 def test_a_damaged_tf_state_is_a_typed_error(data_dir, tmp_path):
