@@ -357,7 +357,9 @@ class _Expected:
 
 
 class Recorder:
-    """The batch digests of one Checkpointer's pipelines."""
+    """The batch digests of one Checkpointer's streams: its DALI pipelines
+    (:meth:`watch`), and the TF datasets and dynamic-mode readers that hand
+    their batches in (:meth:`track`, :meth:`observe`)."""
 
     def __init__(self, directory: Path, limit: int, inexact: bool) -> None:
         self.directory = directory
