@@ -29,6 +29,11 @@ def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
                           env={**environ, "PYTHONPATH": str(REPO), **env})
 
 
+def companion(ckpt: Path) -> Path:
+    """Where a checkpoint outside DVC keeps its batch digests."""
+    return ckpt.parent / f".{ckpt.name}.dvc-dali-batches"
+
+
 def outputs(out: Path) -> dict[str, np.ndarray]:
     with np.load(out, allow_pickle=False) as npz:
         return {k: npz[k] for k in npz.files}
@@ -65,3 +70,24 @@ def perturb_same_size_and_mtime(path: Path) -> None:
         i += 1
     raw[i] ^= 0x01
     keep_size_and_mtime(path, bytes(raw))
+
+
+def refused_then_inexact(kind: str, data: Path, ckpt: Path, out: Path, who: str,
+                         **env: str) -> str:
+    """The resume of ``ckpt`` (saved at step 2) refused at step 3 naming
+    ``who`` ("pipeline 'train'"), its first output's bytes differing, then run
+    on purpose with DVC_DALI_INEXACT=1, said once. The refusal's text."""
+    proc = run(kind, data, ckpt, out, 6, **env)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "BatchMismatchError" in text and "Traceback" not in text, text
+    assert f"{who}: the batch for step 3 (batch 1 after the checkpoint at step 2" in text, text
+    assert "output 0: same dtype and shapes, other bytes" in text, text
+    assert "output 1:" not in text, text  # the labels (and a random draw) are the same
+    assert "DVC_DALI_INEXACT=1" in text and "dvc-dali reset" in text, text
+    assert not out.exists()
+    # on purpose: it goes on, says so once, and records the new batches
+    proc = run(kind, data, ckpt, out, 6, DVC_DALI_INEXACT="1", **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("no longer exact") == 1, proc.stderr
+    return text

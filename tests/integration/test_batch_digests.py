@@ -8,26 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dvc_dali import batch_digests
-from tests.helpers.proof import manifest, outputs, perturb_same_size_and_mtime
+from tests.helpers.proof import (companion, manifest, outputs, perturb_same_size_and_mtime,
+                                 refused_then_inexact)
 from tests.helpers.proof import run as proof_run
-
-
-def companion(ckpt: Path) -> Path:
-    return ckpt.parent / f".{ckpt.name}.dvc-dali-batches"
-
-
-@pytest.fixture
-def images(tmp_path, data_dir):
-    data = tmp_path / "data"
-    shutil.copytree(data_dir / "images", data / "images")
-    return data
 
 
 def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_path, images):
@@ -45,21 +33,8 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
     for path in (images / "images").rglob("*.jpg"):
         perturb_same_size_and_mtime(path)
 
-    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 6, **off)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text
-    assert "BatchMismatchError" in text and "Traceback" not in text, text
-    assert "pipeline 'train': the batch for step 3 (batch 1 after the checkpoint at step 2" in text
-    assert "output 0: same dtype and shapes, other bytes" in text, text
-    assert "output 1:" not in text, text  # the labels and the angle are the same
-    assert "DVC_DALI_INEXACT=1" in text and "dvc-dali reset" in text, text
-    assert not (tmp_path / "resumed.npz").exists()
-
-    # on purpose: it goes on, says so once, and records the new batches
-    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 6,
-                     DVC_DALI_INEXACT="1", **off)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("no longer exact") == 1, proc.stderr
+    refused_then_inexact("rotate", images, ckpt, tmp_path / "resumed.npz", "pipeline 'train'",
+                         **off)
 
 
 def test_a_changed_external_source_callable_is_refused(tmp_path):
