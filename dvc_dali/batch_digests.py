@@ -191,7 +191,7 @@ def digest_arrays(outputs: Sequence[Any]) -> list[str]:
             shapes = [samples[0].shape[1:]] * (samples[0].shape[0] if samples[0].ndim else 1)
         value = 0
         for s in samples:
-            value = _crc(memoryview(np.ascontiguousarray(s)).cast("B"), value)
+            value = _crc(_host_view(s), value)
         dtype = samples[0].dtype.name if samples else "none"
         out.append(f"{dtype}/{zlib.crc32(repr(shapes).encode()):08x}/c{value:08x}")
     return out
