@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# DVC's analytics off for every process the tests start (`dvc`, stages, queue
+# workers, the example's own `dvc` calls), as DVC's own suite does: each `dvc`
+# command would otherwise start a second Python importing DVC to report to a
+# network that is not there.
+os.environ["DVC_NO_ANALYTICS"] = "1"
 
 
 @pytest.fixture(scope="session")

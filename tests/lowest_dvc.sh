@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The tests that touch DVC's internals, on the lowest DVC pyproject.toml
-# allows, in a clean venv outside the repository (removed on exit). DVC
-# before 3.66 fails with pathspec 1.x and does not cap it itself.
+# allows. The venv with that DVC and every other dependency is built once per
+# machine and kept in ~/.cache/dvc-dali/lowest-dvc (tests/helpers/cached_venv.py:
+# rebuilt when pyproject.toml's dependencies change); this tree is installed
+# into it on every run, without dependencies. Workers as in .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lowest=$(mktemp -d)
-trap 'rm -rf "$lowest"' EXIT
-python3 -m venv "$lowest/venv"
-"$lowest/venv/bin/python" -m pip install -q "dvc==3.54.*" "pathspec<1" -e ".[example]" "pytest>=7"
+venv=$(python3 -m tests.helpers.cached_venv lowest-dvc)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 # PATH first: every `dvc` and stage `python` is the venv's
-PATH="$lowest/venv/bin:$PATH" "$lowest/venv/bin/python" -m pytest -q -p no:cacheprovider \
+PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    -n "${DVC_DALI_TEST_WORKERS:-3}" --dist loadfile \
     tests/e2e/test_dvc_recorder.py tests/e2e/test_example.py tests/e2e/test_cli.py \
     tests/e2e/test_remote_push.py tests/e2e/test_load.py

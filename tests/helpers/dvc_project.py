@@ -82,15 +82,18 @@ def make_project(path: Path, *, example: bool = False, template: bool = False,
     writes; ``files``: {relative path: text, bytes, or a file to copy}; then
     everything committed with ``message`` (None: nothing committed, for
     callers that add more first). ``env``: extra variables for each command.
+
+    The steps before ``files`` are made once per test process for each
+    combination and copied (_base): `dvc init` and `dvc-dali init` each cost
+    a Python start with DVC's imports, and git init three more commands.
     """
-    path.mkdir(parents=True, exist_ok=True)
-    if example:
-        _copy_example(path)
-    git_init(path, branch, env)
-    if dvc_init and not example:
-        run([sys.executable, "-m", "dvc", "init", "-q"], path, env=env)
-    if template:
-        run([sys.executable, "-m", "dvc_dali.cli", "init"], path, env=env)
+    if env is None and not (path / ".git").exists():
+        base = _base(example, template, dvc_init, branch)
+        # .dvc/tmp is DVC's own per-repository scratch (btime names the repo): made anew
+        shutil.copytree(base, path, symlinks=True, dirs_exist_ok=True,
+                        ignore=lambda d, names: ["tmp"] if Path(d) == base / ".dvc" else [])
+    else:  # extra variables may change what the commands write; a clone keeps its .git
+        _build_base(path, example, template, dvc_init, branch, env)
     for rel, content in (files or {}).items():
         target = path / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,36 @@ def make_project(path: Path, *, example: bool = False, template: bool = False,
     if message is not None:
         commit_all(path, message, env)
     return path
+
+
+def _build_base(path: Path, example: bool, template: bool, dvc_init: bool, branch: str,
+                env: dict | None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    if example:
+        _copy_example(path)
+    git_init(path, branch, env)
+    if dvc_init and not example:
+        run([sys.executable, "-m", "dvc", "init", "-q"], path, env=env)
+    if template:
+        run([sys.executable, "-m", "dvc_dali.cli", "init"], path, env=env)
+
+
+_BASES: dict[tuple, Path] = {}
+
+
+def _base(*key) -> Path:
+    """The project _build_base makes for ``key``, built on first use in a
+    directory of this process's own (removed at exit): pytest-xdist workers
+    each have theirs, and a test's copy never shares a file with another."""
+    if key not in _BASES:
+        import atexit
+        import tempfile
+
+        where = Path(tempfile.mkdtemp(prefix="dvc-dali-base-"))
+        atexit.register(shutil.rmtree, where, True)
+        _build_base(where / "p", *key, env=None)
+        _BASES[key] = where / "p"
+    return _BASES[key]
 
 
 def template_project(tmp_path: Path, classes: int = 3, steps: int = 20) -> Path:

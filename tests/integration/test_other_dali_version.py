@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import HELPERS, REPO, pipelines
+from tests.helpers import HELPERS, REPO, cached_venv, pipelines
 from tests.helpers.proof import perturb_same_size_and_mtime
 from tests.helpers.proof import run as proof_run
 
@@ -29,18 +28,19 @@ def previous_minor(installed: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def other_python(tmp_path_factory) -> tuple[Path, str]:
-    """A Python with the previous DALI release (and dvc-dali from this tree)."""
+def other_python() -> tuple[Path, str]:
+    """A Python with the previous DALI release (and dvc-dali from this tree by
+    PYTHONPATH), in a venv kept in ~/.cache/dvc-dali (tests/helpers/cached_venv.py):
+    its 400 MB wheel is downloaded once per machine, not on every run."""
     wanted = previous_minor(version(DALI))
     if wanted is None:
         pytest.skip(f"{DALI} {version(DALI)} has no earlier minor release to resume with")
-    where = tmp_path_factory.mktemp("other-dali")
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-    python = where / "bin" / "python"
-    got = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{DALI}=={wanted}",
-                          "numpy", "isal"], capture_output=True, text=True)
-    if got.returncode != 0:  # no index reachable: nothing here can be tested
-        pytest.skip(f"{DALI}=={wanted} did not install: {got.stderr[-800:]}")
+    try:
+        venv = cached_venv.ensure(cached_venv.location(f"dali-{wanted.rstrip('.*')}-venv"),
+                                  [f"{DALI}=={wanted}", "numpy", "isal"])
+    except cached_venv.VenvUnavailable as exc:  # no index reachable: nothing to test here
+        pytest.skip(str(exc))
+    python = cached_venv.python(venv)
     other = subprocess.run([str(python), "-c", "import nvidia.dali as d; print(d.__version__)"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert other != version(DALI)
