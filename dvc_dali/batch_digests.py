@@ -314,7 +314,8 @@ def differences(want: list[str], got: list[str]) -> list[str]:
 
 
 def _range(unit: str, first: int, last: int) -> str:
-    return f"{unit} {first}" if first == last else f"{unit}s {first}-{last}"
+    plural = unit + ("es" if unit.endswith("h") else "s")
+    return f"{unit} {first}" if first == last else f"{plural} {first}-{last}"
 
 
 def outcomes(checks: Sequence[Check], first: int, unit: str = "step") -> str:

@@ -36,44 +36,45 @@ def test_differences(want, got, said):
 C32 = "uint8/0000aaaa/crc32:11111111"  # a host CRC-32, named
 G = "uint8/0000aaaa/gwsum1:" + "1" * 16  # the device sum, named
 OTHER = "recorded by another digest algorithm"
+MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's outcomes
 
 
 @pytest.mark.parametrize("want, got, outcome, said", [
-    ([C32], [C32], bd.MATCHED, ()),
+    ([C32], [C32], MATCHED, ()),
     # unnamed, as dvc-dali wrote them before: c is the same CRC-32, g the same device sum
-    ([A], [C32], bd.MATCHED, ()),
-    (["uint8/0000aaaa/g" + "1" * 16], [G], bd.MATCHED, ()),
-    ([A], ["uint8/0000aaaa/crc32:22222222"], bd.DIFFERS,
+    ([A], [C32], MATCHED, ()),
+    (["uint8/0000aaaa/g" + "1" * 16], [G], MATCHED, ()),
+    ([A], ["uint8/0000aaaa/crc32:22222222"], DIFFERS,
      ("output 0: same dtype and shapes, other bytes",)),
-    ([C32], ["float/0000aaaa/crc32:11111111"], bd.DIFFERS, ("output 0: dtype uint8 -> float",)),
+    ([C32], ["float/0000aaaa/crc32:11111111"], DIFFERS, ("output 0: dtype uint8 -> float",)),
     # two kinds (a host CRC, a device sum): nothing comparable, whatever the fields say
-    ([G], [C32], bd.NOT_VERIFIED, (OTHER,)),
-    (["uint8/0000aaaa/g" + "1" * 16], [C32], bd.NOT_VERIFIED, (OTHER,)),
-    ([A], [G], bd.NOT_VERIFIED, (OTHER,)),
-    (["float/0000bbbb/g" + "0" * 16], ["float32/0000aaaa/crc32:11111111"], bd.NOT_VERIFIED,
+    ([G], [C32], NOT_VERIFIED, (OTHER,)),
+    (["uint8/0000aaaa/g" + "1" * 16], [C32], NOT_VERIFIED, (OTHER,)),
+    ([A], [G], NOT_VERIFIED, (OTHER,)),
+    (["float/0000bbbb/g" + "0" * 16], ["float32/0000aaaa/crc32:11111111"], NOT_VERIFIED,
      (OTHER,)),
     # another (a later, an unknown) algorithm, even with the same value
-    (["uint8/0000aaaa/mix64:11111111"], [C32], bd.NOT_VERIFIED, (OTHER,)),
-    ([C32, G], [C32, C32], bd.NOT_VERIFIED, (OTHER,)),  # one output matched is no proof
+    (["uint8/0000aaaa/mix64:11111111"], [C32], NOT_VERIFIED, (OTHER,)),
+    ([C32, G], [C32, C32], NOT_VERIFIED, (OTHER,)),  # one output matched is no proof
     # a difference shown by one output is one, whatever another cannot tell
-    ([G, C32], [C32, "uint8/0000aaaa/crc32:22222222"], bd.DIFFERS,
+    ([G, C32], [C32, "uint8/0000aaaa/crc32:22222222"], DIFFERS,
      ("output 1: same dtype and shapes, other bytes",)),
-    ([G], [C32, C32], bd.DIFFERS, ("2 outputs where 1 were produced",)),
+    ([G], [C32, C32], DIFFERS, ("2 outputs where 1 were produced",)),
     # nothing recorded, a digest that failed then or now, one that cannot be read
-    (None, [C32], bd.NOT_VERIFIED, ("no digest was recorded for it",)),
-    (["failed:RuntimeError"], [C32], bd.NOT_VERIFIED,
+    (None, [C32], NOT_VERIFIED, ("no digest was recorded for it",)),
+    (["failed:RuntimeError"], [C32], NOT_VERIFIED,
      ("its digest failed while it was recorded (RuntimeError)",)),
-    ([C32], ["failed:MemoryError"], bd.NOT_VERIFIED, ("its digest failed now (MemoryError)",)),
-    (["uint8/0000aaaa/-"], [C32], bd.NOT_VERIFIED, ("a recorded digest is unreadable",)),
-    (["../etc"], [C32], bd.NOT_VERIFIED, ("a recorded digest is unreadable",)),
-    (["uint8/0000aaaa/CRC32:11111111"], [C32], bd.NOT_VERIFIED,
+    ([C32], ["failed:MemoryError"], NOT_VERIFIED, ("its digest failed now (MemoryError)",)),
+    (["uint8/0000aaaa/-"], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
+    (["../etc"], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
+    (["uint8/0000aaaa/CRC32:11111111"], [C32], NOT_VERIFIED,
      ("a recorded digest is unreadable",)),
 ])
 def test_each_check_ends_matched_differs_or_not_verified(want, got, outcome, said):
     found = bd.check(want, got)
     assert (found.outcome, found.lines) == (outcome, said)
     if want is not None:
-        assert bd.differences(want, got) == (list(said) if outcome == bd.DIFFERS else [])
+        assert bd.differences(want, got) == (list(said) if outcome == DIFFERS else [])
 
 
 def test_what_is_stored_names_the_algorithm():
@@ -89,20 +90,23 @@ def test_what_is_stored_names_the_algorithm():
 
 
 @pytest.mark.parametrize("checks, proven, line", [
-    ([bd.Check(bd.MATCHED)] * 3, True,
+    ([(MATCHED,)] * 3, True,
      "pipeline 'train': the batches for steps 21-23 are those the run it resumes produced"),
-    ([bd.Check(bd.NOT_VERIFIED, (OTHER,))] * 2, False,
+    ([(NOT_VERIFIED, (OTHER,))] * 2, False,
      f"pipeline 'train': batch digests of steps 21-22: steps 21-22 not verified ({OTHER}); "
      "so this resume is not proven exact"),
-    ([bd.Check(bd.MATCHED), bd.Check(bd.NOT_VERIFIED, ("no digest was recorded for it",)),
-      bd.Check(bd.MATCHED), bd.Check(bd.MATCHED)], False,
+    ([(MATCHED,), (NOT_VERIFIED, ("no digest was recorded for it",)), (MATCHED,), (MATCHED,)],
+     False,
      "pipeline 'train': batch digests of steps 21-24: step 21 matched; step 22 not verified "
      "(no digest was recorded for it); steps 23-24 matched; so this resume is not proven exact"),
 ])
 def test_the_resume_line_says_which(checks, proven, line):
+    checks = [bd.Check(*c) for c in checks]
     said = bd.summary("pipeline", "train", 21, checks)
     assert said[0] == proven and said[1].startswith(line), said
     assert ("are those the run it resumes produced" in said[1]) == proven
+    # doctor --verify counts batches, from 1
+    assert bd.outcomes(checks[:2], 1, "batch").startswith(("batches 1-2 ", "batch 1 "))
 
 
 def _resumed(tmp_path, recorded):
