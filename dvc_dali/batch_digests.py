@@ -4,8 +4,9 @@ with the ones the run it continues produced.
 From each checkpoint on, every batch a registered pipeline hands out
 (``pipe.run()``, and the framework iterators, which call
 ``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
-samples' shapes and a digest of its bytes (CRC-32 of the host bytes; on a
-GPU a weighted sum computed on the device, so nothing is copied to the host).
+samples' shapes and a digest of its bytes named by its algorithm (HOST,
+``crc32``: CRC-32 of the host bytes; on a GPU DEVICE, ``gwsum1``: a weighted
+sum computed on the device, so nothing is copied to the host).
 So is every batch a DALI dynamic-mode reader registered on
 ``Checkpointer.dynamic()`` yields from ``next_epoch`` (stream
 ``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): brought to
@@ -50,6 +51,15 @@ what differs and what changed since. ``DVC_DALI_INEXACT=1`` continues on
 purpose, saying once that the run is no longer exact. Where no digest exists
 (a run killed right after its checkpoint), nothing is said and the batches
 are recorded.
+
+Each comparison ends as one of MATCHED, DIFFERS (the refusal) or
+NOT_VERIFIED (:func:`check`): digests of two algorithms (a host CRC and a
+device sum, an older or later algorithm), a digest that failed when it was
+recorded or now, or one that cannot be read, tell nothing, and are neither a
+refusal nor a proof. When a stream's digests run out (or at the next save)
+the resume says once which (:func:`summary`): the proof only where every
+batch matched. A digest that raises while recording is recorded as
+``failed:<exception type>`` (said once a stream), never dropped.
 
 While recording (no digest to compare with), a batch's bytes are hashed on
 a background thread while the training step uses it, one batch at a time
