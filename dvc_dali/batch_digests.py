@@ -4,8 +4,9 @@ with the ones the run it continues produced.
 From each checkpoint on, every batch a registered pipeline hands out
 (``pipe.run()``, and the framework iterators, which call
 ``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
-samples' shapes and a digest of its bytes (CRC-32 of the host bytes; on a
-GPU a weighted sum computed on the device, so nothing is copied to the host).
+samples' shapes and a digest of its bytes named by its algorithm (HOST,
+``crc32``: CRC-32 of the host bytes; on a GPU DEVICE, ``gwsum1``: a weighted
+sum computed on the device, so nothing is copied to the host).
 So is every batch a DALI dynamic-mode reader registered on
 ``Checkpointer.dynamic()`` yields from ``next_epoch`` (stream
 ``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): brought to
@@ -51,6 +52,15 @@ purpose, saying once that the run is no longer exact. Where no digest exists
 (a run killed right after its checkpoint), nothing is said and the batches
 are recorded.
 
+Each comparison ends as one of MATCHED, DIFFERS (the refusal) or
+NOT_VERIFIED (:func:`check`): digests of two algorithms (a host CRC and a
+device sum, an older or later algorithm), a digest that failed when it was
+recorded or now, or one that cannot be read, tell nothing, and are neither a
+refusal nor a proof. When a stream's digests run out (or at the next save)
+the resume says once which (:func:`summary`): the proof only where every
+batch matched. A digest that raises while recording is recorded as
+``failed:<exception type>`` (said once a stream), never dropped.
+
 While recording (no digest to compare with), a batch's bytes are hashed on
 a background thread while the training step uses it, one batch at a time
 (the next batch waits for it): DALI's default executor keeps a returned
@@ -68,6 +78,7 @@ import time
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -78,6 +89,17 @@ from .process_state import STATE
 KEY = "batches"  # a pipeline entry's manifest field
 ALL = -1  # DVC_DALI_VERIFY_BATCHES unset: every batch between two checkpoints
 COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
+# What an output's digest is named by (``<dtype>/<shapes CRC>/<name>:<hex>``):
+# the name stands for the whole recipe (dtype spelling, shapes encoding, the
+# bytes' digest), and changes whenever any of it changes, so that a digest of
+# another recipe is "not verified", never compared.
+HOST = "crc32"  # CRC-32 (zlib's polynomial) of the host bytes, samples in order
+DEVICE = "gwsum1"  # the position-weighted sum of 32-bit words on the device (_device_bytes)
+# Digests written before the name was stored (dvc-dali up to 8b32b7a): ``c<8
+# hex>`` was made by the same recipe HOST names (unchanged), ``g<16 hex>`` by
+# the one DEVICE names; so they are read as those.
+LEGACY = {"c": HOST, "g": DEVICE}
+FAILED = "failed:"  # a batch whose digest raised: ["failed:<exception type>"]
 MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
 _ID_CHARS = set("0123456789abcdef")
@@ -114,11 +136,11 @@ def _host_digest(tensor_list: Any) -> tuple[str, str]:
         dense = tensor_list.as_tensor()
         shape = dense.shape()
         shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
-        return shapes, f"c{_crc(_host_view(dense)):08x}"
+        return shapes, f"{HOST}:{_crc(_host_view(dense)):08x}"
     value = 0
     for part in tensor_list:
         value = _crc(_host_view(part), value)
-    return repr(tensor_list.shape()), f"c{value:08x}"
+    return repr(tensor_list.shape()), f"{HOST}:{value:08x}"
 
 
 def _host_view(part: Any) -> memoryview:
@@ -155,7 +177,7 @@ def _device_bytes(tensor_list: Any) -> str:
         per_row = (rows * _device_weights(1024)).sum(axis=1)
         part = int((per_row * _device_weights(per_row.size)).sum())
         total = (total * 0x100000001B3 + part + k) % (1 << 64)
-    return f"g{total:016x}"
+    return f"{DEVICE}:{total:016x}"
 
 
 def _on_device(tensor_list: Any) -> bool:
@@ -193,24 +215,144 @@ def digest_arrays(outputs: Sequence[Any]) -> list[str]:
         for s in samples:
             value = _crc(_host_view(s), value)
         dtype = samples[0].dtype.name if samples else "none"
-        out.append(f"{dtype}/{zlib.crc32(repr(shapes).encode()):08x}/c{value:08x}")
+        out.append(f"{dtype}/{zlib.crc32(repr(shapes).encode()):08x}/{HOST}:{value:08x}")
     return out
 
 
-def differences(want: list[str], got: list[str]) -> list[str]:
-    """What differs between two batch digests, output by output."""
+# -- the decision: matched, differs or not verified ---------------------------
+MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"
+OTHER_ALGORITHM = "recorded by another digest algorithm"
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+_HEX = set("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one batch's comparison ended: ``outcome`` one of MATCHED, DIFFERS,
+    NOT_VERIFIED; ``lines``: what differs (DIFFERS), or why it could not be
+    told (NOT_VERIFIED: one reason)."""
+
+    outcome: str
+    lines: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.lines[0] if self.lines else ""
+
+
+def failed_marker(exc: BaseException) -> list[str]:
+    """What stands for a batch whose digest raised: its exception's type."""
+    return [f"{FAILED}{type(exc).__name__}"]
+
+
+def _failed(batch: Any) -> str | None:
+    """The exception type of a failed-digest marker; None for a digest."""
+    if isinstance(batch, list) and len(batch) == 1 and isinstance(batch[0], str) \
+            and batch[0].startswith(FAILED):
+        return batch[0][len(FAILED):] or "an error"
+    return None
+
+
+def parse_output(output: str) -> tuple[str, str, str, str] | None:
+    """(dtype, shapes CRC, algorithm, value) of one output's digest: the
+    named form ``<dtype>/<8 hex>/<algorithm>:<hex>``, or the unnamed one
+    dvc-dali wrote before digests named their algorithm (``c<hex>``: CRC-32,
+    ``g<hex>``: the device sum; LEGACY). None when it is neither (``-``,
+    anything forged): nothing can be told from it."""
+    parts = output.split("/") if isinstance(output, str) else []
+    if len(parts) != 3:
+        return None
+    dtype, shapes, data = parts
+    name, sep, value = data.partition(":")
+    if not sep:
+        name, value = LEGACY.get(data[:1], ""), data[1:]
+    if not name or set(name) - _NAME_CHARS or not value or set(value) - _HEX:
+        return None
+    return dtype, shapes, name, value
+
+
+def check(want: list[str] | None, got: list[str] | None) -> Check:
+    """One batch: its digest recorded by the run being resumed (``want``;
+    None: none was recorded) and the one of the batch produced now (``got``).
+
+    DIFFERS only where a difference is shown: another number of outputs, or
+    an output whose two digests are of the same algorithm and tell another
+    dtype, other shapes or other bytes. NOT_VERIFIED where nothing can be
+    told: no digest recorded, a digest that failed (then or now), one that
+    cannot be read, or two digests of different algorithms (a host CRC and a
+    device sum, an older or newer algorithm: their values are not comparable,
+    and neither are their dtype and shape fields). MATCHED only where every
+    output's two digests are of one algorithm and equal."""
+    if want is None:
+        return Check(NOT_VERIFIED, ("no digest was recorded for it",))
+    then, now = _failed(want), _failed(got) if got is not None else "an error"
+    if then is not None:
+        return Check(NOT_VERIFIED, (f"its digest failed while it was recorded ({then})",))
+    if now is not None:
+        return Check(NOT_VERIFIED, (f"its digest failed now ({now})",))
     if len(want) != len(got):
-        return [f"{len(got)} outputs where {len(want)} were produced"]
-    lines = []
-    for i, (a, b) in enumerate(zip(want, got)):
-        (dt_a, sh_a, by_a), (dt_b, sh_b, by_b) = a.split("/"), b.split("/")
-        if dt_a != dt_b:
-            lines.append(f"output {i}: dtype {dt_a} -> {dt_b}")
-        elif sh_a != sh_b:
-            lines.append(f"output {i}: sample shapes differ")
-        elif by_a[:1] == by_b[:1] and by_a != by_b:
-            lines.append(f"output {i}: same dtype and shapes, other bytes")
-    return lines
+        return Check(DIFFERS, (f"{len(got)} outputs where {len(want)} were produced",))
+    outputs = [_output(i, a, b) for i, (a, b) in enumerate(zip(want, got))]
+    lines = tuple(what for outcome, what in outputs if outcome == DIFFERS)
+    if lines:
+        return Check(DIFFERS, lines)
+    unverified = [what for outcome, what in outputs if outcome == NOT_VERIFIED]
+    return Check(NOT_VERIFIED, (unverified[0],)) if unverified else Check(MATCHED)
+
+
+def _output(i: int, want: str, got: str) -> tuple[str, str]:
+    """(outcome, what differs or why not verified) of output ``i``."""
+    a, b = parse_output(want), parse_output(got)
+    if a is None or b is None:
+        return NOT_VERIFIED, "a recorded digest is unreadable"
+    if a[2] != b[2]:
+        return NOT_VERIFIED, OTHER_ALGORITHM
+    if a[0] != b[0]:
+        return DIFFERS, f"output {i}: dtype {a[0]} -> {b[0]}"
+    if a[1] != b[1]:
+        return DIFFERS, f"output {i}: sample shapes differ"
+    if a[3] != b[3]:
+        return DIFFERS, f"output {i}: same dtype and shapes, other bytes"
+    return MATCHED, ""
+
+
+def differences(want: list[str], got: list[str]) -> list[str]:
+    """What differs between two batch digests, output by output (empty where
+    :func:`check` finds no difference: matched or not verified)."""
+    found = check(want, got)
+    return list(found.lines) if found.outcome == DIFFERS else []
+
+
+def _range(unit: str, first: int, last: int) -> str:
+    plural = unit + ("es" if unit.endswith("h") else "s")
+    return f"{unit} {first}" if first == last else f"{plural} {first}-{last}"
+
+
+def outcomes(checks: Sequence[Check], first: int, unit: str = "step") -> str:
+    """The comparisons of consecutive batches (the first numbered ``first``)
+    by outcome, in order: 'steps 21-22 not verified (recorded by another
+    digest algorithm); steps 23-25 matched'."""
+    groups: list[list[Any]] = []  # [first, last, what]
+    for i, c in enumerate(checks):
+        what = c.outcome if c.outcome != NOT_VERIFIED else f"not verified ({c.reason})"
+        if groups and groups[-1][2] == what:
+            groups[-1][1] = first + i
+        else:
+            groups.append([first + i, first + i, what])
+    return "; ".join(f"{_range(unit, a, b)} {what}" for a, b, what in groups)
+
+
+def summary(kind: str, name: str, first_step: int, checks: Sequence[Check]) -> tuple[bool, str]:
+    """The one line a resume says of a stream's compared batches (the first
+    for step ``first_step``): (whether every one matched, the line). Only
+    where every batch matched is it the proof; otherwise the steps are named
+    by outcome, with the reason each was not verified."""
+    label, steps = f"{kind} {name!r}", _range("step", first_step, first_step + len(checks) - 1)
+    if all(c.outcome == MATCHED for c in checks):
+        return True, (f"{label}: the batches for {steps} are those the run it resumes produced "
+                      "(batch digests)")
+    return False, (f"{label}: batch digests of {steps}: {outcomes(checks, first_step)}; so this "
+                   "resume is not proven exact")
 
 
 # -- where they are kept -----------------------------------------------------
@@ -374,6 +516,8 @@ class Recorder:
         self._log: Path | None = None  # the companion file; None: the manifest only
         self._lock = threading.Lock()
         self._pending: Future | None = None  # the one digest being computed
+        self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
+        self._failures_said: set[str] = set()  # streams whose failed digest was said
         # the mismatch :meth:`observe` raised last: where it was raised in a
         # thread of TensorFlow's, the caller gets TF's error and raises this
         self.failure: BatchMismatchError | None = None
@@ -392,6 +536,7 @@ class Recorder:
         self._done = {name: list(b[:MANIFEST_MAX]) for name, b in batches.items()}
         self._recorded = {name: len(b) for name, b in batches.items()}
         self._expected = _Expected(batches, step, why, where)
+        self._checks = {}
         self._open()
 
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
@@ -444,28 +589,69 @@ class Recorder:
             return
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
-            self._check(name, index, expected[index], digest_of(outputs))
-            if index + 1 == len(expected) and self._expected is not None:
-                self._matched(name, index + 1)
+            try:
+                got = digest_of(outputs)
+            except Exception as exc:  # noqa: BLE001 (nothing told: not verified, said)
+                logger.debug("batch digest of %r failed: %r", name, exc)
+                got = failed_marker(exc)
+            found = check(expected[index], got)
+            self._check(name, index, found)
+            if self._expected is None:  # DVC_DALI_INEXACT=1: said; recorded from here on
+                return
+            self._checks.setdefault(name, []).append(found)
+            if found.outcome == NOT_VERIFIED and _failed(got) is None:
+                self._replace(name, index, got)
+            if index + 1 == len(expected):
+                self._say(name)
             return
         if deferred and not any(_on_device(tl) for tl in outputs):
             self._in_background(name, index, outputs)
         else:
-            self._append(name, index, digest_of(outputs))
+            self._append(name, index, self._digest(name, index, digest_of, outputs))
 
-    def _matched(self, name: str, count: int) -> None:
-        """Said once a stream's recorded digests run out: the proof was made."""
-        first = self._expected.step + 1
-        steps = f"step {first}" if count == 1 else f"steps {first}-{first + count - 1}"
-        logger.info("%s %r: the batches for %s are those the run it resumes produced (batch "
-                    "digests)", self._kinds.get(name, "pipeline"), name, steps)
+    def _say(self, name: str) -> None:
+        """Said once for a stream, when its recorded digests run out (or at
+        the next save): which batches matched, which were not verified and
+        why; only where all matched, the proof."""
+        checks = self._checks.pop(name, [])
+        if not checks or self._expected is None:
+            return
+        proven, line = summary(self._kinds.get(name, "pipeline"), name,
+                               self._expected.step + 1, checks)
+        (logger.info if proven else logger.warning)("%s", line)
 
-    def _check(self, name: str, index: int, want: list[str], got: list[str]) -> None:
-        if want == got:
+    def _replace(self, name: str, index: int, value: list[str]) -> None:
+        """A batch not verified: the next checkpoint's manifest gets this
+        run's digest of it (the batch this run trained on), of the current
+        algorithm, in place of the one that could not be compared."""
+        with self._lock:
+            done = self._done.get(name, [])
+            if index < len(done):
+                done[index] = value
+
+    def _digest(self, name: str, index: int, digest_of: Callable[[Any], list[str]],
+                outputs: Any) -> list[str]:
+        """A batch's digest while recording; one that raises is recorded as
+        failed (a resume says that batch is not verified), said once a stream."""
+        try:
+            return digest_of(outputs)
+        except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+            with self._lock:
+                first = name not in self._failures_said
+                self._failures_said.add(name)
+            if first:
+                logger.warning(
+                    "%s %r: the digest of batch %d after the last checkpoint failed (%s: %s); "
+                    "it is recorded as failed, so a resume from that checkpoint will say that "
+                    "batch is not verified (said once: later failures are recorded the same "
+                    "way)", self._kinds.get(name, "pipeline"), name, index + 1,
+                    type(exc).__name__, exc)
+            return failed_marker(exc)
+
+    def _check(self, name: str, index: int, found: Check) -> None:
+        if found.outcome != DIFFERS:
             return
-        diff = differences(want, got)
-        if not diff:
-            return
+        diff = list(found.lines)
         exp = self._expected
         step = exp.step + index + 1
         changed = exp.why(name)
@@ -500,7 +686,7 @@ class Recorder:
         if STATE.digest_pool is None:
             STATE.digest_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-batch-digest")
         self._pending = STATE.digest_pool.submit(
-            lambda: self._append(name, index, digest(outputs)))
+            lambda: self._append(name, index, self._digest(name, index, digest, outputs)))
 
     def _append(self, name: str, index: int, value: list[str]) -> None:
         with self._lock:
@@ -534,6 +720,8 @@ class Recorder:
         if not self.on:
             return entries
         self._settle()
+        for name in list(self._checks):  # compared, the digests not run out: said now
+            self._say(name)
         with self._lock:
             new_id = _new_log_id()
             for name, entry in entries.items():

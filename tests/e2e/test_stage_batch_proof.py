@@ -8,6 +8,7 @@ machine after `dvc exp pull`); with the data put back, it resumes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.helpers.dvc_project import queue_report, run, template_project, wait_queue
+from tests.helpers.proof import manifest
 from tests.helpers.rows import exp_rows
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
@@ -197,3 +199,45 @@ def test_a_changed_external_source_callable_is_refused_under_dvc_exp_run(tmp_pat
     shutil.rmtree(project / ".dvc" / "tmp" / "dvc-dali" / "batches")
     said = refused(project, "-S", "train.lr=0.05", env={"TRAIN_OFFSET": "1"})
     assert "the batch for step 11 (batch 1 after the checkpoint at step 10" in said, said
+
+
+def as_left_by(output: str, how: str) -> str:
+    """One output's digest as another device or release would have left it:
+    ``device`` an older release's device sum (unnamed g), ``later`` a later
+    release's algorithm, ``older`` an older release's unnamed host CRC-32."""
+    head, data = output.rsplit("/", 1)
+    value = data.split(":")[-1] if ":" in data else data[1:]
+    return head + "/" + {"device": "g" + value.rjust(16, "0"), "later": f"mix64:{value}",
+                         "older": f"c{value}"}[how]
+
+
+def test_digests_of_another_kind_or_algorithm_are_not_verified_never_proven(project):
+    """Killed between two checkpoints, its recorded digests rewritten as the
+    other device (batches 1-2), a later release (3) and an older one on the
+    CPU (4: the same CRC-32, unnamed) would leave them: doctor --verify and
+    the resume say which batches are not verified and why, never the proof."""
+    lean = ["-S", "train.steps=30"]
+    killed = run(["dvc", "exp", "run", "-n", "k", *lean], project, check=False, env={KILL: "25"})
+    assert killed.returncode != 0 and "k-step20" in exp_rows(project), killed.stderr[-3000:]
+    log_id = manifest(project / "checkpoint")["pipelines"]["train"]["batches"]["log"]
+    path = project / ".dvc" / "tmp" / "dvc-dali" / "batches" / f"{log_id}.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    assert len(lines) >= 4, lines  # steps 21-24 (25's may be lost at the kill)
+    for rec, how in zip(lines, ("device", "device", "later", "older")):
+        rec["d"] = [as_left_by(output, how) for output in rec["d"]]
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+
+    ws = run(["dvc-dali", "doctor", "--verify"], project, check=False)
+    assert re.search(r"--   checkpoint \(workspace\), pipeline 'train': the batches recorded "
+                     r"after step 20: batches 1-3 not verified \(recorded by another digest "
+                     r"algorithm\); batch(es)? 4(-5)? matched; so not proven exact", ws.stdout), \
+        ws.stdout
+    assert "reproduced exactly" not in ws.stdout, ws.stdout
+    done = run(["dvc", "exp", "run", *lean], project)
+    said = done.stdout + done.stderr
+    assert "resuming from step 20" in said, said
+    assert re.search(r"pipeline 'train': batch digests of steps 21-2[45]: steps 21-23 not "
+                     r"verified \(recorded by another digest algorithm\); steps? 24(-25)? "
+                     r"matched; so this resume is not proven exact", said), said
+    assert said.count("not verified") == 1, said  # said once
+    assert "are those the run it resumes produced" not in said, said

@@ -8,12 +8,16 @@ Steps from the checkpoint's step (0 when fresh) to N, saving after each
 step K; after step M it kills itself. Every output of every step goes to
 OUT (.npz) when it gets to N. KIND "dynamic": a DALI dynamic-mode reader
 (and an RNG) registered on ``Checkpointer.dynamic()`` instead of pipelines.
+PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed on dvc-dali's
+digest thread (counted from 1) raises, as a failing digest would there.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import threading
 
 import numpy as np
 
@@ -59,10 +63,28 @@ def dynamic_steps(ck, data: str):
     return steps()
 
 
+def fail_digests_on_the_thread(which: str) -> None:
+    """The K-th digest computed on the digest thread raises (K in ``which``)."""
+    from dvc_dali import batch_digests
+
+    original, count = batch_digests.digest, itertools.count(1)
+    fails = {int(k) for k in which.split(",")}
+
+    def digest(outputs):
+        on_thread = threading.current_thread().name.startswith("dvc-dali-batch-digest")
+        if on_thread and next(count) in fails:
+            raise RuntimeError("a digest failed on the thread")
+        return original(outputs)
+
+    batch_digests.digest = digest
+
+
 def main() -> None:
     ap = pipelines.runner_parser("kind")
     ap.add_argument("--kill-after", type=int, default=None)
     args = ap.parse_args()
+    if os.environ.get("PROOF_DIGEST_FAILS"):
+        fail_digests_on_the_thread(os.environ["PROOF_DIGEST_FAILS"])
 
     ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)
     steps = (dynamic_steps(ck, args.data) if args.kind == "dynamic"

@@ -59,6 +59,32 @@ def test_a_changed_external_source_callable_is_refused(tmp_path):
     assert keys and all(np.array_equal(resumed[k], reference[k]) for k in keys)
 
 
+def test_a_digest_that_fails_on_the_thread_is_said_once_and_not_verified_at_the_resume(
+        tmp_path):
+    """Batches 2 and 3 after the checkpoint: their digests raise on the
+    background thread; the run says so once and records the later ones; the
+    resume says those two are not verified, never that the batches are those
+    of the run it resumes."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 8, save_at=[2],
+                     kill_after=7, PROOF_DIGEST_FAILS="2,3")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert proc.stderr.count("dvc-dali: ") == 1, proc.stderr  # said once
+    assert "pipeline 'train': the digest of batch 2 after the last checkpoint failed " \
+        "(RuntimeError: a digest failed on the thread)" in proc.stderr, proc.stderr
+    kept = batch_digests.read_companion(companion(ckpt), batch_digests.log_id_of(manifest(ckpt)))
+    assert kept["train"][1:3] == [["failed:RuntimeError"]] * 2, kept  # marked, not dropped
+    assert batch_digests.parse_output(kept["train"][3][0]), kept  # the next one recorded
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"pipeline 'train': batch digests of steps 3-[67]: step 3 matched; steps "
+                     r"4-5 not verified \(its digest failed while it was recorded "
+                     r"\(RuntimeError\)\); steps? 6(-7)? matched; so this resume is not proven "
+                     r"exact", proc.stderr), proc.stderr
+    assert proc.stderr.count("not verified") == 1, proc.stderr
+    assert "are those the run it resumes produced" not in proc.stderr, proc.stderr
+
+
 def test_the_next_checkpoint_holds_them_and_a_resume_of_it_reads_them(tmp_path):
     # killed after a second checkpoint: the digests of steps 3-4 are in step
     # 4's manifest (for a resume of step 2's row elsewhere: test_stage_batch_proof),

@@ -5,6 +5,7 @@ forged, which manifest holds the digests after a checkpoint, the setting."""
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -24,11 +25,140 @@ ID1, ID2 = "1" * 32, "2" * 32
     ([A], ["uint8/0000aaaa/c22222222"], ["output 0: same dtype and shapes, other bytes"]),
     ([A, A], [A, "uint8/0000aaaa/c2"], ["output 1: same dtype and shapes, other bytes"]),
     ([A], [A, A], ["2 outputs where 1 were produced"]),
-    # a host CRC and a device sum are not comparable: dtype and shapes only
+    # a host CRC and a device sum are not comparable: no difference shown (nor a
+    # match: test_each_check_ends_matched_differs_or_not_verified)
     ([A], ["uint8/0000aaaa/g" + "0" * 16], []),
 ])
 def test_differences(want, got, said):
     assert bd.differences(want, got) == said
+
+
+C32 = "uint8/0000aaaa/crc32:11111111"  # a host CRC-32, named
+G = "uint8/0000aaaa/gwsum1:" + "1" * 16  # the device sum, named
+OTHER = "recorded by another digest algorithm"
+MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's outcomes
+
+
+@pytest.mark.parametrize("want, got, outcome, said", [
+    ([C32], [C32], MATCHED, ()),
+    # unnamed, as dvc-dali wrote them before: c is the same CRC-32, g the same device sum
+    ([A], [C32], MATCHED, ()),
+    (["uint8/0000aaaa/g" + "1" * 16], [G], MATCHED, ()),
+    ([A], ["uint8/0000aaaa/crc32:22222222"], DIFFERS,
+     ("output 0: same dtype and shapes, other bytes",)),
+    ([C32], ["float/0000aaaa/crc32:11111111"], DIFFERS, ("output 0: dtype uint8 -> float",)),
+    # two kinds (a host CRC, a device sum): nothing comparable, whatever the fields say
+    ([G], [C32], NOT_VERIFIED, (OTHER,)),
+    (["uint8/0000aaaa/g" + "1" * 16], [C32], NOT_VERIFIED, (OTHER,)),
+    ([A], [G], NOT_VERIFIED, (OTHER,)),
+    (["float/0000bbbb/g" + "0" * 16], ["float32/0000aaaa/crc32:11111111"], NOT_VERIFIED,
+     (OTHER,)),
+    # another (a later, an unknown) algorithm, even with the same value
+    (["uint8/0000aaaa/mix64:11111111"], [C32], NOT_VERIFIED, (OTHER,)),
+    ([C32, G], [C32, C32], NOT_VERIFIED, (OTHER,)),  # one output matched is no proof
+    # a difference shown by one output is one, whatever another cannot tell
+    ([G, C32], [C32, "uint8/0000aaaa/crc32:22222222"], DIFFERS,
+     ("output 1: same dtype and shapes, other bytes",)),
+    ([G], [C32, C32], DIFFERS, ("2 outputs where 1 were produced",)),
+    # nothing recorded, a digest that failed then or now, one that cannot be read
+    (None, [C32], NOT_VERIFIED, ("no digest was recorded for it",)),
+    (["failed:RuntimeError"], [C32], NOT_VERIFIED,
+     ("its digest failed while it was recorded (RuntimeError)",)),
+    ([C32], ["failed:MemoryError"], NOT_VERIFIED, ("its digest failed now (MemoryError)",)),
+    (["uint8/0000aaaa/-"], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
+    (["../etc"], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
+    (["uint8/0000aaaa/CRC32:11111111"], [C32], NOT_VERIFIED,
+     ("a recorded digest is unreadable",)),
+])
+def test_each_check_ends_matched_differs_or_not_verified(want, got, outcome, said):
+    found = bd.check(want, got)
+    assert (found.outcome, found.lines) == (outcome, said)
+    if want is not None:
+        assert bd.differences(want, got) == (list(said) if outcome == DIFFERS else [])
+
+
+def test_what_is_stored_names_the_algorithm():
+    from nvidia.dali.tensors import TensorListCPU
+
+    for out in (bd.digest([TensorListCPU(np.zeros((2, 3), np.uint8))]),
+                bd.digest([TensorListCPU([np.zeros(2, np.uint8), np.zeros(3, np.uint8)])]),
+                bd.digest_arrays([np.zeros((2, 3), np.uint8)])):
+        assert bd.parse_output(out[0])[2] == bd.HOST and f"/{bd.HOST}:" in out[0], out
+    # the same CRC-32 of the same bytes as the unnamed c<8 hex> of before
+    value = bd.parse_output(bd.digest_arrays([np.arange(6, dtype=np.uint8)])[0])[3]
+    assert value == f"{zlib.crc32(bytes(range(6))):08x}"
+
+
+@pytest.mark.parametrize("checks, proven, line", [
+    ([(MATCHED,)] * 3, True,
+     "pipeline 'train': the batches for steps 21-23 are those the run it resumes produced"),
+    ([(NOT_VERIFIED, (OTHER,))] * 2, False,
+     f"pipeline 'train': batch digests of steps 21-22: steps 21-22 not verified ({OTHER}); "
+     "so this resume is not proven exact"),
+    ([(MATCHED,), (NOT_VERIFIED, ("no digest was recorded for it",)), (MATCHED,), (MATCHED,)],
+     False,
+     "pipeline 'train': batch digests of steps 21-24: step 21 matched; step 22 not verified "
+     "(no digest was recorded for it); steps 23-24 matched; so this resume is not proven exact"),
+])
+def test_the_resume_line_says_which(checks, proven, line):
+    checks = [bd.Check(*c) for c in checks]
+    said = bd.summary("pipeline", "train", 21, checks)
+    assert said[0] == proven and said[1].startswith(line), said
+    assert ("are those the run it resumes produced" in said[1]) == proven
+    # doctor --verify counts batches, from 1
+    assert bd.outcomes(checks[:2], 1, "batch").startswith(("batches 1-2 ", "batch 1 "))
+
+
+def _resumed(tmp_path, recorded):
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.resume(ID1, {"s": recorded}, 20, lambda name: "x", "m")
+    rec.track("s", "dataset")
+    return rec
+
+
+def test_a_resume_of_digests_of_another_kind_says_not_verified_once(tmp_path, capsys):
+    batches = [[np.full((2, 3), i, np.uint8)] for i in range(4)]
+    ours = [bd.digest_arrays(b) for b in batches]
+    other = [[o.replace(f"{bd.HOST}:", "g") + "0" * 8 for o in d] for d in ours]  # a device's
+    rec = _resumed(tmp_path, other[:2] + ours[2:3])
+    for b in batches:
+        rec.observe("s", b, bd.digest_arrays)
+    err = capsys.readouterr().err
+    assert err.count("not verified") == 1 and "are those the run it resumes produced" not in err
+    assert (f"dataset 's': batch digests of steps 21-23: steps 21-22 not verified ({OTHER}); "
+            "step 23 matched") in err, err
+    # the next checkpoint's manifest holds this run's digests, of today's algorithm
+    entries = rec.checkpoint({"s": {}})
+    assert entries["s"][bd.KEY]["digests"] == ours
+
+
+def test_a_digest_that_fails_while_recording_marks_its_batch_and_says_so_once(tmp_path, capsys):
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    rec.checkpoint({"s": {}})  # the segment after a checkpoint: recorded
+    log_id = rec.log_id
+
+    def flaky(batch):
+        if int(batch[0][0, 0]) in (1, 2):
+            raise RuntimeError("no device memory")
+        return bd.digest_arrays(batch)
+
+    batches = [[np.full((2, 3), i, np.uint8)] for i in range(4)]
+    for b in batches:
+        rec.observe("s", b, flaky)
+    err = capsys.readouterr().err
+    assert err.count("digest of batch") == 1 and "RuntimeError: no device memory" in err, err
+    kept = bd.read_companion(tmp_path, log_id)["s"]  # none dropped after the failure
+    assert kept == [bd.digest_arrays(batches[0]), ["failed:RuntimeError"],
+                    ["failed:RuntimeError"], bd.digest_arrays(batches[3])]
+    rec = _resumed(tmp_path, kept)
+    for b in batches:
+        rec.observe("s", b, bd.digest_arrays)
+    err = capsys.readouterr().err
+    assert ("dataset 's': batch digests of steps 21-24: step 21 matched; steps 22-23 not "
+            "verified (its digest failed while it was recorded (RuntimeError)); step 24 "
+            "matched") in err, err
+    assert "are those the run it resumes produced" not in err
 
 
 def test_companion_file_keeps_whole_lines_in_order(tmp_path):

@@ -575,3 +575,24 @@ def test_protowire_typed_getters():
                         (protowire.first_text, 3), (protowire.first_text, 9)):
         with pytest.raises(protowire.WireError):
             get(msg, number)
+
+
+@pytest.mark.parametrize("digests, bad", [
+    ([["uint8/0000aaaa/crc32:11111111", "float/0000aaaa/gwsum1:" + "1" * 16]], None),
+    ([["uint8/0000aaaa/c11111111"], ["uint8/0000aaaa/g" + "1" * 16]], None),  # unnamed, older
+    ([["failed:RuntimeError"], ["uint8/0000aaaa/crc32:11111111"]], None),  # its digest raised
+    ([["uint8/0000aaaa/crc32:1111"]], "digests[0]"),  # too short
+    ([["uint8/0000aaaa/Crc32:11111111"]], "digests[0]"),
+    ([["failed:../etc"]], "digests[0]"),
+    ([["uint8/0000aaaa/crc32:11111111", "failed:RuntimeError"]], "digests[0]"),  # whole batch
+])
+def test_batch_digests_name_their_algorithm(digests, bad):
+    """A batch's digests (batch_digests.py): each output's algorithm named, the
+    unnamed form older releases wrote, or a batch whose digest failed."""
+    record = {"log": "2" * 32, "previous": "1" * 32, "digests": digests}
+    manifest = edited("pipelines.train.batches", record)
+    if bad is None:
+        check(manifest)
+    else:
+        with pytest.raises(CheckpointCorruptError, match=re.escape(f"batches.{bad}")):
+            check(manifest)
