@@ -197,7 +197,8 @@ def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike 
 
     Returns:
         The row, or None when the checkpoint is no recorded row (no
-        ``dvc.lock`` entry yet, or a checkpoint written since).
+        ``dvc.lock`` entry yet, or a checkpoint written since). Check it:
+        ``rows(run=None)`` is every row.
     """
     ckpt = Path(os.path.realpath(path))
     entry = _lock_entry(ckpt)
