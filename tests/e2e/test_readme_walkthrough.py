@@ -210,3 +210,11 @@ def test_every_page_is_in_the_nav_and_the_get_started_pages_include_readme():
     titles = [t for t, _ in readme_commands()]
     assert titles[0] == "main job" and "Your first hour, step by step" in titles
     assert "Quickstart for your own script" in titles
+    # README's own ```sh blocks are walked through the pages that include them
+    walked = [c for _, c in readme_commands()]
+    for block in re.finditer(r"^```sh\n(.*?)^```$", README.read_text(), re.M | re.S):
+        for line in block.group(1).splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            assert not command or command in walked, (
+                f"README's {command!r} is in no page of the site: put it in a section a "
+                "Get started page includes")
