@@ -64,30 +64,77 @@ def _array_module():
 class Checkpointer:
     """Saves and restores the exact state of a training run.
 
-    ``path`` is the directory declared as the stage's checkpoint output.
-    On construction the latest complete checkpoint in it (if any) is read and
-    verified; :attr:`step`, :attr:`arrays` and :attr:`metadata` hand it back,
-    and :meth:`pipeline` builds each pipeline restored to its saved position.
-    ``resume=False`` ignores what is there (it is replaced at the next save).
+    On construction the latest complete checkpoint in ``path`` (if any) is
+    read and verified; `step`, `arrays` and `metadata` hand it back, and
+    `pipeline` builds each pipeline restored to its saved position. A
+    Checkpointer holds an exclusive lock on its directory (per rank) while it
+    lives: a second live writer, such as the training process a killed
+    `dvc exp run` leaves running, is refused instead of mixing two runs'
+    checkpoints; `close` lets another process write it.
 
-    ``params`` (JSON: the run's hyperparameters, without the step count) and
-    ``total_steps`` decide what a rerun does: an unfinished run resumes, even
-    with changed params (a changed *pipeline* is refused when it is built); a
-    finished run (step >= its total_steps) resumes only with the same params
-    and at least as many steps (training further, or nothing left to do),
-    otherwise a new run starts from step 0.
+    What a rerun does with the checkpoint (resume, continue, start over) is
+    decided from ``params`` and ``total_steps``: see the guide "Resume
+    semantics" (`docs/guides/resume.md`).
 
-    ``asynchronous=True``: :meth:`make_checkpoint` returns once the state is
-    captured (DALI states read, arrays copied in memory); writing and
-    recording go on in a background thread, one at a time, in order; the
-    next call, :meth:`wait` and process exit wait for it.
+    Args:
+        path: the directory declared as the stage's checkpoint output.
+        resume: ``False`` ignores what is in ``path`` (it is replaced at the
+            next save).
+        params: the run's hyperparameters (JSON, without the step count).
+            Default: under `dvc exp run`, the stage's own ``params:`` as DVC
+            resolves them (``train.lr``, ``train.steps``...), read once when
+            the run starts; outside it, none. An unfinished run resumes even
+            with changed params (a changed *pipeline* is refused when it is
+            built); a finished run (step >= its ``total_steps``) continues only
+            with the same params and more ``total_steps``, otherwise a new run
+            starts from step 0.
+        total_steps: the run's total number of steps; required under
+            `dvc exp run` (without it a rerun after the end cannot tell a
+            changed parameter from more steps).
+        keep_last: keep only the run's last N checkpoint rows after each
+            recording (default: env ``DVC_DALI_KEEP_LAST``; unset keeps every
+            row). See the guide "Recording on DVC 3".
+        keep_best: with ``keep_last``, also keep the best row by a DVCLive
+            metric, ``"train/acc:max"`` or ``"loss:min"`` (default: env
+            ``DVC_DALI_KEEP_BEST``), the rule `best_row` follows.
+        asynchronous: ``True``: `make_checkpoint` returns once the state is
+            captured (DALI states read, arrays copied in memory); writing and
+            recording go on in a background thread, one at a time and in
+            order; the next call, `wait` and process exit (Ctrl-C included)
+            wait for it, so a checkpoint in flight is finished whole.
+        rng: save and restore the global random generators (Python's
+            ``random``, NumPy's legacy generator, torch's CPU and CUDA ones)
+            with each checkpoint, set back once a resumed loop first reads
+            `arrays` or `step` (default: env ``DVC_DALI_RNG``, on; the
+            argument wins). See the guide "Random generators".
 
-    ``keep_last``/``keep_best`` prune the experiment's checkpoint rows after
-    each recording (see :func:`dvc_dali.make_checkpoint`); default: keep all.
+    Attributes:
+        path (Path): the checkpoint directory.
+        timings (dict[str, float]): ``restore_s`` (reading the checkpoint at
+            construction) and the last ``save_s``, in seconds, to log.
+        params (dict): the params given (``params=``).
+        total_steps (int | None): the ``total_steps`` given.
+        rank (int): this process's torch.distributed rank (0 alone).
+        world_size (int): the number of ranks (1 alone).
 
-    ``rng`` (default: ``DVC_DALI_RNG``, on): every checkpoint holds the global
-    random generators (``random``, NumPy's, torch's: :mod:`dvc_dali.rng_state`),
-    set back once a resumed loop first reads :attr:`arrays` or :attr:`step`.
+    Raises:
+        ConfigError: a bad argument (``total_steps``, ``keep_last``,
+            ``keep_best``) or ``DVC_DALI_*`` variable; under `dvc exp run`, no
+            ``total_steps``, or a checkpoint stage without ``persist: true``
+            or ``always_changed: true`` (the message holds the fix).
+        ValueError: ``asynchronous=True`` with torch.distributed.
+        CheckpointLockedError: another live process writes ``path`` (named
+            by its pid and command).
+        CheckpointCorruptError: a checkpoint file missing, truncated, empty,
+            garbage or edited.
+        CheckpointFormatError: a foreign or newer format, a DALI 1.x checkpoint.
+        RankMismatchError: another world size, or another rank's state.
+        UnchangedCheckpointError: under `dvc exp run`, a finished run rerun
+            with nothing changed, or an applied row whose run already went on
+            from it (``DVC_DALI_RETRAIN=1`` trains it again on purpose).
+        RecordError: under `dvc exp run`, a misconfigured auto-push remote,
+            or a checkpoint `dvc.lock` names whose data is neither in the
+            workspace nor the cache.
     """
 
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
@@ -249,7 +296,12 @@ class Checkpointer:
             self._pending_message = ""
 
     def close(self) -> None:
-        """Wait for a checkpoint in flight and let another process write here."""
+        """Wait for a checkpoint in flight and let another process write here.
+
+        Raises:
+            CheckpointWriteError: the checkpoint in flight could not be
+                written (as `wait`).
+        """
         self.wait()
         self._lock.release()
 
@@ -261,18 +313,31 @@ class Checkpointer:
     # -- what was restored -------------------------------------------------
     @property
     def resumed(self) -> bool:
-        """True when a checkpoint was found and is being resumed."""
+        """True when a checkpoint was found and is being resumed (restored)."""
         return self._saved is not None
 
     @property
     def step(self) -> int:
-        """The step saved in the checkpoint, 0 for a fresh start."""
+        """The step saved in the checkpoint, 0 for a fresh start.
+
+        The first read of `step` or `arrays` (or `live`) sets the global
+        random generators back (see ``rng``): read it after building the
+        model, whose initialisation draws as in the uninterrupted run.
+        """
         self._restore_rng()
         return self._saved.snapshot.step if self._saved else 0
 
     @property
     def arrays(self) -> dict[str, Any]:
-        """The arrays saved with the checkpoint (empty for a fresh start)."""
+        """The arrays saved with the checkpoint (empty for a fresh start).
+
+        They come back as they went in (see `save`): NumPy, CuPy (where a
+        GPU is usable), torch tensors or JAX arrays, or dicts/lists/tuples of
+        them and of plain numbers, such as a ``state_dict()``. The random
+        generators' array (``~dvc_dali.rng``) is not listed; `dvc_dali.load`
+        lists it. The first read sets the global random generators back (see
+        `step`).
+        """
         self._restore_rng()
         return ({k: v for k, v in self._saved.snapshot.arrays.items() if k != rng_state.KEY}
                 if self._saved else {})
@@ -288,16 +353,40 @@ class Checkpointer:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The JSON metadata saved with the checkpoint (empty for a fresh start)."""
+        """The JSON ``metadata`` saved with the checkpoint (empty for a fresh start)."""
         return dict(self._saved.snapshot.manifest["metadata"]) if self._saved else {}
 
     # -- what is saved -----------------------------------------------------
     def pipeline(self, name: str, source: Any, **kwargs: Any) -> Any:
-        """Build pipeline ``name``, restored from the checkpoint when resuming.
+        """Build pipeline ``name``, restored to its saved position when resuming.
 
-        ``source`` is a ``@pipeline_def`` function, called with ``kwargs``
-        (batch_size, num_threads, device_id, seed and its own arguments), or
-        an unbuilt ``Pipeline``. Returns the built pipeline.
+        Several named pipelines (train and validation) go in one checkpoint.
+        From each checkpoint on, the batches it hands out (``pipe.run()`` and
+        the iterators of `iterator`) are digested, and a resume compares the
+        re-produced ones with them (guide "Proof at runtime").
+
+        Args:
+            name: the pipeline's name in the checkpoint.
+            source: a ``@pipeline_def`` function (called with ``kwargs``) or
+                an unbuilt ``Pipeline``.
+            **kwargs: ``batch_size``, ``num_threads``, ``device_id``,
+                ``seed`` and the function's own arguments.
+
+        Returns:
+            The built DALI pipeline.
+
+        Raises:
+            ValueError: a pipeline ``name`` is already registered.
+            PipelineMismatchError: resuming with another pipeline (batch
+                size, seed, shuffle flag, ``file_root``, file list or data,
+                shard, operator) or data whose contents changed, naming what
+                differs, old -> new (``DVC_DALI_INEXACT=1`` continues on
+                purpose after a content change).
+            UnsupportedPipelineError: an ``external_source`` DALI cannot
+                restore.
+
+        Warns:
+            UnnamedOperatorWarning: a stateful operator without ``name=``.
         """
         pipe, description, contents = self._prepare(name, source, kwargs)
         self._register(restorable.DaliPipeline(name, pipe, description, contents))
@@ -329,8 +418,8 @@ class Checkpointer:
 
     @property
     def tf_datasets(self) -> dict[str, bool]:
-        """The :meth:`tf_dataset` datasets by name: whether an iterator was
-        made from each (the Keras callback checks that fit got them)."""
+        """The `tf_dataset` datasets by name, each ``True`` once an iterator
+        was made from it (the Keras callback checks that fit got them)."""
         return {s.name: s.iterated for s in self._of_kind(restorable.TfDataset)}
 
     def tf_dataset(self, name: str, source: Any, *, output_dtypes: Any,
@@ -338,14 +427,43 @@ class Checkpointer:
         """A TensorFlow ``DALIDataset`` over pipeline ``name``, restored from
         the checkpoint when resuming and saved with it.
 
-        ``source`` and ``kwargs`` are as for :meth:`pipeline` (the pipeline's
-        batch_size, num_threads, device_id and seed are the dataset's too);
-        ``output_dtypes``/``output_shapes`` as for ``DALIDataset``.
-        ``transform`` (``lambda ds: ds.map(...)``) is applied inside, so the
-        returned dataset is still the one whose position is saved: feed it to
-        ``model.fit`` or ``iter()`` as it is. Every iterator made from it
-        continues where the previous one stopped; the first starts at the
-        saved position.
+        Its position is saved with the checkpoint and restored when resuming,
+        with the same checks as a pipeline (another seed, batch size or data
+        is refused). ``DALIDataset`` ignores DALI's own
+        ``Pipeline(checkpoint=...)``: the state is taken from the TensorFlow
+        iterator (``tf.train.Checkpoint``) and stored as one file. Every
+        iterator made from the returned dataset continues where the previous
+        one stopped, the first at the saved position, in a fresh run as in a
+        resumed one (Keras makes one per ``fit`` call). Its elements, as the
+        training step gets them (after ``transform``), are batch-digested
+        like a pipeline's batches (guide "Proof at runtime"). Needs the
+        ``tf`` extra and DALI's TF plugin (guide "Keras and TensorFlow").
+
+        Args:
+            name: the pipeline's name in the checkpoint.
+            source: as for `pipeline`.
+            output_dtypes: as for ``DALIDataset``.
+            output_shapes: as for ``DALIDataset``.
+            transform: the steps after DALI, ``lambda ds: ds.map(...)``,
+                applied inside, so the returned dataset is still the one whose
+                position is saved: feed it to ``model.fit`` or ``iter()`` as
+                it is. A dataset made from the returned one afterwards is a
+                new dataset whose position dvc-dali cannot see (the Keras
+                callback refuses it).
+            **kwargs: as for `pipeline`; the pipeline's ``batch_size``,
+                ``num_threads``, ``device_id`` and queue depths are passed to
+                the dataset, whose own defaults would override them.
+
+        Returns:
+            The ``tf.data.Dataset``.
+
+        Raises:
+            ValueError: a pipeline ``name`` is already registered.
+            PipelineMismatchError: as for `pipeline`. A batch that differs on
+                resume is raised inside TensorFlow, which hands it on as an
+                error of its own: the dataset's iterators and the Keras
+                callback raise the ``BatchMismatchError`` (a
+                `PipelineMismatchError`) instead; see `batch_failure`.
         """
         pipe, description, contents = self._prepare(name, source, kwargs)
         source_ = restorable.TfDataset(name, pipe, description, contents)
@@ -363,20 +481,32 @@ class Checkpointer:
 
     @property
     def batch_failure(self) -> Exception | None:
-        """The batch mismatch a :meth:`tf_dataset` raised inside TensorFlow,
-        which hands it on as an error of its own: the Keras callback raises
-        this instead (the iterators of the dataset do so themselves)."""
+        """The ``BatchMismatchError`` a `tf_dataset` raised inside TensorFlow,
+        which hands it on as an error of its own (the dataset's iterators and
+        the Keras callback raise this one instead); else ``None``."""
         return self._batches.failure
 
     def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
-        """A framework iterator (``DALIGenericIterator``,
-        ``DALIClassificationIterator``, JAX's) over pipelines built with
-        :meth:`pipeline`, saved through ``iterator.checkpoints()`` so its
-        epoch counters come back too.
+        """A framework iterator over pipelines built with `pipeline`, saved
+        through ``iterator.checkpoints()`` so its epoch counters come back too.
 
-        When resuming, ``prepare_first_batch=False`` is used: with DALI's
+        When resuming, ``prepare_first_batch=False`` is passed: with DALI's
         default, a checkpoint taken after an epoch's last batch restores into
         an iterator that skips the end of that epoch.
+
+        Args:
+            iterator_class: PyTorch's ``DALIGenericIterator`` or
+                ``DALIClassificationIterator``, or JAX's ``DALIGenericIterator``.
+            pipelines: a pipeline, or a list of them, each from `pipeline`.
+            *args: the iterator's own arguments (output names...).
+            **kwargs: the iterator's own keyword arguments (``reader_name``,
+                ``auto_reset``, ``last_batch_policy``...).
+
+        Returns:
+            The iterator.
+
+        Raises:
+            ValueError: a pipeline not built with `pipeline`.
         """
         pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
         known = {id(s.pipe): s for s in self._of_kind(restorable.DaliPipeline)}
@@ -389,13 +519,26 @@ class Checkpointer:
         return it
 
     def dynamic(self, name: str = "dynamic") -> Any:
-        """A DALI dynamic-mode ``Checkpoint`` saved with this checkpoint.
+        """A DALI dynamic-mode (``nvidia.dali.experimental.dynamic``)
+        ``checkpoint.Checkpoint`` saved with this checkpoint.
 
         Register dynamic-mode readers and RNGs on it
-        (``register(op, "name")``); when resuming, each gets its saved state
-        at registration. Each batch a registered reader's ``next_epoch``
-        yields is digested as stream ``"<name>/<reader name>"`` (proof at
-        runtime, batch_digests.py).
+        (``register(reader, "reader")``, ``register(rng, "rng")``); when
+        resuming, each gets its saved state at registration. Each batch a
+        registered reader's ``next_epoch`` yields is digested as stream
+        ``"<name>/<reader name>"`` and compared on resume (guide "Proof at
+        runtime"); RNGs yield no batches.
+
+        Args:
+            name: its name in the checkpoint; the same name returns the
+                same object.
+
+        Returns:
+            The dynamic-mode ``Checkpoint``.
+
+        Raises:
+            ValueError: a registered reader's stream has the name of a
+                pipeline.
         """
         key = (restorable.DYNAMIC, name)
         if key not in self._sources:
@@ -407,16 +550,34 @@ class Checkpointer:
     def keras_callback(self, every: int, live: Any = None,
                        on_checkpoint: Any = None) -> Any:
         """A Keras 3 callback that checkpoints ``model.fit`` every ``every``
-        steps, at the end, and at once on preemption (:meth:`should_save`).
+        steps, at the end of training and at once on preemption (`should_save`).
 
-        The model's and optimizer's variables are saved as arrays with the
-        positions of the :meth:`tf_dataset` datasets; a resumed fit gets them
-        back and starts at the saved epoch. Train with
-        ``cb.fit(model, ds, epochs=E, steps_per_epoch=S)``, which also resumes
-        in the middle of an epoch (``model.fit(..., callbacks=[cb])`` refuses
-        that). ``live`` (:meth:`live`) gets the step's Keras logs as
-        ``train/<name>`` before each checkpoint; ``on_checkpoint(step,
-        logs)`` is called then too (to write the model file a stage outputs).
+        It saves the model's variables (the seed generators' states too:
+        dropout draws the same numbers) and the optimizer's as arrays, no
+        pickle, with the positions of the `tf_dataset` datasets. On resume it
+        restores them and starts at the saved epoch. The learning rate is the
+        compiled optimizer's, so a changed ``lr`` param applies (a rate
+        changed during training by a callback is not restored). Train with
+        its `fit <dvc_dali.keras_callback.DaliCheckpoint.fit>`
+        (``cb.fit(model, ds, epochs=E, steps_per_epoch=S)``), which also
+        resumes in the middle of an epoch; ``model.fit(ds, callbacks=[cb])``
+        works too, but refuses a checkpoint in the middle of an epoch, naming
+        ``cb.fit``. The epoch-level means Keras reports for the interrupted
+        epoch cover only the steps after the resume; weights and every later
+        epoch are exact.
+
+        Args:
+            every: checkpoint every this many steps.
+            live: a `live` ``dvclive.Live``; it gets the step's Keras logs as
+                ``train/<name>`` before each checkpoint.
+            on_checkpoint: ``on_checkpoint(step, logs)``, called then too (to
+                write a model file the stage outputs).
+
+        Returns:
+            The callback, a `dvc_dali.keras_callback.DaliCheckpoint`.
+
+        Raises:
+            ConfigError: Keras 3 is not installed (the ``tf`` extra).
         """
         try:
             from .keras_callback import DaliCheckpoint
@@ -432,10 +593,26 @@ class Checkpointer:
         ``every`` optimizer steps, at the end, and at once on preemption:
         model, optimizers, LR schedulers, loop progress and callbacks' states
         as arrays and JSON (no pickle), with the DALI pipelines' positions.
+
         Train with ``cb.fit(trainer, model, iterator)`` (``iterator`` from
-        :meth:`iterator`), which resumes mid-epoch from the checkpoint; or
+        `iterator`), which resumes mid-epoch from the checkpoint; or
         ``trainer.fit(model, cb.loader(iterator), ckpt_path=cb.ckpt_path)``.
-        ``live`` and ``on_checkpoint(step, metrics)`` as for :meth:`keras_callback`.
+        The guide "PyTorch Lightning" says what is saved and how it relates
+        to Lightning's own checkpoints. Needs the ``lightning`` extra
+        (Lightning >= 2.2); one process only.
+
+        Args:
+            every: checkpoint every this many optimizer steps.
+            live: a `live` ``dvclive.Live``; it gets the metrics the module
+                logs (``self.log``) at each checkpoint.
+            on_checkpoint: ``on_checkpoint(step, metrics)``, called then too
+                (to write a model file the stage outputs).
+
+        Returns:
+            The callback, a `dvc_dali.lightning_callback.DaliCheckpoint`.
+
+        Raises:
+            ConfigError: PyTorch Lightning is not installed.
         """
         try:
             from .lightning_callback import DaliCheckpoint as LightningCheckpoint
@@ -447,8 +624,18 @@ class Checkpointer:
         return LightningCheckpoint(self, every, live, on_checkpoint)
 
     def live(self, dir: str = "dvclive", **kwargs: Any) -> Any:
-        """A ``dvclive.Live`` resumed in step with this checkpoint: history
-        after :attr:`step` dropped, ``live.step == self.step``."""
+        """A ``dvclive.Live`` resumed in step with this checkpoint.
+
+        Its history is trimmed to `step` and its ``step`` is `step`, so a
+        resumed run has no repeated or stray rows after a kill.
+
+        Args:
+            dir: the DVCLive directory.
+            **kwargs: passed to ``dvclive.Live``.
+
+        Returns:
+            The ``dvclive.Live``.
+        """
         from .live import resume_live
 
         return resume_live(self.step, self.resumed, dir, **kwargs)
@@ -456,18 +643,73 @@ class Checkpointer:
     # -- saving ------------------------------------------------------------
     def save(self, step: int, arrays: dict[str, Any] | None = None,
              metadata: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint of every registered pipeline, iterator and
-        dynamic-mode state, plus ``arrays`` (NumPy, CuPy or torch arrays, or
-        dicts/lists of them such as a ``state_dict()``) and JSON ``metadata``;
-        returns the snapshot directory."""
+        """Write a checkpoint (no DVC): every registered pipeline, iterator,
+        dataset and dynamic-mode state, the global random generators (see
+        ``rng``), ``arrays`` and ``metadata``.
+
+        Arrays are NumPy, CuPy (where a GPU is usable), torch tensors or JAX
+        arrays, or dicts/lists/tuples of them and of plain numbers, such as a
+        model's and an optimizer's ``state_dict()`` (int keys and bfloat16
+        kept): they come back as they went in, from ``.npy`` files and a JSON
+        tree, never through pickle. Preserved exactly: NumPy arrays (dtype,
+        shape, order of bytes) and NumPy scalars (``np.float64(1.5)`` comes
+        back a scalar), torch tensors (dtype, bfloat16/float8 by their bits;
+        on the CPU), CuPy arrays (on the GPU where one is usable), JAX
+        arrays, ``dict`` (str and int keys, in order), ``OrderedDict``,
+        ``list``, ``tuple``, and Python ``None``, ``bool``, ``int``,
+        ``float`` (nan and inf included) and ``str``. A save is atomic: a
+        crash at any instant leaves the previous checkpoint.
+
+        Args:
+            step: the step this checkpoint is of.
+            arrays: the arrays to save, by name (names starting with
+                ``~dvc_dali`` are reserved).
+            metadata: JSON-serialisable metadata.
+
+        Returns:
+            The snapshot directory.
+
+        Raises:
+            TypeError: a value in ``arrays`` that cannot be saved exactly
+                (a namedtuple, a ``defaultdict`` or another subclass, which
+                would come back as its plain base type), naming where it is.
+            ValueError: a reserved array name.
+            CheckpointWriteError: the disk is full or not writable; the
+                previous checkpoint stands.
+        """
         self.wait()
         return self._write(self._capture(step, arrays, metadata))
 
     def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
                         metadata: dict[str, Any] | None = None) -> Path | None:
-        """:meth:`save`, then signal DVC and wait until it is recorded (see
-        :func:`dvc_dali.make_checkpoint`). Asynchronous: returns None once the
-        state is captured; publishing and recording go on in the background."""
+        """`save`, then signal DVC and wait until the checkpoint is recorded
+        as a row (see `dvc_dali.make_checkpoint`).
+
+        With ``asynchronous=True`` it returns ``None`` once the state is
+        captured (DALI states read, arrays copied in memory); writing and
+        recording go on in a background thread, one at a time and in order.
+        After a preemption signal (`should_save`) it records the checkpoint,
+        then ends the process with status 128 + the signal's number.
+
+        Args:
+            step: the step this checkpoint is of; the row is
+                ``<run>-step<step>``.
+            arrays: as for `save`.
+            metadata: as for `save`.
+
+        Returns:
+            The snapshot directory, or ``None`` when asynchronous.
+
+        Raises:
+            TypeError: as for `save`.
+            CheckpointWriteError: as for `save` (asynchronous: from the next
+                call or `wait`).
+            RecordError: the checkpoint could not be recorded; its files are
+                intact.
+            SignalError: DVC 2 or `dvc-dali run` never answered the signal
+                file (``DVC_DALI_SIGNAL_TIMEOUT``).
+            SystemExit: after the checkpoint of a preempted step.
+        """
         if not self.asynchronous or preemption.FLAG.signum is not None:
             path = self.save(step, arrays, metadata)
             self._signal(step)
@@ -480,17 +722,31 @@ class Checkpointer:
 
     # -- preemption --------------------------------------------------------
     def should_save(self, step: int, every: int) -> bool:
-        """True when ``step % every == 0``, and at the first step after this
-        process received SIGTERM or SIGUSR1 (see :attr:`preempted`). The
-        :meth:`make_checkpoint` of such a step records the checkpoint, then
-        ends the process with status 128 + the signal's number."""
+        """Whether to checkpoint at ``step``.
+
+        True when ``step % every == 0``, and at the first step after this
+        process received SIGTERM or SIGUSR1 (see `preempted`). The
+        `make_checkpoint` of such a step records the checkpoint, pushes it
+        when auto-push is on, then ends the process with status 128 + the
+        signal's number (guide "Preemption and remotes"). The signal
+        handlers are installed at the first call. With torch.distributed
+        every rank answers the same (any rank's signal).
+
+        Args:
+            step: the step just trained.
+            every: the checkpoint interval in steps.
+
+        Returns:
+            Whether to call `make_checkpoint` now.
+        """
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         return preemption.due(step, every, self.preempted is not None)
 
     @property
     def preempted(self) -> signal.Signals | None:
-        """The preemption signal received (SIGTERM or SIGUSR1), else None; with
-        torch.distributed, any rank's (every rank then saves at the same step)."""
+        """The preemption signal received (``signal.Signals``: SIGTERM or
+        SIGUSR1), else None; with torch.distributed, any rank's (every rank
+        then saves at the same step)."""
         mine = preemption.FLAG.signum
         if self.world_size > 1:
             mine = max(distributed.all_gather(mine or 0)) or None
@@ -515,7 +771,12 @@ class Checkpointer:
         raise SystemExit(128 + sig.value)
 
     def wait(self) -> None:
-        """Wait for the background checkpoint in flight (if any); raise its error."""
+        """Wait for the background checkpoint in flight (if any).
+
+        Raises:
+            CheckpointWriteError: the checkpoint in flight could not be
+                written; or any other error it raised (`RecordError`...).
+        """
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.join()

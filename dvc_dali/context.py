@@ -32,7 +32,7 @@ RECORDS_ITSELF = "DVC_DALI_RECORDS_ITSELF"
 DEFAULT_WAIT_S = 3600.0
 CONTENT_DIGEST_MAX = 1_000_000_000  # bytes of a reader's data digested by content
 
-#: name -> what it means, for README's table and `dvc-dali doctor`.
+#: name -> what it means, for the table of docs/reference/environment.md and `dvc-dali doctor`.
 VARIABLES = {
     "DVC_ROOT": "set by `dvc exp run`: the DVC repository the run belongs to",
     "DVC_STAGE": "set by `dvc exp run` (DVC >= 3.49): the stage being run",

@@ -8,15 +8,19 @@ class DvcDaliError(Exception):
 
 
 class CheckpointCorruptError(DvcDaliError):
-    """A checkpoint file is missing, truncated, garbage or fails its digest."""
+    """A checkpoint file is missing, truncated, empty, garbage or edited (fails
+    its digest or the manifest's checks); the message names the file and field."""
 
 
 class CheckpointWriteError(DvcDaliError):
-    """A checkpoint could not be written (disk full, permissions); the previous one stands."""
+    """A checkpoint could not be written (disk full, permissions); the previous
+    one stands."""
 
 
 class CheckpointLockedError(DvcDaliError):
-    """Another live process is writing the same checkpoint directory."""
+    """Another live process is writing the same checkpoint directory (such as
+    the training process a killed `dvc exp run` leaves running); the message
+    names its pid and command."""
 
 
 class CheckpointFormatError(DvcDaliError):
@@ -24,7 +28,12 @@ class CheckpointFormatError(DvcDaliError):
 
 
 class PipelineMismatchError(DvcDaliError):
-    """The checkpoint was written by a different pipeline than the one built now."""
+    """The checkpoint was written by a different pipeline than the one built now.
+
+    It lists what differs, old -> new, and the changed params; for changed
+    data, the files by name. A batch that differs on resume (proof at
+    runtime) is a ``BatchMismatchError``, a subclass of this one.
+    """
 
 
 class RankMismatchError(DvcDaliError):
@@ -32,11 +41,13 @@ class RankMismatchError(DvcDaliError):
 
 
 class UnsupportedPipelineError(DvcDaliError):
-    """A pipeline whose state DALI cannot capture exactly (an external_source)."""
+    """A pipeline whose state DALI cannot capture exactly (an ``external_source``
+    other than a one-argument callable)."""
 
 
 class SignalError(DvcDaliError):
-    """The DVC_CHECKPOINT signal could not be written or was never answered."""
+    """The DVC_CHECKPOINT signal file could not be written, or was never
+    answered (``DVC_DALI_SIGNAL_TIMEOUT``)."""
 
 
 class RecordError(DvcDaliError):
@@ -50,7 +61,9 @@ class UnchangedCheckpointError(DvcDaliError):
 
 
 class ConfigError(DvcDaliError):
-    """An environment variable or argument has a value dvc-dali does not accept."""
+    """An environment variable or argument has a value dvc-dali does not accept
+    (also a stage declaration DVC 3 cannot resume); the message names it and
+    what it accepts."""
 
 
 class UnnamedOperatorWarning(UserWarning):

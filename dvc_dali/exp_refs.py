@@ -41,10 +41,29 @@ class _Listed(TypedDict):
 
 
 class Row(_Listed, total=False):
-    """One recorded row, as ``dvc_dali.rows()`` gives it: a plain dict
-    (``row["step"]``), typed. ``list_rows`` gives the first fields;
-    ``rows()`` adds metrics, params (unless ``params=False``) and
-    dvc_experiments."""
+    """One recorded row, as `dvc_dali.rows` gives it: a plain dict
+    (``row["step"]``); this is its ``TypedDict``, for type checkers
+    (``def pick(rows: list[dvc_dali.Row]) -> dvc_dali.Row``).
+
+    Attributes:
+        name: the row's name, ``<run>-step<N>`` (`dvc exp apply <name>`).
+        ref: ``refs/exps/<baseline[:2]>/<baseline[2:]>/<name>``.
+        sha: its commit.
+        exp: its run's name.
+        step: the checkpoint's step.
+        parent: the previous row's commit; None for a run's first row.
+        stage: ``"<dvc.yaml path>:<stage name>"``.
+        outs: which outputs it holds (a digest of the stage's ``dvc.lock``
+            outs).
+        baseline: the commit the run started from.
+        time: commit time, seconds since the epoch.
+        metrics: the row's DVCLive metrics, flattened: ``train/acc``
+            (`rows` only).
+        params: its ``params.yaml``, flattened: ``train.lr`` (`rows` only,
+            unless ``params=False``).
+        dvc_experiments: DVC's own experiments holding the same outputs
+            (`rows` only).
+    """
 
     metrics: dict[str, float]  # the row's DVCLive metrics, flattened: "train/acc"
     params: dict[str, Any]  # its params.yaml, flattened: "train.lr"

@@ -27,7 +27,15 @@ from .errors import ConfigError
 
 
 class DaliCheckpoint(keras.callbacks.Callback):
-    """Made by :meth:`dvc_dali.Checkpointer.keras_callback`."""
+    """The Keras 3 callback `dvc_dali.Checkpointer.keras_callback` returns
+    (its arguments are documented there).
+
+    Attributes:
+        step: optimizer steps done, over all fit calls (resumes included).
+
+    Raises:
+        ConfigError: ``every`` is not a positive number of steps.
+    """
 
     def __init__(self, ck: Any, every: int, live: Any = None,
                  on_checkpoint: Callable[[int, dict[str, float]], None] | None = None) -> None:
@@ -46,8 +54,32 @@ class DaliCheckpoint(keras.callbacks.Callback):
     def fit(self, model: Any, x: Any, *, epochs: int, steps_per_epoch: int,
             callbacks: list[Any] | tuple[Any, ...] = (), **kwargs: Any) -> Any:
         """``model.fit(x, epochs=..., steps_per_epoch=..., callbacks=[this, ...])``
-        from where the checkpoint is, also in the middle of an epoch; returns
-        the last ``History``."""
+        from where the checkpoint is, also in the middle of an epoch.
+
+        Keras can only start ``fit`` at an epoch's start, so a run resumed in
+        the middle of an epoch trains the rest of that epoch in one
+        ``model.fit`` call and the later epochs in a second. The run's last
+        step is checkpointed at the end.
+
+        Args:
+            model: the compiled Keras model.
+            x: the dataset from `dvc_dali.Checkpointer.tf_dataset`, as it was
+                returned.
+            epochs: the total number of epochs of the run.
+            steps_per_epoch: steps in each epoch; required (a
+                ``DALIDataset`` never ends).
+            callbacks: more Keras callbacks.
+            **kwargs: more ``model.fit`` arguments.
+
+        Returns:
+            The last ``History``.
+
+        Raises:
+            ConfigError: no dataset was built with `tf_dataset`, or fit was
+                given another dataset.
+            BatchMismatchError: a batch differs from the one the resumed run
+                produced (a `dvc_dali.PipelineMismatchError`).
+        """
         epoch, done = divmod(self.step, steps_per_epoch)
         history = None
         kwargs.setdefault("shuffle", False)  # a dataset is not shuffled by fit; Keras warns
@@ -69,6 +101,14 @@ class DaliCheckpoint(keras.callbacks.Callback):
 
     # -- Keras hooks --------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: restores the model's and optimizer's saved variables
+        and sets the epoch to start from.
+
+        Raises:
+            ConfigError: no dataset was built with `tf_dataset`, no
+                ``steps_per_epoch``, or a checkpoint in the middle of an
+                epoch met a plain ``model.fit`` (use `fit`).
+        """
         if not self._ck.tf_datasets:
             raise ConfigError(
                 "keras_callback(): no dataset was built with Checkpointer.tf_dataset(), so the "
@@ -94,9 +134,11 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self.model._initial_epoch = epoch or None  # as keras.callbacks.BackupAndRestore
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: notes where the batch count starts."""
         self._begin = batch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: checkpoints every ``every`` steps and on preemption."""
         before, self.step = self.step, self.step + batch - self._begin + 1
         if not any(self._ck.tf_datasets.values()):
             raise ConfigError(
@@ -109,6 +151,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self._checkpoint(logs or {})
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: checkpoints the last step (under a plain ``model.fit``)."""
         if self._plan is None:
             self.model._initial_epoch = None  # it would hold for the model's next fit too
             self._save_last()

@@ -64,9 +64,17 @@ class DaliLoader:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        """Lightning's stateful-loader hook: the batches handed out so far."""
         return {"dvc_dali_batches": self.batches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Lightning's stateful-loader hook, when it resumes.
+
+        Raises:
+            ConfigError: the checkpoint Lightning restores is not the one
+                dvc-dali resumed (a plain Lightning checkpoint written with
+                ``cb.loader``).
+        """
         if not self._owner.loaded:
             raise ConfigError(
                 "fit(ckpt_path=...) restored a Lightning checkpoint that dvc-dali did not "
@@ -127,7 +135,19 @@ class _DaliCheckpointIO(CheckpointIO):
 
 
 class DaliCheckpoint(pl.Callback):
-    """Made by :meth:`dvc_dali.Checkpointer.lightning_callback`."""
+    """The PyTorch Lightning callback
+    `dvc_dali.Checkpointer.lightning_callback` returns (its arguments are
+    documented there).
+
+    Attributes:
+        step: the optimizer step (Lightning's ``global_step``).
+        loaded: whether the resumed checkpoint was read through the
+            callback's ``CheckpointIO``.
+
+    Raises:
+        ConfigError: ``every`` is not a positive number of steps, or several
+            processes (Lightning writes checkpoints on rank 0 only).
+    """
 
     def __init__(self, ck: Any, every: int, live: Any = None,
                  on_checkpoint: Callable[[int, dict[str, float]], None] | None = None) -> None:
@@ -149,27 +169,65 @@ class DaliCheckpoint(pl.Callback):
     @property
     def ckpt_path(self) -> str | None:
         """``trainer.fit(..., ckpt_path=cb.ckpt_path)``: the checkpoint being
-        resumed, or None for a fresh run."""
+        resumed (``dvc-dali:<path>``), or None for a fresh run.
+
+        A ``CheckpointIO`` the callback installs reads and writes it, and
+        hands every other path to the ``CheckpointIO`` it replaced, so a plain
+        Lightning checkpoint stays Lightning's."""
         return f"{SCHEME}{self._ck.path}" if self._ck.resumed else None
 
     def loader(self, iterator: Any) -> DaliLoader:
-        """The training data for ``trainer.fit``: ``iterator`` made with
-        ``Checkpointer.iterator()`` (``auto_reset=True``)."""
+        """The training data for ``trainer.fit``.
+
+        Sized (an epoch is ``len(iterator)`` batches; Lightning fetches none
+        ahead of the step it trains) and stateful, so Lightning resumes in
+        the middle of an epoch.
+
+        Args:
+            iterator: made with `dvc_dali.Checkpointer.iterator`, with
+                ``auto_reset=True`` and a length (``reader_name=``).
+
+        Returns:
+            The loader (``iterator`` itself when it is one already).
+
+        Raises:
+            ConfigError: the iterator has no length.
+        """
         return iterator if isinstance(iterator, DaliLoader) else DaliLoader(iterator, self)
 
     def fit(self, trainer: Any, model: Any, iterator: Any, **kwargs: Any) -> None:
         """``trainer.fit(model, train_dataloaders=cb.loader(iterator),
-        ckpt_path=cb.ckpt_path, **kwargs)``: fresh, or from the checkpoint."""
+        ckpt_path=cb.ckpt_path, **kwargs)``: fresh, or from the checkpoint.
+
+        Args:
+            trainer: the ``lightning.pytorch.Trainer``, with this callback.
+            model: the ``LightningModule``.
+            iterator: as for `loader`.
+            **kwargs: more ``trainer.fit`` arguments.
+
+        Raises:
+            ConfigError: a value of Lightning's checkpoint that cannot be
+                saved without pickle (an object in the hyperparameters, a
+                scheduler's lambda), named where it is in the dict; or
+                training data other than `loader`'s.
+        """
         trainer.fit(model, train_dataloaders=self.loader(iterator), ckpt_path=self.ckpt_path,
                     **kwargs)
 
     # -- Lightning hooks ---------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Lightning hook: installs the callback's ``CheckpointIO``."""
         io = trainer.strategy.checkpoint_io
         if not isinstance(io, _DaliCheckpointIO):
             trainer.strategy.checkpoint_io = _DaliCheckpointIO(self, io)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Lightning hook: checks the training data and the resumed checkpoint.
+
+        Raises:
+            ConfigError: training data other than `loader`'s, or a resumed
+                run fitted without ``ckpt_path=cb.ckpt_path``.
+        """
         if not isinstance(trainer.train_dataloader, DaliLoader):
             raise ConfigError(
                 "lightning_callback(): the training data is not cb.loader(iterator) over a "
@@ -183,6 +241,8 @@ class DaliCheckpoint(pl.Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        """Lightning hook: checkpoints every ``every`` optimizer steps and on
+        preemption."""
         before, self.step = self.step, trainer.global_step
         if self.step == before:
             return  # accumulating gradients: no optimizer step yet
@@ -191,6 +251,7 @@ class DaliCheckpoint(pl.Callback):
             self._checkpoint(trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Lightning hook: checkpoints the run's last step."""
         if trainer.global_step != self._saved_step:  # the run's end is a row too
             self.step = trainer.global_step
             self._checkpoint(trainer)
@@ -240,6 +301,11 @@ class DaliCheckpoint(pl.Callback):
                 "state; a callback's state_dict).") from None
 
     def read(self) -> dict[str, Any]:
+        """The resumed dvc-dali checkpoint as Lightning's checkpoint dict.
+
+        Raises:
+            ConfigError: the checkpoint holds no Lightning checkpoint.
+        """
         saved = self._ck.arrays.get(KEY)
         if not isinstance(saved, dict) or "state_dict" not in saved:
             raise ConfigError(

@@ -29,7 +29,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Loaded:
-    """What :func:`load` read."""
+    """What `load` read: a checkpoint, not resumed.
+
+    Attributes:
+        step: the checkpoint's step.
+        arrays: its arrays by name (as `Checkpointer.save` took them; the
+            random generators' ``~dvc_dali.rng`` too).
+        metadata: its JSON metadata.
+        params: the run's params as its `Checkpointer` recorded them.
+        row: the row name ``rev`` named, else None.
+        total_steps: the run's ``total_steps`` as recorded, else None.
+        path: where the checkpoint was read from.
+        manifest: its ``manifest.json`` (see the on-disk format).
+        ref: that row's full ref (``refs/exps/...``), else None.
+    """
 
     step: int
     arrays: dict[str, Any]
@@ -109,14 +122,38 @@ def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> Non
 
 def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any] | None = None,
          repo: str | os.PathLike | None = None, names: list[str] | None = None) -> Loaded:
-    """Read the checkpoint at ``path`` (the stage's checkpoint output)
-    read-only: of the workspace by default, else of ``rev`` in ``repo`` (a
-    path or git URL; default this one, in a stage under `dvc exp run` the
-    repository it records into). ``rev``: a row (a dict from
-    dvc_dali.rows() or current_row(): never ambiguous), a row's ref or
-    sha, a row name (refused when rows on several baselines have it), or
-    any git revision. ``names``: only these arrays (only their files are
-    read)."""
+    """Read a checkpoint without resuming it.
+
+    No lock, no writes, no DALI import, no messages: of the workspace (also
+    while a training process holds it), or of ``rev`` in ``repo``. A row's
+    files come through DVC's own filesystem (``dvc.api.DVCFileSystem``):
+    from the local cache, or fetched from the DVC remote, with no
+    `dvc exp apply`; only ``LATEST``, the manifests and the files of the
+    arrays in ``names`` are read. Every check of a resume applies (see the
+    guarantees' "Security").
+
+    Args:
+        path: the stage's checkpoint output.
+        rev: a row (a dict from `rows` or `current_row`: never ambiguous),
+            its ref or sha, a row name (refused, naming each row's ref, when
+            a run name was used again on another commit), or any git
+            revision. Default: the workspace's checkpoint.
+        repo: a path or git URL (with ``rev``). Default: this repository;
+            in a stage under `dvc exp run`, the one it records into
+            (``DVC_ROOT``).
+        names: only these arrays (only their files are read); default all.
+
+    Returns:
+        The checkpoint's step, arrays, metadata, params and row.
+
+    Raises:
+        ConfigError: ``rev`` names no row or several, or a row without its
+            ``sha``.
+        DvcDaliError: a file neither in the revision read, nor in the cache
+            or the DVC remote.
+        CheckpointCorruptError: a file missing, truncated or edited.
+        CheckpointFormatError: a foreign or newer format.
+    """
     from .exit_hooks import install_hook
 
     install_hook()  # a refusal that ends an evaluation script: one line

@@ -2,8 +2,8 @@
 
 Pure: plain data in (the saved step, the manifest's ``run`` field, the
 params and total_steps given now), a decision out. No DALI, DVC or files,
-so each case of README's "Resume semantics" is one row of a table test
-(tests/unit/test_resume_decision.py).
+so each case of the guide "Resume semantics" (docs/guides/resume.md) is
+one row of a table test (tests/unit/test_resume_decision.py).
 
 - No checkpoint: ``fresh``.
 - An unfinished run (step < its total_steps, or total_steps unknown):

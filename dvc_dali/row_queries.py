@@ -49,15 +49,29 @@ def _params(blob: bytes | None) -> dict[str, Any]:
 def rows(exp: str | None = None, repo: str | Path | None = None,
          metrics_file: str = DEFAULT_METRICS, params: bool = True, *,
          run: Row | str | None = None) -> list[Row]:
-    """The recorded checkpoint rows of the repository at ``repo`` (default:
-    :func:`rows_root`), of experiment name ``exp`` or all, or of one run:
-    ``run`` is a row (a dict from here or :func:`current_row`), its ref or
-    sha, or a row name only one row has. Each row is a dict with name, ref,
-    exp, step, parent (sha), sha, baseline, time, metrics (flattened
-    DVCLive metrics), params (the row's params.yaml, flattened "train.lr";
-    ``params=False`` skips reading them) and dvc_experiments (DVC's own
-    experiments holding the same outputs: the ref `dvc exp run` commits
-    when it ends)."""
+    """The recorded checkpoint rows (what `dvc-dali show` draws).
+
+    All, of experiment name ``exp``, or of one run. Each is a plain dict
+    (``row["step"]``) with the fields `Row` lists, metrics and params
+    included.
+
+    Args:
+        exp: only the rows of this experiment (run) name, on every baseline.
+        repo: the repository. Default: this one; in a stage under
+            `dvc exp run`, the one it records into (``DVC_ROOT``).
+        metrics_file: the DVCLive metrics file of each row's metrics.
+        params: ``False`` skips reading each row's params.
+        run: only the rows of one run (its experiment name on its commit,
+            and the commits it was resumed on): a row (from here or
+            `current_row`), its ref or sha, or a row name only one row has.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ConfigError: ``run`` names no recorded row, or several.
+        DvcDaliError: git cannot read the repository's experiment refs.
+    """
     root = rows_root(repo)
     # exp_refs refuses a repository git reads only in part (a broken ref); its
     # git process runs beside list_rows' (two reads of refs/exps), its error first
@@ -169,13 +183,23 @@ def run_rows(found: list[Row], row: Row) -> list[Row]:
 
 def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike | None = None
                 ) -> Row | None:
-    """The recorded row the checkpoint output at ``path`` holds: the one
-    whose dvc.lock gives that output the md5 the stage's dvc.lock here gives
-    it, at the step of the checkpoint's manifest (the newest such row).
-    None when it is no recorded row (no dvc.lock entry yet, or a checkpoint
-    written since). In a stage under `dvc exp run` (`--temp` and queued runs
-    too) the rows are DVC_ROOT's. The row's fields are list_rows' (no
-    metrics: ``rows(run=row)`` reads them)."""
+    """The recorded row the checkpoint output at ``path`` holds.
+
+    The one whose ``dvc.lock`` gives that output the md5 the stage's
+    ``dvc.lock`` here gives it, at the step of the checkpoint's manifest
+    (the newest such row). ``rows(run=row)`` is then the run trained there.
+    The row has no ``metrics`` or ``params``: ``rows(run=row)`` reads them.
+
+    Args:
+        path: the stage's checkpoint output.
+        repo: where the rows are, as for `rows` (in a stage under
+            `dvc exp run`, ``--temp`` and queued runs too, ``DVC_ROOT``'s).
+
+    Returns:
+        The row, or None when the checkpoint is no recorded row (no
+        ``dvc.lock`` entry yet, or a checkpoint written since). Check it:
+        ``rows(run=None)`` is every row.
+    """
     ckpt = Path(os.path.realpath(path))
     entry = _lock_entry(ckpt)
     if entry is None:
@@ -272,8 +296,22 @@ def mark_dvc_duplicates(root: str, found: list[Row],
 
 
 def best_row(found: list[Row], spec: str) -> Row | None:
-    """The row with the highest (``metric:max``) or lowest (``metric:min``)
-    metric ('train/acc', as `dvc-dali show` prints it); the later step where
-    they tie; None when no row has it. The rule retention's
-    DVC_DALI_KEEP_BEST follows too (dvc_dali/best.py)."""
+    """The best row by a metric.
+
+    The row with the highest (``metric:max``) or lowest (``metric:min``)
+    metric; the later step on a tie; rows without the metric, or with NaN,
+    are no candidates. The one rule retention's ``keep_best`` and
+    `dvc-dali show --best` follow too (``dvc_dali/best.py``).
+
+    Args:
+        found: rows from `rows`.
+        spec: ``"<metric>:max"`` or ``"<metric>:min"``, the metric as
+            `dvc-dali show` prints it (``train/acc``).
+
+    Returns:
+        The best row, or None when no row has the metric.
+
+    Raises:
+        ConfigError: a ``spec`` without ``:max`` or ``:min``.
+    """
     return _best_row(found, spec)

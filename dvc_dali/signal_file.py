@@ -91,14 +91,33 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
                     keep_last: int | None = None, keep_best: str | None = None) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.
 
-    A drop-in for DVC 2's ``dvc.api.make_checkpoint()``. Returns at once
-    outside ``dvc exp run`` (saying so once). ``step`` names the recorded
-    row (default: one more than the previous); ``out`` is the checkpoint
-    output, to find the stage when DVC does not say (DVC < 3.49).
-    ``keep_last``/``keep_best`` (default: env DVC_DALI_KEEP_LAST and
-    DVC_DALI_KEEP_BEST; unset keeps every row) prune older rows of this
-    run after recording, sparing the best by a DVCLive metric such as
-    "train/acc:max".
+    A drop-in for DVC 2's ``dvc.api.make_checkpoint()``: creates
+    ``.dvc/tmp/DVC_CHECKPOINT`` and waits until the checkpoint is recorded
+    as a row (under DVC 3 by dvc-dali itself; under DVC 2 or `dvc-dali run`
+    by whoever answers the signal file). Outside `dvc exp run` it returns at
+    once and says once that nothing is recorded. A `Checkpointer`'s own
+    `Checkpointer.make_checkpoint` saves first, then calls this.
+
+    Args:
+        step: names the row, ``<run>-step<step>`` (default: one more than
+            the previous).
+        out: the checkpoint output, to find the stage where DVC does not
+            name it (DVC < 3.49).
+        keep_last: keep only the run's last N rows after recording (default:
+            env ``DVC_DALI_KEEP_LAST``; unset keeps every row).
+        keep_best: with ``keep_last``, also keep the best row by a DVCLive
+            metric such as ``"train/acc:max"`` (default: env
+            ``DVC_DALI_KEEP_BEST``).
+
+    Raises:
+        ConfigError: a bad ``keep_last``/``keep_best`` or ``DVC_DALI_*``
+            value, refused before anything is written.
+        RecordError: the checkpoint could not be recorded; its files are
+            intact.
+        SignalError: the signal file could not be written, or DVC 2 or
+            `dvc-dali run` did not answer within ``DVC_DALI_SIGNAL_TIMEOUT``.
+        UnchangedCheckpointError: an applied row whose run already went on
+            from it, rerun with nothing changed.
     """
     exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
     ctx = RunContext.from_environ()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README "Set up and run the tests"; .ci/run calls it): on a
 # fresh machine, install (g++ for DALI's TF plugin, the package with its test
-# and tf extras, the plugin), lint, the whole suite, then the tests that touch
+# and tf extras, the plugin), lint, build the docs site (tests/docs_build.sh),
+# the whole suite, then the tests that touch
 # DVC's internals on the lowest DVC allowed (tests/lowest_dvc.sh). The suite
 # runs in pytest-xdist workers, a test file per worker at a time (module
 # fixtures share one project); the tests marked `serial` (they cannot share
@@ -41,5 +42,6 @@ suite() {  # both parts run, and the slowest tests are printed, whichever fails
 }
 step install install
 step lint python3 -m ruff check .
+step docs bash tests/docs_build.sh
 step "suite ($workers workers)" suite "$@"
 step "lowest DVC" bash tests/lowest_dvc.sh

@@ -230,7 +230,8 @@ def test_a_bad_variable_under_dvc_exp_run_is_one_line(tmp_path):
     line = _the_line(proc, "DVC_DALI_KEEP_LAST")
     assert "DVC_DALI_KEEP_LAST='0': must be a positive integer" in line, line
     assert "step " not in proc.stdout and not exp_rows(project)  # before any training step
-    # DVC's own behaviour, which README tells: a failed -S run leaves params.yaml changed
+    # DVC's own behaviour, which docs/reference/messages.md tells: a failed -S run
+    # leaves params.yaml changed
     assert "lr: 0.05" in (project / "params.yaml").read_text()
 
 

@@ -1,11 +1,15 @@
-"""README.md is a test: its commands, run literally in the order written.
+"""README.md and the documentation site are a test: their commands, run
+literally in the order written.
 
-The main job's command (the first of "The two commands"), then every
-```sh block of README in order: "Your first hour" in a fresh copy of this
-project, the Quickstart in a new directory. Each command's expectation is
-listed below in README's order; the test first checks that README's
-commands are exactly these, so a README change fails here until this list
-changes with it. A command not run is listed with the reason.
+The main job's command (the first of README's "The two commands"), then
+every ```sh block of the site's pages (docs/, mkdocs.yml's nav) in the
+navigation's order: "Your first hour" in a fresh copy of this project, the
+Quickstart in a new directory. The Get started pages include README's own
+sections (`--8<-- "README.md:<section>"`, expanded here as pymdownx.snippets
+does), so these are README's commands too. Each command's expectation is
+listed below in that order; the test first checks that the pages' commands
+are exactly these, so a change of a page or of README fails here until this
+list changes with it. A command not run is listed with the reason.
 """
 
 from __future__ import annotations
@@ -17,33 +21,65 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers.dvc_project import REPO, make_project, model_sha
 from tests.helpers.rows import exp_rows
 
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 MAIN_JOB = 'python3 -m pip install -e ".[example]" && dvc exp run'
 # Installing would point this environment's editable install at the temporary
 # copy; the test environment has these extras installed already (.ci/run).
 SKIPPED = {'python3 -m pip install -e ".[example]"':
            "installs the extras the test environment already has"}
+SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"$', re.M)
+
+
+def _section(path: Path, name: str | None) -> str:
+    """A file, or its part between `--8<-- [start:name]` and `[end:name]`."""
+    text = (REPO / path).read_text()
+    if name is None:
+        return text
+    found = re.search(rf"^[^\n]*--8<-- \[start:{name}\][^\n]*\n(.*?)^[^\n]*--8<-- \[end:{name}\]",
+                      text, re.M | re.S)
+    assert found, f"{path}: no snippet section {name!r} (the docs include it)"
+    return found.group(1)
+
+
+def page_text(page: str) -> str:
+    """A page of docs/ as the site shows it: its snippets included."""
+    return SNIPPET.sub(lambda m: _section(Path(m.group(1)), m.group(2)),
+                       (DOCS / page).read_text())
+
+
+def nav_pages() -> list[str]:
+    """The site's pages, in mkdocs.yml's navigation order."""
+    def walk(items):
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            if isinstance(value, list):
+                yield from walk(value)
+            else:
+                yield value
+    return list(walk(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]))
 
 
 def readme_commands() -> list[tuple[str, str]]:
-    """(section, command) for the main job's command and every ```sh block's
-    lines, comments stripped, in README's order."""
-    text = README.read_text()
-    assert f"    {MAIN_JOB}\n" in text, "README's main-job command changed"
-    found = [("main job", part) for part in MAIN_JOB.split(" && ", 1)]
-    section = ""
-    for block in re.finditer(r"^(## [^\n]*)$|^```sh\n(.*?)^```$", text, re.M | re.S):
-        if block.group(1):
-            section = block.group(1)[3:]
-            continue
-        for line in block.group(2).splitlines():
-            command = re.sub(r"\s+#.*$", "", line).strip()
-            if command:
-                found.append((section, command))
+    """(page title, command) for the main job's command and every ```sh
+    block's lines, comments stripped, in the pages' order."""
+    assert f"    {MAIN_JOB}\n" in README.read_text(), "README's main-job command changed"
+    found: list[tuple[str, str]] = []
+    for page in nav_pages():
+        text = page_text(page)
+        title = re.search(r"^# (.*)$", text, re.M).group(1)
+        if f"    {MAIN_JOB}\n" in text:
+            found += [("main job", part) for part in MAIN_JOB.split(" && ", 1)]
+        for block in re.finditer(r"^```sh\n(.*?)^```$", text, re.M | re.S):
+            for line in block.group(1).splitlines():
+                command = re.sub(r"\s+#.*$", "", line).strip()
+                if command:
+                    found.append((title, command))
     return found
 
 
@@ -165,3 +201,20 @@ def test_readme_commands_run_in_the_order_written(tmp_path):
 @pytest.mark.parametrize("command", sorted(SKIPPED))
 def test_skipped_commands_are_in_readme(command):
     assert command in README.read_text(), f"{command!r} is no longer in README: unlist it"
+
+
+def test_every_page_is_in_the_nav_and_the_get_started_pages_include_readme():
+    pages = nav_pages()
+    on_disk = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert sorted(pages) == on_disk, "docs/: a page not in mkdocs.yml's nav, or the reverse"
+    titles = [t for t, _ in readme_commands()]
+    assert titles[0] == "main job" and "Your first hour, step by step" in titles
+    assert "Quickstart for your own script" in titles
+    # README's own ```sh blocks are walked through the pages that include them
+    walked = [c for _, c in readme_commands()]
+    for block in re.finditer(r"^```sh\n(.*?)^```$", README.read_text(), re.M | re.S):
+        for line in block.group(1).splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            assert not command or command in walked, (
+                f"README's {command!r} is in no page of the site: put it in a section a "
+                "Get started page includes")

@@ -1,10 +1,11 @@
 """resume.decide: what a rerun does with the checkpoint it finds, as a table.
 
-Each bullet of README's "Resume semantics" is at least one row (the
-pipeline-may-not-change half of the first is checked when a pipeline is
-built: tests/integration/test_bad_inputs.py), then malformed manifests: any JSON value
-where the manifest's ``step``, ``run`` field or its parts belong (null ``run``
-or ``run.total_steps`` reads as absent, as manifest_schema does).
+Each bullet of the guide "Resume semantics" (docs/guides/resume.md) is at
+least one row (the pipeline-may-not-change half of the first is checked
+when a pipeline is built: tests/integration/test_bad_inputs.py), then
+malformed manifests: any JSON value where the manifest's ``step``, ``run``
+field or its parts belong (null ``run`` or ``run.total_steps`` reads as
+absent, as manifest_schema does).
 """
 
 from __future__ import annotations

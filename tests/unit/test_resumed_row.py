@@ -1,5 +1,6 @@
 """Which recorded row a run continues, among rows with the same outputs
-(rows.pick_resumed): a table, as README's "Which row a run continues"."""
+(rows.pick_resumed): a table, as the guide "Resume semantics"
+(docs/guides/resume.md) says under "Which row a run continues"."""
 
 from __future__ import annotations
 

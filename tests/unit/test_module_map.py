@@ -1,5 +1,6 @@
-"""README's "How it is built" names every module of dvc_dali/ in its map,
-so the map stays complete: a new module fails here until it has its line."""
+"""The Design page "How it is built" (docs/design/architecture.md) names
+every module of dvc_dali/ in its map, so the map stays complete: a new
+module fails here until it has its line."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dvc_dali"
+PAGE = ROOT / "docs" / "design" / "architecture.md"
 
 
 def _map() -> str:
-    """The indented block of the section that names checkpointer.py: the map."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## How it is built\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"(?:^ {4}.*\n)+", section, flags=re.MULTILINE)
+    """The indented block of the page that names checkpointer.py: the map."""
+    text = PAGE.read_text(encoding="utf-8")
+    blocks = re.findall(r"(?:^ {4}.*\n)+", text, flags=re.MULTILINE)
     return next(b for b in blocks if "checkpointer.py" in b)
 
 
@@ -29,11 +30,11 @@ def test_map_names_every_module():
     block = _map()
     missing = [m for m in _modules()
                if not re.search(rf"(?<![\w/.]){re.escape(m)}(?!\w)", block)]
-    assert not missing, (f"README.md, 'How it is built': the module map names no {missing}; "
+    assert not missing, (f"{PAGE.relative_to(ROOT)}: the module map names no {missing}; "
                          "add one line each (path, then what it holds)")
 
 
 def test_map_names_no_module_that_is_gone():
     named = set(re.findall(r"(?<![\w/.])((?:recording/)?\w+\.py)\b", _map()))
     gone = sorted(named - set(_modules()))
-    assert not gone, f"README.md, 'How it is built': the module map names {gone}, not in dvc_dali/"
+    assert not gone, f"{PAGE.relative_to(ROOT)}: the module map names {gone}, not in dvc_dali/"
