@@ -21,6 +21,10 @@ from tests.helpers.rows import exp_rows
 pytest.importorskip("dvc_s3")
 boto3 = pytest.importorskip("boto3")
 
+# The server's port is found free, then bound by another process: a test in a
+# parallel worker could take it in between. Run apart (tests/ci.sh).
+pytestmark = pytest.mark.serial
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
 
