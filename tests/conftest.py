@@ -11,6 +11,33 @@ import pytest
 # network that is not there.
 os.environ["DVC_NO_ANALYTICS"] = "1"
 
+# The longest modules first (seconds each took in a parallel run on 2 cores),
+# so that no worker starts one of them when the others are nearly done:
+# pytest-xdist hands out whole files (tests/ci.sh) in collection order. Only
+# the order changes; a module missing here runs after these, as collected.
+LONGEST_FIRST = (
+    "tests/integration/test_tf.py",              # 1600 s
+    "tests/e2e/test_kill_fuzz.py",               # 940
+    "tests/e2e/test_wrong_results.py",           # 550
+    "tests/integration/test_iterators.py",       # 460
+    "tests/e2e/test_stage_batch_proof.py",       # 410
+    "tests/integration/test_hostile_checkpoints.py",
+    "tests/e2e/test_example.py",                 # 380
+    "tests/e2e/test_example_torch.py",           # 360
+    "tests/e2e/test_cli.py",                     # 320
+    "tests/e2e/test_example_lightning.py",       # 310
+    "tests/e2e/test_remote_push.py",             # 280
+    "tests/e2e/test_example_keras.py",           # 250
+    "tests/e2e/test_distributed.py",             # 210
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: rank.get(
+        Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
+
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
