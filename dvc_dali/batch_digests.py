@@ -140,9 +140,13 @@ def _host_digest(tensor_list: Any) -> tuple[str, str]:
     pays before each batch is handed out."""
     if tensor_list.is_dense_tensor():
         dense = tensor_list.as_tensor()
-        shape = dense.shape()
+        try:  # the shape from the buffer: one call into DALI fewer (a resume pays each)
+            view = memoryview(dense)
+            shape, data = view.shape, view.cast("B")
+        except (TypeError, ValueError):
+            shape, data = dense.shape(), _host_view(dense)
         shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
-        return shapes, f"{HOST}:{_crc(_host_view(dense)):08x}"
+        return shapes, f"{HOST}:{_crc(data):08x}"
     value = 0
     for part in tensor_list:
         value = _crc(_host_view(part), value)
@@ -199,8 +203,19 @@ def digest(outputs: Sequence[Any]) -> list[str]:
         else:
             shapes, data = _host_digest(tl)
         crc = zlib.crc32(shapes.encode())
-        out.append(f"{str(tl.dtype).rsplit('.', 1)[-1].lower()}/{crc:08x}/{data}")
+        out.append(f"{_dtype_name(tl.dtype)}/{crc:08x}/{data}")
     return out
+
+
+def _dtype_name(dtype: Any) -> str:
+    """DALI's ``DALIDataType.UINT8`` as ``uint8`` (looked up once a type)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).rsplit(".", 1)[-1].lower()
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def digest_arrays(outputs: Sequence[Any]) -> list[str]:
