@@ -1,14 +1,21 @@
-"""Benchmark 16: the cost of the proof at runtime. DALI batches/s with a
+"""Benchmark 16: the cost of the proof at runtime, every row of issue 38's
+goals table side by side in one run. DALI batches/s with a
 Checkpointer.save every 10 steps, batch digests on (the default, every
 batch) vs off (DVC_DALI_VERIFY_BATCHES=0), while recording and while a
-resume compares each batch with its digest; and the content digest's time
-per GB (data_contents, from the page cache). On the CPU, or (run.py --gpu)
-decoded on GPU 0, where the digest is a sum computed on the device.
+resume compares each batch with its digest: on the CPU; decoded on GPU 0
+(where the digest is computed on the device) wherever a GPU and CuPy are
+at hand, else those rows say "not run"; a ``tf_dataset``
+(b_tf_digests.py, in a child process). With them, what the digests cost
+per batch on the training thread (Recorder.costs: the wrapper's work after
+DALI returned, a comparison, a wait for the digest in flight) and on the
+digest thread (CPU), and the content digest's time per GB (data_contents,
+from the page cache).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import time
@@ -17,11 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from common import Row, median, say, write_jpegs, yes_no
+from common import BENCH, PY, Row, median, run, say, write_jpegs, yes_no
 
 perf = time.perf_counter
 EVERY = 10
 GOAL = 0.99
+GOALS = {("cpu", False): 0.99, ("cpu", True): 0.99, ("gpu", False): 0.99, ("gpu", True): 0.98,
+         ("tf", False): 0.95, ("tf", True): 0.95}
+GPU_DIGEST_GOAL_US = 50.0
 
 
 def _checkpointer(ckdir: Path, verify: str, resume: bool):
@@ -34,15 +44,21 @@ def _checkpointer(ckdir: Path, verify: str, resume: bool):
         del os.environ["DVC_DALI_VERIFY_BATCHES"]
 
 
-def _prepare_resume(root: Path, ckdir: Path, steps: int) -> None:
+def _pipe_args(gpu: bool) -> dict[str, Any]:
+    from dali_pipes import PIPE_ARGS
+
+    return {**PIPE_ARGS, "device_id": 0 if gpu else None, "gpu": gpu}
+
+
+def _prepare_resume(root: Path, ckdir: Path, steps: int, gpu: bool) -> None:
     """A checkpoint at step EVERY followed by ``steps`` recorded batches."""
-    from dali_pipes import PIPE_ARGS, decode_crop
+    from dali_pipes import decode_crop
 
     import dvc_dali
 
     shutil.rmtree(ckdir, ignore_errors=True)
     ck = dvc_dali.Checkpointer(ckdir, resume=False)
-    pipe = ck.pipeline("train", decode_crop, root=str(root), **PIPE_ARGS)
+    pipe = ck.pipeline("train", decode_crop, root=str(root), **_pipe_args(gpu))
     for step in range(1, EVERY + steps + 1):
         pipe.run()
         if step == EVERY:
@@ -52,26 +68,29 @@ def _prepare_resume(root: Path, ckdir: Path, steps: int) -> None:
     gc.collect()
 
 
-def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool) -> dict[str, float]:
+def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
+                  gpu: bool = False) -> dict[str, float]:
     """Batches/s with digests on and off, in one process, alternating every
     EVERY steps (one checkpoint interval) between the two runs, so that the
     load of the machine falls on both alike. Recording: each run saves at
     the end of each of its intervals. Resumed: each resumes a checkpoint
     whose next ``steps`` batches were recorded, so (on) every batch is
-    compared."""
-    from dali_pipes import PIPE_ARGS, decode_crop
+    compared. Also (``caller_us``, ``thread_cpu_us``) the digests' cost per
+    batch on the training thread and the digest thread's CPU."""
+    from dali_pipes import decode_crop
 
     runs = {}
     for verify in ("on", "off"):
         ckdir = tmp / f"ck-{verify}-{'resumed' if resumed else 'recording'}"
         if resumed:
-            _prepare_resume(root, ckdir, steps)
+            _prepare_resume(root, ckdir, steps, gpu)
         else:
             shutil.rmtree(ckdir, ignore_errors=True)
         ck = _checkpointer(ckdir, "all" if verify == "on" else "0", resumed)
-        runs[verify] = (ck, ck.pipeline("train", decode_crop, root=str(root), **PIPE_ARGS))
+        runs[verify] = (ck, ck.pipeline("train", decode_crop, root=str(root), **_pipe_args(gpu)))
     elapsed = {"on": 0.0, "off": 0.0}
     w = np.zeros(1024, np.float32)
+    costs = runs["on"][0]._batches.costs
     for block in range(steps // EVERY):
         for verify in (("on", "off") if block % 2 == 0 else ("off", "on")):
             ck, pipe = runs[verify]
@@ -86,7 +105,69 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool) -> dict[str,
         ck.close()
     del runs
     gc.collect()
-    return {v: steps / t for v, t in elapsed.items()}
+    out = {v: steps / t for v, t in elapsed.items()}
+    out["caller_us"] = costs.caller_s / max(costs.batches, 1) * 1e6
+    out["thread_cpu_us"] = costs.background_cpu_s / max(costs.background, 1) * 1e6
+    return out
+
+
+def gpu_missing() -> str | None:
+    """Why the GPU rows cannot run here; None where a GPU and CuPy are at hand."""
+    try:
+        import cupy
+    except ImportError:
+        return "no GPU (CuPy absent)"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 (no driver, no device: the same answer)
+        count = 0
+    return None if count else "no GPU"
+
+
+def gpu_digest_us(root: Path) -> tuple[float, float]:
+    """(GPU time between two CUDA events around batch_digests.digest of one
+    batch of 32 x 64x64x3 uint8 crops, launch gaps included; its wall time),
+    medians of 50, in microseconds."""
+    import cupy
+    from dali_pipes import decode_crop
+
+    from dvc_dali import batch_digests
+
+    pipe = decode_crop(root=str(root), **_pipe_args(True))
+    pipe.build()
+    images = pipe.run()[0]
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    for _ in range(5):
+        batch_digests.digest([images])
+    device, wall = [], []
+    for _ in range(50):
+        t = perf()
+        start.record()
+        batch_digests.digest([images])
+        end.record()
+        end.synchronize()
+        wall.append((perf() - t) * 1e6)
+        device.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    del pipe
+    return median(device), median(wall)
+
+
+def tf_rates(tmp: Path, quick: bool) -> dict[str, Any] | str:
+    """b_tf_digests.py in a child process: its results, or why not run."""
+    import importlib.util
+
+    for module in ("tensorflow", "nvidia.dali.plugin.tf"):
+        if importlib.util.find_spec(module) is None:
+            return f"not run ({module} absent)"
+    out = tmp / "tf.json"
+    rounds, steps = ("3", "60") if quick else ("5", "100")
+    proc = run([PY, BENCH / "b_tf_digests.py", "--rounds", rounds, "--steps", steps,
+                "--json", out], tmp, check=False, timeout=1800)
+    if proc.returncode != 0 or not out.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        return f"error ({tail[0][:200]})"
+    say("\n".join(line for line in proc.stdout.splitlines() if line.startswith("round")))
+    return json.loads(out.read_text())
 
 
 def content_digest_s_per_gb(tmp: Path, megabytes: int) -> float:
@@ -110,32 +191,108 @@ def content_digest_s_per_gb(tmp: Path, megabytes: int) -> float:
     return median(times) / (megabytes / 1024)
 
 
+def _dali_rounds(root: Path, tmp: Path, steps: int, rounds: int, gpu: bool
+                 ) -> dict[bool, list[dict[str, float]]]:
+    """{resumed: [paired_blocks of each round]}."""
+    got: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    where = "GPU" if gpu else "CPU"
+    for r in range(rounds):
+        for resumed in (False, True):
+            got[resumed].append(paired_blocks(root, tmp, steps, resumed, gpu))
+        say(f"[16] {where} round {r + 1}/{rounds}: " + "; ".join(
+            f"{'resumed' if k else 'recording'} on {v[-1]['on']:.1f}/s off {v[-1]['off']:.1f}/s"
+            f", {v[-1]['caller_us']:.0f} us a batch on the training thread"
+            for k, v in got.items()))
+    return got
+
+
+def _ratio_row(label: str, goal: float, rounds: list[dict[str, float]], what: str) -> Row:
+    paired = median(r["on"] / r["off"] for r in rounds)
+    return Row(f"16 {label}, digests on vs off, {what}",
+               f"{median(r['on'] for r in rounds):.1f}/s",
+               f"{median(r['off'] for r in rounds):.1f}/s", f"{paired:.3f}", f">= {goal}",
+               yes_no(paired >= goal),
+               {"on": [r["on"] for r in rounds], "off": [r["off"] for r in rounds],
+                "paired_ratio": paired, "caller_us": [r["caller_us"] for r in rounds],
+                "thread_cpu_us": [r["thread_cpu_us"] for r in rounds]})
+
+
+def _cost_row(label: str, rounds: dict[bool, list[dict[str, float]]], unit: str) -> Row:
+    rec, res = rounds[False], rounds[True]
+    return Row(f"16 {label}: what the digests cost a {unit} on the training thread "
+               "(recording / resuming), and on the digest thread (CPU, recording)",
+               f"{median(r['caller_us'] for r in rec):.0f} / "
+               f"{median(r['caller_us'] for r in res):.0f} us",
+               f"{median(r['thread_cpu_us'] for r in rec):.0f} us", "-")
+
+
+def _not_run(label: str, why: str, goal: str) -> Row:
+    return Row(f"16 {label}", why, "-", "-", goal, "n/a")
+
+
+def _gpu_rows(root: Path, tmp: Path, steps: int, rounds: int) -> tuple[list[Row], dict]:
+    missing = gpu_missing()
+    labels = [("GPU (DALI decoding on GPU 0), recording", GOALS["gpu", False]),
+              ("GPU, resuming (each batch compared before it is returned)", GOALS["gpu", True])]
+    if missing:
+        return ([_not_run(f"{label}, digests on vs off", f"not run ({missing})", f">= {goal}")
+                 for label, goal in labels] +
+                [_not_run("the digest of one GPU batch of 32 x 64x64x3 uint8, device time",
+                          f"not run ({missing})", f"<= {GPU_DIGEST_GOAL_US:.0f} us")], {})
+    got = _dali_rounds(root, tmp, steps, rounds, gpu=True)
+    rows = [_ratio_row(label, goal, got[resumed], f"save every {EVERY}")
+            for (label, goal), resumed in zip(labels, (False, True))]
+    rows.append(_cost_row("GPU", got, "batch"))
+    device_us, wall_us = gpu_digest_us(root)
+    rows.append(Row("16 the digest of one GPU batch of 32 x 64x64x3 uint8: GPU time between "
+                    "two events around it (wall time)", f"{device_us:.0f} us ({wall_us:.0f} us)",
+                    "-", "-", f"<= {GPU_DIGEST_GOAL_US:.0f} us",
+                    yes_no(device_us <= GPU_DIGEST_GOAL_US)))
+    return rows, {"rounds": got, "digest_device_us": device_us, "digest_wall_us": wall_us}
+
+
+def _tf_rows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
+    got = tf_rates(tmp, quick)
+    labels = (("recording", "recording"), ("resumed", "resuming (each element compared "
+                                                      "before it is returned)"))
+    if isinstance(got, str):
+        return [_not_run(f"tf_dataset, {what}, digests on vs off", got, f">= {GOALS['tf', r]}")
+                for r, (_key, what) in zip((False, True), labels)], {}
+    mb = got["megabytes"]
+    rows = [_ratio_row(f"tf_dataset ({mb:.1f} MB elements), {what}",
+                       GOALS["tf", key == "resumed"], got[key], "eager iteration")
+            for key, what in labels]
+    rows.append(_cost_row("tf_dataset", {False: got["recording"], True: got["resumed"]},
+                          "element"))
+    return rows, got
+
+
+def _rates(rounds: list[dict[str, float]], key: str) -> str:
+    return ", ".join(f"{r[key]:.1f}" for r in rounds)
+
+
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
     n_images, steps, rounds, mb = (2000, 600, 3, 256) if quick else (2000, 2000, 3, 1024)
     say(f"[16] writing {n_images} JPEGs")
     root = write_jpegs(tmp / "jpegs", n_images, classes=8)
-    rates: dict[str, list[float]] = {m: [] for m in ("on", "off", "resumed on", "resumed off")}
-    for r in range(rounds):
-        for resumed in (False, True):
-            got = paired_blocks(root, tmp, steps, resumed)
-            for verify, rate in got.items():
-                rates[f"resumed {verify}" if resumed else verify].append(rate)
-        say(f"[16] round {r + 1}/{rounds}: " + ", ".join(f"{m} {v[-1]:.1f}/s"
-                                                          for m, v in rates.items()))
-    rows = []
-    for label, on, off in (("recording", "on", "off"), ("a resume comparing", "resumed on",
-                                                         "resumed off")):
-        paired = median(a / b for a, b in zip(rates[on], rates[off]))
-        rows.append(Row(f"16 DALI batches/s, batch digests on vs off, {label}, save every "
-                        f"{EVERY}", f"{median(rates[on]):.1f}/s", f"{median(rates[off]):.1f}/s",
-                        f"{paired:.3f}", f">= {GOAL}", yes_no(paired >= GOAL),
-                        {"on": rates[on], "off": rates[off], "paired_ratio": paired}))
+    cpu = _dali_rounds(root, tmp, steps, rounds, gpu=False)
+    rows = [_ratio_row("CPU DALI batches/s, recording", GOALS["cpu", False], cpu[False],
+                       f"save every {EVERY}"),
+            _ratio_row("CPU DALI batches/s, a resume comparing each batch", GOALS["cpu", True],
+                       cpu[True], f"save every {EVERY}"),
+            _cost_row("CPU", cpu, "batch")]
+    gpu_rows, gpu = _gpu_rows(root, tmp, steps, rounds)
+    tf_rows, tf = _tf_rows(tmp, quick)
     per_gb = content_digest_s_per_gb(tmp, mb)
+    rows += gpu_rows + tf_rows
     rows.append(Row("16 content digest (data_contents), seconds per GB from the page cache",
                     f"{per_gb:.2f} s/GB", "-", "-", values={"s_per_gb": per_gb}))
     notes = [f"[16] {n_images} JPEGs 96-128 px, crop 64x64, batch 32 (384 KB a batch); in each "
              f"of {rounds} rounds two runs in one process, digests on and off, {steps} steps "
              f"each, alternating every {EVERY} steps; ratio = median of the rounds' ratios; "
-             + "; ".join(f"{m} {', '.join(f'{x:.1f}' for x in v)}" for m, v in rates.items()),
+             "CPU: " + "; ".join(f"{'resumed' if k else 'recording'} on {_rates(v, 'on')}, "
+                                 f"off {_rates(v, 'off')}" for k, v in cpu.items()),
+             "[16] tf_dataset: bench/b_tf_digests.py in a child process (32 x 224x224x3 float32, "
+             "blocks of 5 elements alternating on and off)",
              f"[16] content digest over {mb} MB in 200 files, median of 3"]
-    return rows, notes, {"rates": rates, "content_s_per_gb": per_gb}
+    return rows, notes, {"cpu": cpu, "gpu": gpu, "tf": tf, "content_s_per_gb": per_gb}

@@ -62,22 +62,28 @@ batch matched. A digest that raises while recording is recorded as
 ``failed:<exception type>`` (said once a stream), never dropped.
 
 While recording (no digest to compare with), a batch's bytes are hashed on
-a background thread while the training step uses it, one batch at a time
-(the next batch waits for it): DALI's default executor keeps a returned
-batch alive while it is referenced, and the CRC releases the GIL. The legacy
-executor (``exec_dynamic=False``) reuses output buffers, so there, and for
-GPU batches (hashed on the device), it is done at once.
+the digest thread while the training step uses it, one batch at a time
+(the next batch waits for it, so a kill loses at most the last batch's
+digest): DALI's default executor keeps a returned batch alive while it is
+referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
+elements (NumPy views of TensorFlow's tensors, which are not written again
+while referenced). The training thread only hands the batch over
+(:class:`Costs` counts what it spends: benchmark 16 prints it). The legacy
+executor (``exec_dynamic=False``) reuses output buffers, so there, for GPU
+batches (hashed on the device) and for dynamic-mode readers (copied to the
+host first), it is done at once.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import queue
 import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -134,9 +140,13 @@ def _host_digest(tensor_list: Any) -> tuple[str, str]:
     pays before each batch is handed out."""
     if tensor_list.is_dense_tensor():
         dense = tensor_list.as_tensor()
-        shape = dense.shape()
+        try:  # the shape from the buffer: one call into DALI fewer (a resume pays each)
+            view = memoryview(dense)
+            shape, data = view.shape, view.cast("B")
+        except (TypeError, ValueError):
+            shape, data = dense.shape(), _host_view(dense)
         shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
-        return shapes, f"{HOST}:{_crc(_host_view(dense)):08x}"
+        return shapes, f"{HOST}:{_crc(data):08x}"
     value = 0
     for part in tensor_list:
         value = _crc(_host_view(part), value)
@@ -193,8 +203,19 @@ def digest(outputs: Sequence[Any]) -> list[str]:
         else:
             shapes, data = _host_digest(tl)
         crc = zlib.crc32(shapes.encode())
-        out.append(f"{str(tl.dtype).rsplit('.', 1)[-1].lower()}/{crc:08x}/{data}")
+        out.append(f"{_dtype_name(tl.dtype)}/{crc:08x}/{data}")
     return out
+
+
+def _dtype_name(dtype: Any) -> str:
+    """DALI's ``DALIDataType.UINT8`` as ``uint8`` (looked up once a type)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).rsplit(".", 1)[-1].lower()
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def digest_arrays(outputs: Sequence[Any]) -> list[str]:
@@ -487,6 +508,63 @@ def _prune(directory: Path) -> None:
 
 
 # -- the recorder --------------------------------------------------------------
+class _DigestThread:
+    """The thread of a process that digests batches while they train: jobs
+    run in the order they were handed in. Handing one in is a put on a
+    C queue and the wake-up of this thread (about 10 us of the training
+    thread on a busy 2-core machine; a ThreadPoolExecutor's submit, with
+    its Future and locks, measured 20-30). At the interpreter's exit the
+    jobs handed in are finished first (:meth:`drain`)."""
+
+    NAME = "dvc-dali-batch-digest"
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=self.NAME, daemon=True)
+        self._thread.start()
+        atexit.register(self.drain)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+                logger.warning("a batch digest was not recorded (%s)", exc)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait for the jobs handed in so far (not in a forked child, where
+        the thread does not exist)."""
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._jobs.put(done.set)
+            done.wait(timeout)
+
+
+def _digest_thread() -> _DigestThread:
+    if STATE.digest_pool is None:
+        STATE.digest_pool = _DigestThread()
+    return STATE.digest_pool
+
+
+@dataclass
+class Costs:
+    """What a Recorder's digests cost, for benchmark 16: ``batches`` seen;
+    ``caller_s``: wall seconds spent on the thread that produced them (the
+    training thread: the wrapper's work after DALI returned, a comparison,
+    a wait for the previous digest); ``background``: batches digested on
+    the digest thread, ``background_cpu_s`` the CPU seconds it spent on
+    them (digest, companion line)."""
+
+    batches: int = 0
+    caller_s: float = 0.0
+    background: int = 0
+    background_cpu_s: float = 0.0
+
+
 class _Expected:
     """The digests a resume compares with, per pipeline, until they run out."""
 
@@ -515,7 +593,10 @@ class Recorder:
         self._expected: _Expected | None = None
         self._log: Path | None = None  # the companion file; None: the manifest only
         self._lock = threading.Lock()
-        self._pending: Future | None = None  # the one digest being computed
+        # held from a batch's hand-over to the digest thread until its digest
+        # is appended: one at a time, so a kill loses at most the last one's
+        self._busy = threading.Lock()
+        self.costs = Costs()
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
         # the mismatch :meth:`observe` raised last: where it was raised in a
@@ -568,46 +649,60 @@ class Recorder:
         return produce
 
     def observe(self, name: str, batch: Sequence[Any],
-                digest_of: Callable[[Any], list[str]]) -> None:
+                digest_of: Callable[[Any], list[str]], deferred: bool = False) -> None:
         """One batch of a tracked stream (``digest_of(batch)``: its digest),
-        compared when resuming, else recorded; at once, before it is used."""
+        compared when resuming, before it is used; else recorded, at once or,
+        ``deferred`` (the batch's arrays stay as they are while referenced:
+        a TensorFlow element's), on the digest thread."""
         if not self.on:
             return
         try:
-            self._on_batch(name, batch, False, digest_of)
+            self._on_batch(name, batch, deferred, digest_of)
         except BatchMismatchError as exc:
             self.failure = exc
             raise
 
     def _on_batch(self, name: str, outputs: Any, deferred: bool,
                   digest_of: Callable[[Any], list[str]] | None = None) -> None:
-        digest_of = digest if digest_of is None else digest_of
-        self._settle()
+        start = time.perf_counter()
+        try:
+            self._batch(name, outputs, deferred, digest if digest_of is None else digest_of)
+        finally:
+            self.costs.batches += 1
+            self.costs.caller_s += time.perf_counter() - start
+
+    def _batch(self, name: str, outputs: Any, deferred: bool,
+               digest_of: Callable[[Any], list[str]]) -> None:
         index = self._count[name]
         self._count[name] = index + 1
         if self.log_id is None or (self.limit != ALL and index >= self.limit):
             return
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
-            try:
-                got = digest_of(outputs)
-            except Exception as exc:  # noqa: BLE001 (nothing told: not verified, said)
-                logger.debug("batch digest of %r failed: %r", name, exc)
-                got = failed_marker(exc)
-            found = check(expected[index], got)
-            self._check(name, index, found)
-            if self._expected is None:  # DVC_DALI_INEXACT=1: said; recorded from here on
-                return
-            self._checks.setdefault(name, []).append(found)
-            if found.outcome == NOT_VERIFIED and _failed(got) is None:
-                self._replace(name, index, got)
-            if index + 1 == len(expected):
-                self._say(name)
-            return
-        if deferred and not any(_on_device(tl) for tl in outputs):
-            self._in_background(name, index, outputs)
+            self._compare(name, index, expected, outputs, digest_of)
+        elif deferred and not any(_on_device(tl) for tl in outputs):
+            self._in_background(name, index, outputs, digest_of)
         else:
+            self._settle()  # in order after the one in flight
             self._append(name, index, self._digest(name, index, digest_of, outputs))
+
+    def _compare(self, name: str, index: int, expected: list[list[str]], outputs: Any,
+                 digest_of: Callable[[Any], list[str]]) -> None:
+        """Resuming: batch ``index`` against its recorded digest, before it is used."""
+        try:
+            got = digest_of(outputs)
+        except Exception as exc:  # noqa: BLE001 (nothing told: not verified, said)
+            logger.debug("batch digest of %r failed: %r", name, exc)
+            got = failed_marker(exc)
+        found = check(expected[index], got)
+        self._check(name, index, found)
+        if self._expected is None:  # DVC_DALI_INEXACT=1: said; recorded from here on
+            return
+        self._checks.setdefault(name, []).append(found)
+        if found.outcome == NOT_VERIFIED and _failed(got) is None:
+            self._replace(name, index, got)
+        if index + 1 == len(expected):
+            self._say(name)
 
     def _say(self, name: str) -> None:
         """Said once for a stream, when its recorded digests run out (or at
@@ -675,18 +770,29 @@ class Recorder:
     def _settle(self) -> None:
         """Wait for the digest in flight: at most one, so a kill loses at most
         the last batch's, and the digests are appended in order."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
-                pending.result()
-            except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
-                logger.warning("a batch digest was not recorded (%s)", exc)
+        with self._busy:
+            pass
 
-    def _in_background(self, name: str, index: int, outputs: Any) -> None:
-        if STATE.digest_pool is None:
-            STATE.digest_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-batch-digest")
-        self._pending = STATE.digest_pool.submit(
-            lambda: self._append(name, index, self._digest(name, index, digest, outputs)))
+    def _in_background(self, name: str, index: int, outputs: Any,
+                       digest_of: Callable[[Any], list[str]]) -> None:
+        """Hand the batch to the digest thread, once the previous one is done
+        (almost always already: a digest takes a fraction of a step)."""
+        self._busy.acquire()
+        try:
+            _digest_thread().submit(lambda: self._background(name, index, outputs, digest_of))
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def _background(self, name: str, index: int, outputs: Any,
+                    digest_of: Callable[[Any], list[str]]) -> None:
+        start = time.thread_time()
+        try:
+            self._append(name, index, self._digest(name, index, digest_of, outputs))
+        finally:
+            self.costs.background += 1
+            self.costs.background_cpu_s += time.thread_time() - start
+            self._busy.release()
 
     def _append(self, name: str, index: int, value: list[str]) -> None:
         with self._lock:
@@ -713,6 +819,10 @@ class Recorder:
             logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
             return
         self._log = log
+
+    def wait(self) -> None:
+        """Wait for the digest in flight (at a close)."""
+        self._settle()
 
     def checkpoint(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """At a save: the digests since the previous checkpoint go into each

@@ -303,6 +303,7 @@ class Checkpointer:
                 written (as `wait`).
         """
         self.wait()
+        self._batches.wait()  # the last batch's digest, appended
         self._lock.release()
 
     def __del__(self) -> None:
@@ -475,7 +476,9 @@ class Checkpointer:
                         "batch check, so this run does not digest its batches", name)
         elif batches.track(name):
             def check(arrays: list[Any]) -> None:  # each element, as training takes it
-                batches.observe(name, arrays, batch_digests.digest_arrays)
+                # recording: digested on the digest thread (TensorFlow's
+                # tensors are not written again while an array views them)
+                batches.observe(name, arrays, batch_digests.digest_arrays, deferred=True)
         return dali_tf.dataset(pipe, source_.stream.started, output_dtypes, output_shapes,
                                transform, check, lambda: batches.failure, source_.check_node)
 

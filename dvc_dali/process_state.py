@@ -91,8 +91,8 @@ class ProcessState:
                                                      metadata=_FORK_RESET)  # store.py's writers
     background_pool: Optional[ThreadPoolExecutor] = field(
         default=None, metadata=_FORK_RESET)  # the Checkpointers' one asynchronous save
-    digest_pool: Optional[ThreadPoolExecutor] = field(
-        default=None, metadata=_FORK_RESET)  # batch_digests: a batch hashed while it trains
+    digest_pool: Optional[Any] = field(  # batch_digests._DigestThread: a batch hashed
+        default=None, metadata=_FORK_RESET)  # while it trains
     device_weights: dict[int, Any] = field(default_factory=dict,
                                            metadata=_FORK_RESET)  # batch_digests, on the GPU
     # -- the checkpoint directory's lock (dirlock.py) --------------------------
