@@ -16,7 +16,8 @@ os.environ["DVC_NO_ANALYTICS"] = "1"
 # pytest-xdist hands out whole files (tests/ci.sh) in collection order. Only
 # the order changes; a module missing here runs after these, as collected.
 LONGEST_FIRST = (
-    "tests/integration/test_tf.py",              # 1600 s
+    "tests/integration/test_tf.py",              # 960 s (1600 with test_tf_proof.py)
+    "tests/integration/test_tf_proof.py",        # 700
     "tests/e2e/test_kill_fuzz.py",               # 940
     "tests/e2e/test_wrong_results.py",           # 550
     "tests/integration/test_iterators.py",       # 460
