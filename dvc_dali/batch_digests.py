@@ -673,6 +673,10 @@ class Recorder:
 
     def _batch(self, name: str, outputs: Any, deferred: bool,
                digest_of: Callable[[Any], list[str]]) -> None:
+        # No batch is handed out before the digest of the one before it is
+        # written, past the limit too: a kill then loses at most the digest
+        # of the batch in flight, never one a later batch already followed.
+        self._settle()
         index = self._count[name]
         self._count[name] = index + 1
         if self.log_id is None or (self.limit != ALL and index >= self.limit):
@@ -683,7 +687,6 @@ class Recorder:
         elif deferred and not any(_on_device(tl) for tl in outputs):
             self._in_background(name, index, outputs, digest_of)
         else:
-            self._settle()  # in order after the one in flight
             self._append(name, index, self._digest(name, index, digest_of, outputs))
 
     def _compare(self, name: str, index: int, expected: list[list[str]], outputs: Any,
