@@ -2,8 +2,8 @@
 # The test command (README "Set up and run the tests"; .ci/run calls it): on a
 # fresh machine, install (g++ for DALI's TF plugin, the package with its test
 # and tf extras, the plugin), lint, build the docs site (tests/docs_build.sh),
-# the whole suite, then the tests that touch
-# DVC's internals on the lowest DVC allowed (tests/lowest_dvc.sh). The suite
+# the whole suite, then the tests that touch DVC's internals on the lowest DVC
+# allowed (tests/lowest_dvc.sh). The suite
 # runs in pytest-xdist workers, a test file per worker at a time (module
 # fixtures share one project); the tests marked `serial` (they cannot share
 # the machine) run after them, alone. It prints each step's time and the 30

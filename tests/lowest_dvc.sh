@@ -3,7 +3,8 @@
 # allows. The venv with that DVC and every other dependency is built once per
 # machine and kept in ~/.cache/dvc-dali/lowest-dvc (tests/helpers/cached_venv.py:
 # rebuilt when pyproject.toml's dependencies change); this tree is installed
-# into it on every run, without dependencies. Workers as in .ci/run.
+# into it on every run, without dependencies. DVC_DALI_TEST_WORKERS workers
+# (default 3: five modules), a file each, as in tests/ci.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(python3 -m tests.helpers.cached_venv lowest-dvc)
