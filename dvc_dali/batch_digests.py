@@ -5,13 +5,14 @@ From each checkpoint on, every batch a registered pipeline hands out
 (``pipe.run()``, and the framework iterators, which call
 ``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
 samples' shapes and a digest of its bytes named by its algorithm (HOST,
-``crc32``: CRC-32 of the host bytes; on a GPU DEVICE, ``gwsum1``: a weighted
-sum computed on the device, so nothing is copied to the host).
+``crc32``: CRC-32 of the host bytes; on a GPU DEVICE, ``mix64``: one
+kernel an output, device_digest.py, so nothing is copied to the host).
 So is every batch a DALI dynamic-mode reader registered on
 ``Checkpointer.dynamic()`` yields from ``next_epoch`` (stream
-``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): brought to
-the host sample by sample (dali_dynamic.host_outputs: a GPU batch is copied)
-and digested at once with :func:`digest_arrays`, before the loop gets it.
+``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): a CPU
+output viewed on the host and digested with :func:`digest_arrays`, a GPU
+output digested on the device like a pipeline's (:func:`begin`), before
+the loop gets it.
 RNGs registered there yield no batches; what is drawn with them follows
 from their restored state. At most ``DVC_DALI_VERIFY_BATCHES`` batches after
 each checkpoint (default: all of them); ``0``: none, and the pipelines and
@@ -68,10 +69,12 @@ digest): DALI's default executor keeps a returned batch alive while it is
 referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
 elements (NumPy views of TensorFlow's tensors, which are not written again
 while referenced). The training thread only hands the batch over
-(:class:`Costs` counts what it spends: benchmark 16 prints it). The legacy
-executor (``exec_dynamic=False``) reuses output buffers, so there, for GPU
-batches (hashed on the device) and for dynamic-mode readers (copied to the
-host first), it is done at once.
+(:class:`Costs` counts what it spends: benchmark 16 prints it). So are a
+GPU batch's kernels: launched by the digest thread (ordered after what DALI
+has queued on the batch's stream by then, which includes the batch), which
+then waits for their result.
+The legacy executor (``exec_dynamic=False``) reuses output buffers, so
+there it is done at once, as it is for dynamic-mode readers.
 """
 
 from __future__ import annotations
@@ -100,11 +103,14 @@ COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
 # bytes' digest), and changes whenever any of it changes, so that a digest of
 # another recipe is "not verified", never compared.
 HOST = "crc32"  # CRC-32 (zlib's polynomial) of the host bytes, samples in order
-DEVICE = "gwsum1"  # the position-weighted sum of 32-bit words on the device (_device_bytes)
+DEVICE = "mix64"  # digest_model's sum of mixed 8-byte words, on the device (device_digest.py)
 # Digests written before the name was stored (dvc-dali up to 8b32b7a): ``c<8
 # hex>`` was made by the same recipe HOST names (unchanged), ``g<16 hex>`` by
-# the one DEVICE names; so they are read as those.
-LEGACY = {"c": HOST, "g": DEVICE}
+# the device's weighted sum of 32-bit words, named GWSUM1 from then until
+# mix64 replaced it; so they are read as those (and are "not verified"
+# against mix64, never compared).
+GWSUM1 = "gwsum1"
+LEGACY = {"c": HOST, "g": GWSUM1}
 FAILED = "failed:"  # a batch whose digest raised: ["failed:<exception type>"]
 MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
@@ -162,49 +168,102 @@ def _host_view(part: Any) -> memoryview:
         return memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
 
 
-def _device_weights(n: int) -> Any:
-    """Device vectors of odd 64-bit weights, by length (kept per process)."""
-    import cupy
-
-    if n not in STATE.device_weights:
-        w = cupy.arange(1, n + 1, dtype=cupy.uint64) * cupy.uint64(0x9E3779B97F4A7C15)
-        STATE.device_weights[n] = w | cupy.uint64(1)
-    return STATE.device_weights[n]
-
-
-def _device_bytes(tensor_list: Any) -> str:
-    """A position-weighted sum of each sample's 32-bit words, on the device
-    (one scalar comes back): the order of samples and of bytes counts."""
-    import cupy
-
-    total = 0
-    for k, sample in enumerate(tensor_list):
-        words = cupy.asarray(sample).reshape(-1).view(cupy.uint8)
-        pad = (-words.size) % 4096
-        if pad:
-            words = cupy.concatenate([words, cupy.zeros(pad, cupy.uint8)])
-        rows = words.view(cupy.uint32).reshape(-1, 1024).astype(cupy.uint64)
-        per_row = (rows * _device_weights(1024)).sum(axis=1)
-        part = int((per_row * _device_weights(per_row.size)).sum())
-        total = (total * 0x100000001B3 + part + k) % (1 << 64)
-    return f"{DEVICE}:{total:016x}"
-
-
 def _on_device(tensor_list: Any) -> bool:
     return type(tensor_list).__name__ == "TensorListGPU"
 
 
-def digest(outputs: Sequence[Any]) -> list[str]:
-    """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``."""
-    out = []
-    for tl in outputs:
+# DALI's type names (DALIDataType, lower case) where NumPy spells them otherwise
+_NUMPY_NAMES = {"float": "float32"}
+
+
+def _device_output(tl: Any) -> Any:
+    """A DALI TensorListGPU as the mix64 kernel reads it: a dense one by its
+    base pointer (no per-sample Python), a ragged one by its samples'."""
+    import numpy as np
+
+    from .device_digest import Output
+
+    name = _dtype_name(tl.dtype)
+    dtype = np.dtype(_NUMPY_NAMES.get(name, name))
+    if tl.is_dense_tensor():
+        dense = tl.as_tensor()
+        shape = tuple(dense.shape())
+        sample = tuple(shape[1:])
+        stride = dtype.itemsize
+        for d in sample:
+            stride *= d
+        return Output(dtype.name, [sample] * (shape[0] if shape else 0), dtype.itemsize,
+                      base=dense.data_ptr(), stride=stride)
+    shapes = [tuple(s) for s in tl.shape()]
+    return Output(dtype.name, shapes, dtype.itemsize,
+                  pointers=[tl[i].data_ptr() for i in range(len(shapes))])
+
+
+def _gpu_outputs(outputs: Sequence[Any]) -> dict[int, list[int]]:
+    """The indices of the GPU outputs, by device."""
+    by_device: dict[int, list[int]] = {}
+    for i, tl in enumerate(outputs):
         if _on_device(tl):
-            shapes, data = repr(tl.shape()), _device_bytes(tl)
-        else:
-            shapes, data = _host_digest(tl)
-        crc = zlib.crc32(shapes.encode())
-        out.append(f"{_dtype_name(tl.dtype)}/{crc:08x}/{data}")
-    return out
+            by_device.setdefault(tl.device_id(), []).append(i)
+    return by_device
+
+
+def begin(outputs: Sequence[Any]) -> Callable[[], list[str]]:
+    """Start one batch's digest: its GPU outputs' kernels are launched now,
+    ordered after what DALI has queued on their stream so far, which
+    includes them (device_digest.py, DEVICE); the function returned waits
+    for them, once, hashes the host outputs and returns the batch's digests
+    (:func:`digest`'s form). The batch must stay alive until it has
+    returned."""
+    outputs = list(outputs)
+    pending: list[tuple[list[int], Callable[[], list[str]]]] = []
+    by_device = _gpu_outputs(outputs)
+    if by_device:
+        from . import device_digest
+
+        for device, indices in by_device.items():
+            after = _stream_of([outputs[i] for i in indices], device)
+            pending.append((indices, device_digest.begin(
+                [_device_output(outputs[i]) for i in indices], device, after)))
+
+    def finish() -> list[str]:
+        out: list[str] = [""] * len(outputs)
+        for indices, done in pending:
+            for i, value in zip(indices, done()):
+                out[i] = value
+        for i, tl in enumerate(outputs):
+            if not out[i]:
+                shapes, data = _host_digest(tl)
+                out[i] = f"{_dtype_name(tl.dtype)}/{zlib.crc32(shapes.encode()):08x}/{data}"
+        return out
+
+    return finish
+
+
+_UNKNOWN = object()
+
+
+def _stream_of(tensor_lists: Sequence[Any], device: int) -> int | None:
+    """The CUDA stream DALI produced these outputs on (the kernels are
+    ordered after it); None where their data is ready for the host already.
+    A DALI without the ``stream`` attribute, or outputs on two streams: the
+    device is synchronized first."""
+    streams = {getattr(tl, "stream", _UNKNOWN) for tl in tensor_lists}
+    known = streams - {_UNKNOWN, None}
+    if _UNKNOWN in streams or len(known) > 1:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.deviceSynchronize()
+        return None
+    return known.pop() if known else None
+
+
+def digest(outputs: Sequence[Any]) -> list[str]:
+    """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``, its
+    bytes digested on the host (HOST) or, for a GPU output, on the device
+    (DEVICE); waits for the device."""
+    return begin(outputs)()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -684,10 +743,10 @@ class Recorder:
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
-        elif deferred and not any(_on_device(tl) for tl in outputs):
-            self._in_background(name, index, outputs, digest_of)
+        elif deferred:  # a GPU batch's kernels too are launched there
+            self._in_background(name, index, lambda: digest_of(outputs))
         else:
-            self._append(name, index, self._digest(name, index, digest_of, outputs))
+            self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
 
     def _compare(self, name: str, index: int, expected: list[list[str]], outputs: Any,
                  digest_of: Callable[[Any], list[str]]) -> None:
@@ -727,12 +786,11 @@ class Recorder:
             if index < len(done):
                 done[index] = value
 
-    def _digest(self, name: str, index: int, digest_of: Callable[[Any], list[str]],
-                outputs: Any) -> list[str]:
+    def _digest(self, name: str, index: int, compute: Callable[[], list[str]]) -> list[str]:
         """A batch's digest while recording; one that raises is recorded as
         failed (a resume says that batch is not verified), said once a stream."""
         try:
-            return digest_of(outputs)
+            return compute()
         except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
             with self._lock:
                 first = name not in self._failures_said
@@ -776,22 +834,20 @@ class Recorder:
         with self._busy:
             pass
 
-    def _in_background(self, name: str, index: int, outputs: Any,
-                       digest_of: Callable[[Any], list[str]]) -> None:
-        """Hand the batch to the digest thread, once the previous one is done
-        (almost always already: a digest takes a fraction of a step)."""
+    def _in_background(self, name: str, index: int, compute: Callable[[], list[str]]) -> None:
+        """Hand the batch's digest to the digest thread, once the previous one
+        is done (almost always already: a digest takes a fraction of a step)."""
         self._busy.acquire()
         try:
-            _digest_thread().submit(lambda: self._background(name, index, outputs, digest_of))
+            _digest_thread().submit(lambda: self._background(name, index, compute))
         except BaseException:
             self._busy.release()
             raise
 
-    def _background(self, name: str, index: int, outputs: Any,
-                    digest_of: Callable[[Any], list[str]]) -> None:
+    def _background(self, name: str, index: int, compute: Callable[[], list[str]]) -> None:
         start = time.thread_time()
         try:
-            self._append(name, index, self._digest(name, index, digest_of, outputs))
+            self._append(name, index, self._digest(name, index, compute))
         finally:
             self.costs.background += 1
             self.costs.background_cpu_s += time.thread_time() - start
@@ -850,6 +906,16 @@ class Recorder:
             self._open()
         _prune(self.directory)
         return entries
+
+
+def digest_dynamic(outputs: Sequence[Any]) -> list[str]:
+    """A dynamic-mode batch (dali_dynamic.digest_outputs): a host output, the
+    list of its samples' arrays, as :func:`digest_arrays` digests it; a GPU
+    output (a TensorListGPU) on the device, as :func:`digest` does."""
+    gpu = [o for o in outputs if _on_device(o)]
+    on_device = iter(begin(gpu)() if gpu else [])
+    on_host = iter(digest_arrays([o for o in outputs if not _on_device(o)]))
+    return [next(on_device) if _on_device(o) else next(on_host) for o in outputs]
 
 
 def _append_line(path: Path, line: bytes) -> None:

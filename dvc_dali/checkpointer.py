@@ -850,14 +850,15 @@ def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, s
             return  # verification off: the reader is left as it is, at no cost
         readers[stream] = (dname, key)
         dali_dynamic.observe_batches(
-            reader, lambda batch: recorder.observe(stream, batch, _host_digest))
+            reader, lambda batch: recorder.observe(stream, batch, _dynamic_digest))
 
     return watch
 
 
-def _host_digest(batch: Any) -> list[str]:
-    """A dynamic-mode reader's batch, brought to the host, digested."""
-    return batch_digests.digest_arrays(dali_dynamic.host_outputs(batch))
+def _dynamic_digest(batch: Any) -> list[str]:
+    """A dynamic-mode reader's batch, digested: its CPU outputs on the host,
+    its GPU outputs on the device."""
+    return batch_digests.digest_dynamic(dali_dynamic.digest_outputs(batch))
 
 
 def _data_changes(ctx: RunContext, old: dict[str, Any], new: dict[str, Any]) -> list[str]:

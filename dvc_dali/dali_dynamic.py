@@ -80,6 +80,32 @@ def _each(batches: Any, observe: Callable[[Any], None]) -> Iterator[Any]:
             close()
 
 
+def digest_outputs(batch: Any) -> list[Any]:
+    """One yielded batch as batch_digests.digest_dynamic takes it: per
+    output (a dict's in its order) a GPU one as its TensorListGPU (digested
+    on the device, nothing copied; a sample, ``Tensor``, as a batch of one),
+    a CPU one as the list of its samples' arrays (:func:`host_outputs`)."""
+    from nvidia.dali import backend
+
+    out: list[Any] = []
+    for value in _values(batch):
+        # the evaluated batch's TensorListGPU: DALI's own object, no copy
+        storage = (value.evaluate()._storage  # noqa: SLF001
+                   if value.device.device_type == "gpu" else None)
+        if isinstance(storage, backend.TensorGPU):
+            storage = backend.TensorListGPU([storage], contiguous=False)
+        out.append(storage if storage is not None else host_outputs([value])[0])
+    return out
+
+
+def _values(batch: Any) -> list[Any]:
+    if isinstance(batch, dict):
+        return list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return list(batch)
+    return [batch]
+
+
 def host_outputs(batch: Any) -> list[list[Any]]:
     """One yielded batch as host arrays: per output (a dict's in its order)
     the list of its samples, the form batch_digests.digest_arrays takes for
@@ -88,14 +114,8 @@ def host_outputs(batch: Any) -> list[list[Any]]:
     A GPU output is copied to the host; a CPU one is viewed, not copied."""
     import numpy as np
 
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, (tuple, list)):
-        values = list(batch)
-    else:
-        values = [batch]
     out = []
-    for value in values:
+    for value in _values(batch):
         host = value.cpu()  # itself when on the CPU
         samples = host.tensors if hasattr(host, "tensors") else [host]
         out.append([np.asarray(sample) for sample in samples])

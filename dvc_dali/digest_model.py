@@ -1,11 +1,11 @@
 """The specification of ``mix64``, a batch digest a GPU kernel can compute in
 one pass, as a NumPy model (a pure function): the value a kernel must give.
 
-Not used to record or compare batches yet (batch_digests.py names
-``crc32`` on the host and ``gwsum1`` on the device); the kernel that computes
-it on the device, and the switch of the device digest to it, are still open.
-Once a stream records it, its name is ``mix64``: digests of any other name are
-"not verified" against it, never compared (batch_digests.check).
+The digest of GPU batches (device_digest.py: its kernel computes ``body``
+on the device, the host folds in ``header`` with :func:`finish`), named
+``mix64`` in what is stored: digests of any other name (the host's
+``crc32``, the device's earlier ``gwsum1``) are "not verified" against it,
+never compared (batch_digests.check).
 
 What it depends on, and nothing else: the dtype, the number of samples and
 each one's shape, the bytes of each sample in C order and the order of the
@@ -87,13 +87,37 @@ def header_text(dtype: np.dtype, shapes: Sequence[tuple[int, ...]]) -> str:
     return f"{np.dtype(dtype).name}|{len(shapes)}|" + ";".join(shape(s) for s in shapes)
 
 
+_MASK = (1 << 64) - 1
+
+
+def mix_int(x: int) -> int:
+    """:func:`mix` on one Python int (the host's share of a device digest:
+    a few dozen of them a batch, where NumPy scalars cost more)."""
+    x ^= x >> 30
+    x = (x * _M1) & _MASK
+    x ^= x >> 27
+    x = (x * _M2) & _MASK
+    return x ^ (x >> 31)
+
+
+def header_of_text(text: str) -> int:
+    """``mix`` folded over the header text's 8-byte words, from its length."""
+    raw = text.encode()
+    raw += b"\0" * (-len(raw) % 8)
+    h = len(text.encode())
+    for i in range(0, len(raw), 8):
+        h = mix_int(((h ^ int.from_bytes(raw[i:i + 8], "little")) + GOLDEN) & _MASK)
+    return h
+
+
 def header(dtype: np.dtype, shapes: Sequence[tuple[int, ...]]) -> int:
-    text = header_text(dtype, shapes).encode()
-    h = np.uint64(len(text))
-    with np.errstate(over="ignore"):
-        for w in _words(text):
-            h = mix(np.uint64(h ^ w) + np.uint64(GOLDEN))
-    return int(h)
+    return header_of_text(header_text(dtype, shapes))
+
+
+def finish(body_value: int, text: str) -> int:
+    """The digest from the sum of the terms (``body``, computed elsewhere:
+    on the device) and the header text."""
+    return mix_int(body_value ^ mix_int(header_of_text(text)))
 
 
 def body(samples: Sequence[np.ndarray]) -> int:

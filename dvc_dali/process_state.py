@@ -93,8 +93,8 @@ class ProcessState:
         default=None, metadata=_FORK_RESET)  # the Checkpointers' one asynchronous save
     digest_pool: Optional[Any] = field(  # batch_digests._DigestThread: a batch hashed
         default=None, metadata=_FORK_RESET)  # while it trains
-    device_weights: dict[int, Any] = field(default_factory=dict,
-                                           metadata=_FORK_RESET)  # batch_digests, on the GPU
+    device_digests: Optional[Any] = field(  # device_digest._Pool: streams, kernels and
+        default=None, metadata=_FORK_RESET)  # buffers of the GPU batch digests
     # -- the checkpoint directory's lock (dirlock.py) --------------------------
     held_dir_locks: dict[Any, list[int]] = field(default_factory=dict)  # path -> [fd, holders]
     # -- exit hooks, and what was said once -----------------------------------

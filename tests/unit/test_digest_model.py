@@ -125,3 +125,17 @@ def test_refused_batches():
         dm.digest([np.zeros(2, np.uint8), np.zeros(2, np.int8)])
     with pytest.raises(ValueError, match="first axis"):
         dm.digest(np.float32(1))
+
+
+@pytest.mark.parametrize("samples", [
+    [np.arange(12, dtype=np.uint8).reshape(3, 4)] * 2,
+    [np.zeros((0,), np.float32), np.ones((5,), np.float32)],
+    [],
+])
+def test_the_hosts_share_completes_a_body_into_the_digest(samples):
+    """What device_digest does with a body the kernel summed: the host's
+    integer header (header_of_text, mix_int) gives the model's digest."""
+    dtype = samples[0].dtype if samples else np.dtype(np.uint8)
+    text = dm.header_text(dtype, [s.shape for s in samples])
+    assert dm.finish(dm.body(samples), text) == dm.digest(samples)
+    assert dm.header_of_text(text) == dm.header(dtype, [s.shape for s in samples])
