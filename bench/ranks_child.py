@@ -6,7 +6,10 @@ MODE ``sync``: SAVES synchronous make_checkpoint calls of the rank's DALI
 shard state and MB megabytes of arrays; ``async``: the same, asynchronous
 (each timed call finds nothing in flight: the previous one is waited for
 outside the timing); ``snapshot``: the in-memory copy alone
-(dvc_dali.arrays.snapshot), what an asynchronous call cannot do without.
+(dvc_dali.arrays.snapshot), what an asynchronous call cannot do without,
+kept until the next one as the background write keeps it; ``capture``: that
+and the rest of the in-memory state (DALI states, the random generators: the
+Checkpointer's capture, a private method).
 Outside `dvc exp run`: nothing is recorded; rank 0's "record" time is its
 commit (every rank's files durable, LATEST written, superseded files removed).
 Rank 0 prints every rank's timings, gathered, as JSON:
@@ -44,12 +47,15 @@ pipe = ck.pipeline("train", shard_pipe, batch_size=4, num_threads=1, device_id=N
                    root=data, shard_id=rank, num_shards=world)
 w = np.ones(int(mb * (1 << 20)) // 8)
 times = {"block": [], "write": [], "record": []}
+held = None
 for step in range(1, saves + 1):
     pipe.run()
     w[0] = step
     t0 = time.perf_counter()
     if mode == "snapshot":
-        arrays_mod.snapshot({"w": w})
+        held = arrays_mod.snapshot({"w": w})
+    elif mode == "capture":
+        held = ck._capture(step, arrays_mod.snapshot({"w": w}), None)
     else:
         ck.make_checkpoint(step, arrays={"w": w})
     times["block"].append(time.perf_counter() - t0)
