@@ -31,8 +31,9 @@ LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for
 class AsyncRanks:
     """One Checkpointer's side of the protocol (one per rank)."""
 
-    def __init__(self, path: Path, rank: int, world_size: int) -> None:
+    def __init__(self, path: Path, rank: int, world_size: int, recording: bool = True) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
+        self.recording = recording  # under `dvc exp run`: rank 0 records a row (for the log)
         self.kv = distributed.KeyValue(f"dvc_dali/{os.path.realpath(path)}/")
         self.kv.set(f"pid/{rank}", str(os.getpid()))  # after the directory lock is held
         self.seq = 0
@@ -89,9 +90,11 @@ class AsyncRanks:
             raise
         self.timings["record_s"] = time.perf_counter() - t1
         self.kv.set(done, "ok")
-        logger.info("rank 0/%d recorded step %d: every rank's files durable %.1f ms after its "
-                    "own, recorded in %.1f ms", self.world_size, step,
-                    self.timings["wait_ranks_s"] * 1000, self.timings["record_s"] * 1000)
+        logger.info("rank 0/%d committed step %d: every rank's files durable %.1f ms after its "
+                    "own; LATEST written%s in %.1f ms", self.world_size, step,
+                    self.timings["wait_ranks_s"] * 1000,
+                    " and the row recorded" if self.recording else "",
+                    self.timings["record_s"] * 1000)
 
     def _all_durable(self, seq: int, step: int) -> rank_commit.Decision:
         """Rank 0 waits until every rank's files of checkpoint ``seq`` are

@@ -172,7 +172,8 @@ class Checkpointer:
             self._start_recorded_run(params, total_steps)
         self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
         # asynchronous across ranks: agreed through torch.distributed's store (async_ranks)
-        self._ranks = (async_ranks.AsyncRanks(self.path, self.rank, self.world_size)
+        self._ranks = (async_ranks.AsyncRanks(self.path, self.rank, self.world_size,
+                                              self._ctx.mode != "off")
                        if self.asynchronous and self.world_size > 1 else None)
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         self.timings: dict[str, float] = {}
