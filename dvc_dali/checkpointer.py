@@ -694,8 +694,12 @@ class Checkpointer:
         With ``asynchronous=True`` it returns ``None`` once the state is
         captured (DALI states read, arrays copied in memory); writing and
         recording go on in a background thread, one at a time and in order.
-        After a preemption signal (`should_save`) it records the checkpoint,
-        then ends the process with status 128 + the signal's number.
+        Under torch.distributed each rank writes its own files in the
+        background and rank 0 records the row once every rank's files of
+        that step are durable; no collective call is made (guide "Many
+        processes"). After a preemption signal (`should_save`) it records
+        the checkpoint, then ends the process with status 128 + the
+        signal's number.
 
         Args:
             step: the step this checkpoint is of; the row is
@@ -709,7 +713,9 @@ class Checkpointer:
         Raises:
             TypeError: as for `save`.
             CheckpointWriteError: as for `save` (asynchronous: from the next
-                call or `wait`).
+                call or `wait`; across ranks also when a rank ended before
+                its files of that step were durable, naming the rank and
+                the step).
             RecordError: the checkpoint could not be recorded; its files are
                 intact.
             SignalError: DVC 2 or `dvc-dali run` never answered the signal

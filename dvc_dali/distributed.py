@@ -1,6 +1,8 @@
-"""torch.distributed coupling: which rank this is, and the collectives a
-consistent multi-rank checkpoint needs. torch is imported only if it is
-already loaded (a process that never imported it is not distributed)."""
+"""torch.distributed coupling: which rank this is, the collectives a
+consistent multi-rank checkpoint needs, and the process group's own store
+(through which asynchronous checkpoints agree: async_ranks). torch is
+imported only if it is already loaded (a process that never imported it is
+not distributed)."""
 
 from __future__ import annotations
 
