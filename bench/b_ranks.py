@@ -1,15 +1,112 @@
-"""7. Checkpoint time against the number of ranks (1, 2, 4 processes under
-torch.distributed.run, gloo, CPU): every rank saves its DALI shard state and
-1 MB of arrays into one checkpoint, rank 0 publishes LATEST after a barrier.
-No goal: reported for information (the barrier makes it grow with ranks)."""
+"""7. Checkpoints across torch.distributed ranks (processes under
+torch.distributed.run, gloo, CPU).
+
+- Checkpoint time against the number of ranks (1, 2, 4): every rank saves
+  its DALI shard state and 1 MB of arrays, rank 0 publishes LATEST after a
+  barrier. No goal: reported for information (the barrier makes it grow).
+- Asynchronous checkpoints (issue 39), 2 and 4 ranks, 100 MB per rank (20 MB
+  with --quick): the time a make_checkpoint call blocks its rank (the
+  slowest rank's median), asynchronous vs the in-memory snapshot alone (goal:
+  <= snapshot + 5 ms; also against the whole in-memory capture: arrays, DALI
+  states, random generators), and synchronous vs asynchronous, printed with the
+  per-rank background write time and rank 0's commit time (outside `dvc exp
+  run`: every rank's files durable, LATEST written; no row recorded).
+- The distributed example (examples/train.py, PyTorch, 2 ranks, gloo) with
+  an asynchronous checkpoint every 10 steps vs none (one at the last step),
+  outside `dvc exp run`: training steps per second from the example's own
+  clock, runs alternated (goal >= 0.97).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from common import PY, BENCH, Row, median, run, say, write_jpegs
+from common import PY, BENCH, Row, median, run, say, write_jpegs, yes_no
+
+
+def _child(tmp: Path, images: Path, n: int, saves: int, mode: str, mb: float) -> list[dict]:
+    out = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n,
+               BENCH / "ranks_child.py", images, tmp / f"ranks-{n}-{mode}-{mb}" / "checkpoint",
+               saves, mode, mb], tmp)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _slowest(per_rank: list[dict], key: str, first: int = 1) -> float:
+    """Median over calls (the first skipped: warm-up) of the slowest rank's time."""
+    saves = len(per_rank[0][key])
+    return median(max(ts[key][i] for ts in per_rank) for i in range(first, saves))
+
+
+def _async_rows(tmp: Path, images: Path, quick: bool) -> tuple[list[Row], dict[str, Any]]:
+    mb = 20.0 if quick else 100.0
+    saves = 4 if quick else 8
+    rows, values = [], {}
+    for n in (2, 4):
+        say(f"[7] {n} ranks, {mb:.0f} MB each: snapshot, capture, asynchronous, synchronous")
+        got = {mode: _child(tmp, images, n, saves, mode, mb)
+               for mode in ("snapshot", "capture", "async", "sync")}
+        snap, cap, asy, syn = (_slowest(got[m], "block")
+                               for m in ("snapshot", "capture", "async", "sync"))
+        writes = [median(r["write"][1:]) for r in got["async"]]
+        record = median(got["async"][0]["record"][1:])
+        values[n] = {"snapshot_s": snap, "capture_s": cap, "async_s": asy, "sync_s": syn,
+                     "write_s": writes, "commit_s": record}
+        rows.append(Row(f"[7] async make_checkpoint blocking, {n} ranks x {mb:.0f} MB, "
+                        "vs the snapshot alone", f"{asy * 1000:.1f} ms", f"{snap * 1000:.1f} ms",
+                        f"{(asy - snap) * 1000:+.1f} ms", "<= snapshot + 5 ms",
+                        yes_no(asy <= snap + 0.005), values={"ranks": n, **values[n]}))
+        rows.append(Row(f"[7] the same vs the whole in-memory capture (arrays, DALI states, "
+                        f"random generators), {n} ranks", f"{asy * 1000:.1f} ms",
+                        f"{cap * 1000:.1f} ms", f"{(asy - cap) * 1000:+.1f} ms",
+                        "<= capture + 5 ms", yes_no(asy <= cap + 0.005),
+                        values={"ranks": n, **values[n]}))
+        rows.append(Row(f"[7] sync vs async blocking, {n} ranks x {mb:.0f} MB; background "
+                        "write per rank, rank 0's commit",
+                        f"{syn * 1000:.1f} ms vs {asy * 1000:.1f} ms; write "
+                        + "/".join(f"{w * 1000:.0f}" for w in writes)
+                        + f" ms; commit {record * 1000:.1f} ms",
+                        "", f"{syn / asy:.1f}x", values={"ranks": n, **values[n]}))
+    return rows, values
+
+
+EXAMPLES = BENCH.parent / "examples"
+
+
+def _example_seconds(tmp: Path, data: Path, every: int, steps: int, tag: str) -> float:
+    """Seconds the example's 2 ranks took for ``steps`` steps (its own clock,
+    from its first step to its last checkpoint's line)."""
+    work = tmp / f"example-{tag}"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "params.yaml").write_text(
+        f"train:\n  framework: torch\n  steps: {steps}\n  checkpoint_every: {every}\n"
+        f"  data: {data}\n  device: cpu\n")
+    out = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", 2,
+               EXAMPLES / "train.py", "--checkpoint", work / "checkpoint",
+               "--model", work / "model.npz", "--live", work / "dvclive"], work,
+              {"DVC_DALI_ASYNC": "1"})
+    found = re.findall(rf"step +{steps}/{steps} .*\(([0-9.]+) s\)", out.stdout)
+    return float(found[-1])
+
+
+def _throughput_row(tmp: Path, quick: bool) -> tuple[Row, dict[str, Any]]:
+    data = tmp / "digits"
+    if not data.is_dir():
+        run([PY, EXAMPLES / "prepare.py", data], tmp)
+    steps, rounds = (400, 2) if quick else (1000, 3)
+    say(f"[7] the distributed example, {steps} steps, async every 10 vs none, {rounds} rounds")
+    none, every10 = [], []
+    for i in range(rounds):  # alternated, side by side
+        none.append(_example_seconds(tmp, data, 10 ** 9, steps, f"none-{i}"))
+        every10.append(_example_seconds(tmp, data, 10, steps, f"async-{i}"))
+    ratio = median(none) / median(every10)  # throughput: steps/s async over steps/s none
+    values = {"none_s": none, "async_every10_s": every10, "steps": steps}
+    return Row("[7] distributed example (2 ranks, gloo), async checkpoint every 10 steps vs "
+               "none: throughput", f"{steps / median(every10):.0f} steps/s",
+               f"{steps / median(none):.0f} steps/s", f"{ratio:.3f}", ">= 0.97",
+               yes_no(ratio >= 0.97), values=values), values
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
@@ -18,13 +115,13 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
     medians: dict[int, float] = {}
     for n in (1, 2, 4):
         say(f"[7] {n} rank(s), {saves} saves each")
-        out = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n,
-                   BENCH / "ranks_child.py", images, tmp / f"ranks-{n}" / "checkpoint", saves],
-                  tmp)
-        per_rank = json.loads(out.stdout.strip().splitlines()[-1])
+        per_rank = _child(tmp, images, n, saves, "sync", 1.0)
         # the slowest rank decides when training goes on
-        medians[n] = median(max(ts[i] for ts in per_rank) for i in range(1, saves))
+        medians[n] = _slowest(per_rank, "block")
     rows = [Row(f"[7] checkpoint time, {n} rank(s) vs 1", f"{medians[n] * 1000:.1f} ms",
                 f"{medians[1] * 1000:.1f} ms", f"{medians[n] / medians[1]:.2f}x",
                 values={"ranks": n, "median_s": medians[n]}) for n in (1, 2, 4)]
-    return rows, [], {"ranks_median_s": medians}
+    async_rows, async_values = _async_rows(tmp, images, quick)
+    throughput, throughput_values = _throughput_row(tmp, quick)
+    return (rows + async_rows + [throughput], [],
+            {"ranks_median_s": medians, "async": async_values, "example": throughput_values})

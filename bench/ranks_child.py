@@ -1,9 +1,24 @@
-"""One rank of the ranks benchmark (started by torch.distributed.run):
-saves a checkpoint of its DALI shard and 1 MB of arrays SAVES times and
-prints the save durations (rank 0: every rank's, gathered)."""
+"""One rank of the ranks benchmark (started by torch.distributed.run).
+
+    ranks_child.py DATA CHECKPOINT SAVES MODE MB
+
+MODE ``sync``: SAVES synchronous make_checkpoint calls of the rank's DALI
+shard state and MB megabytes of arrays; ``async``: the same, asynchronous
+(each timed call finds nothing in flight: the previous one is waited for
+outside the timing); ``snapshot``: the in-memory copy alone
+(dvc_dali.arrays.snapshot), what an asynchronous call cannot do without,
+kept until the next one as the background write keeps it; ``capture``: that
+and the rest of the in-memory state (DALI states, the random generators: the
+Checkpointer's capture, a private method).
+Outside `dvc exp run`: nothing is recorded; rank 0's "record" time is its
+commit (every rank's files durable, LATEST written, superseded files removed).
+Rank 0 prints every rank's timings, gathered, as JSON:
+{"block": [...], "write": [...], "record": [...]} per rank.
+"""
 
 import json
 import sys
+import time
 
 import numpy as np
 import torch.distributed as dist
@@ -11,6 +26,7 @@ import torch.distributed as dist
 from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
+from dvc_dali import arrays as arrays_mod
 
 
 @pipeline_def
@@ -22,17 +38,30 @@ def shard_pipe(root, shard_id, num_shards):
 
 
 data, ckpt, saves = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode = sys.argv[4] if len(sys.argv) > 4 else "sync"
+mb = float(sys.argv[5]) if len(sys.argv) > 5 else 1.0
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-ck = dvc_dali.Checkpointer(ckpt, resume=False)
+ck = dvc_dali.Checkpointer(ckpt, resume=False, asynchronous=mode == "async")
 pipe = ck.pipeline("train", shard_pipe, batch_size=4, num_threads=1, device_id=None, seed=1,
                    root=data, shard_id=rank, num_shards=world)
-w = np.ones(1 << 17)  # 1 MB per rank
-times = []
+w = np.ones(int(mb * (1 << 20)) // 8)
+times = {"block": [], "write": [], "record": []}
+held = None
 for step in range(1, saves + 1):
     pipe.run()
-    ck.save(step, arrays={"w": w * step})
-    times.append(ck.timings["save_s"])
+    w[0] = step
+    t0 = time.perf_counter()
+    if mode == "snapshot":
+        held = arrays_mod.snapshot({"w": w})
+    elif mode == "capture":
+        held = ck._capture(step, arrays_mod.snapshot({"w": w}), None)
+    else:
+        ck.make_checkpoint(step, arrays={"w": w})
+    times["block"].append(time.perf_counter() - t0)
+    ck.wait()  # untimed: the next call finds nothing in flight
+    times["write"].append(ck.timings.get("save_s", 0.0))
+    times["record"].append(ck.timings.get("record_s", 0.0))
 everyone = [None] * world
 dist.all_gather_object(everyone, times)
 if rank == 0:

@@ -16,7 +16,9 @@ ratio measured side by side in this run.
 5. restore vs fresh start, early and late in an epoch of 100,000 files
 6. `dvc exp show` with 10 vs 300 checkpoint rows, and with retention;
    `dvc-dali show` with 1,000 rows vs its floor (git for-each-ref + cat-file)
-7. checkpoint time with 1, 2 and 4 torch.distributed ranks
+7. checkpoint time with 1, 2 and 4 torch.distributed ranks; asynchronous checkpoints
+   across 2 and 4 ranks (blocking vs the snapshot alone and vs synchronous, per-rank
+   write and commit times) and the distributed example's throughput with them
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
 9. restore of a 1.06 GB torch model + AdamW state (336 tensors; --quick: 265 MB)

@@ -28,6 +28,7 @@ from . import (
     dali_state,
     dali_tf,
     data_contents,
+    async_ranks,
     dirlock,
     distributed,
     exit_hooks,
@@ -101,7 +102,11 @@ class Checkpointer:
             captured (DALI states read, arrays copied in memory); writing and
             recording go on in a background thread, one at a time and in
             order; the next call, `wait` and process exit (Ctrl-C included)
-            wait for it, so a checkpoint in flight is finished whole.
+            wait for it, so a checkpoint in flight is finished whole. Under
+            torch.distributed each rank writes its own files in the
+            background and rank 0 records the row once every rank's files of
+            that step are durable (guide "Many processes"). Default: env
+            ``DVC_DALI_ASYNC`` (off).
         rng: save and restore the global random generators (Python's
             ``random``, NumPy's legacy generator, torch's CPU and CUDA ones)
             with each checkpoint, set back once a resumed loop first reads
@@ -122,7 +127,6 @@ class Checkpointer:
             ``keep_best``) or ``DVC_DALI_*`` variable; under `dvc exp run`, no
             ``total_steps``, or a checkpoint stage without ``persist: true``
             or ``always_changed: true`` (the message holds the fix).
-        ValueError: ``asynchronous=True`` with torch.distributed.
         CheckpointLockedError: another live process writes ``path`` (named
             by its pid and command).
         CheckpointCorruptError: a checkpoint file missing, truncated, empty,
@@ -140,7 +144,7 @@ class Checkpointer:
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
                  params: dict[str, Any] | None = None, total_steps: int | None = None,
                  keep_last: int | None = None, keep_best: str | None = None,
-                 asynchronous: bool = False, rng: bool | None = None) -> None:
+                 asynchronous: bool | None = None, rng: bool | None = None) -> None:
         self.path = Path(path)
         # The environment and the retention arguments are checked now, before
         # any training step, not at the first checkpoint.
@@ -150,7 +154,7 @@ class Checkpointer:
         # process only: torchrun's agent uses it to stop the other ranks)
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._retention = self._ctx.retention(keep_last, keep_best)
-        self.asynchronous = asynchronous
+        self.asynchronous = self._ctx.asynchronous if asynchronous is None else bool(asynchronous)
         self._worker: _Background | None = None  # the one background save in flight
         self.params = dict(params or {})
         if total_steps is not None and (isinstance(total_steps, bool)
@@ -166,10 +170,12 @@ class Checkpointer:
         self.rank, self.world_size = distributed.world()
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
-        if asynchronous and self.world_size > 1:
-            raise ValueError("asynchronous=True is not supported with torch.distributed: the "
-                             "ranks' saves must meet at a barrier in the training thread")
         self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
+        # asynchronous across ranks: agreed through torch.distributed's store (async_ranks)
+        self._ranks = (async_ranks.AsyncRanks(self.path, self.rank, self.world_size,
+                                              self._ctx.mode != "off")
+                       if self.asynchronous and self.world_size > 1 else None)
+        self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
@@ -691,8 +697,12 @@ class Checkpointer:
         With ``asynchronous=True`` it returns ``None`` once the state is
         captured (DALI states read, arrays copied in memory); writing and
         recording go on in a background thread, one at a time and in order.
-        After a preemption signal (`should_save`) it records the checkpoint,
-        then ends the process with status 128 + the signal's number.
+        Under torch.distributed each rank writes its own files in the
+        background and rank 0 records the row once every rank's files of
+        that step are durable; no collective call is made (guide "Many
+        processes"). After a preemption signal (`should_save`) it records
+        the checkpoint, then ends the process with status 128 + the
+        signal's number.
 
         Args:
             step: the step this checkpoint is of; the row is
@@ -706,13 +716,17 @@ class Checkpointer:
         Raises:
             TypeError: as for `save`.
             CheckpointWriteError: as for `save` (asynchronous: from the next
-                call or `wait`).
+                call or `wait`; across ranks also when a rank ended before
+                its files of that step were durable, naming the rank and
+                the step).
             RecordError: the checkpoint could not be recorded; its files are
                 intact.
             SignalError: DVC 2 or `dvc-dali run` never answered the signal
                 file (``DVC_DALI_SIGNAL_TIMEOUT``).
             SystemExit: after the checkpoint of a preempted step.
         """
+        if self._ranks is not None:
+            return self._make_rank_checkpoint(step, arrays, metadata)
         if not self.asynchronous or preemption.FLAG.signum is not None:
             path = self.save(step, arrays, metadata)
             self._signal(step)
@@ -720,8 +734,29 @@ class Checkpointer:
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
-        self._worker = _Background(lambda: (self._write(captured), self._signal(step)))
+        self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step)
         return None
+
+    def _make_rank_checkpoint(self, step: int, arrays: dict[str, Any] | None,
+                              metadata: dict[str, Any] | None) -> None:
+        """Asynchronous under torch.distributed: capture, hand the write (and on
+        rank 0 the recording) to the background (async_ranks); no collective.
+        A preempted step (as every rank agreed in `should_save`) is waited
+        for, then the process exits."""
+        self.wait()  # at most one in flight: checkpoints are recorded in order
+        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        self._worker = _Background(self._ranks.job(captured, self._record_ranks), step)
+        if self._agreed_signal is not None:
+            self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
+        return None
+
+    def _record_ranks(self, step: int, latest: str) -> None:
+        """Rank 0's background thread, once every rank's files are durable."""
+        self._latest = latest
+        self._signal(step, barrier=False)
+        for key, value in self._ranks.timings.items():
+            self.timings[key] = value
+
 
     # -- preemption --------------------------------------------------------
     def should_save(self, step: int, every: int) -> bool:
@@ -743,7 +778,9 @@ class Checkpointer:
             Whether to call `make_checkpoint` now.
         """
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
-        return preemption.due(step, every, self.preempted is not None)
+        sig = self.preempted
+        self._agreed_signal = None if sig is None else sig.value
+        return preemption.due(step, every, sig is not None)
 
     @property
     def preempted(self) -> signal.Signals | None:
@@ -755,10 +792,11 @@ class Checkpointer:
             mine = max(distributed.all_gather(mine or 0)) or None
         return None if mine is None else signal.Signals(mine)
 
-    def _exit_if_preempted(self, step: int) -> None:
+    def _exit_if_preempted(self, step: int, sig: signal.Signals | None = None) -> None:
         """After the checkpoint of a preempted step: one line, then the exit
-        status the signal would have given."""
-        sig = self.preempted
+        status the signal would have given (``sig``: the one all ranks agreed
+        on already, else asked now)."""
+        sig = sig or self.preempted
         if sig is None:
             return
         self.wait()
@@ -774,15 +812,33 @@ class Checkpointer:
         raise SystemExit(128 + sig.value)
 
     def wait(self) -> None:
-        """Wait for the background checkpoint in flight (if any).
+        """Wait for the background checkpoint in flight (if any): written
+        and, under `dvc exp run`, recorded (with torch.distributed: every
+        rank's files durable and the row recorded). When it was still in
+        flight, how long it waited is logged and kept in
+        ``timings["wait_s"]``.
 
         Raises:
             CheckpointWriteError: the checkpoint in flight could not be
-                written; or any other error it raised (`RecordError`...).
+                written; with torch.distributed, a rank ended before its
+                files of that step were durable (the message names the rank
+                and the step); or any other error it raised (`RecordError`...).
         """
         worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.join()
+        if worker is None:
+            return
+        t0 = time.perf_counter()
+        busy = not worker.done()
+        worker.join()
+        if self._ranks is not None:
+            self.timings.update(self._ranks.timings)
+        self.timings["wait_s"] = waited = time.perf_counter() - t0
+        if busy:
+            logger.info("%swaited %.1f ms for step %d's checkpoint to be %s (one in flight "
+                        "at a time)",
+                        f"rank {self.rank}/{self.world_size}: " if self.world_size > 1 else "",
+                        waited * 1000, worker.step,
+                        "recorded" if self._ctx.mode == "record" else "written")
 
     def _capture(self, step: int, arrays: dict[str, Any] | None,
                  metadata: dict[str, Any] | None) -> store.Capture:
@@ -825,14 +881,16 @@ class Checkpointer:
                         captured.step, self.timings["save_s"] * 1000)
         return written
 
-    def _signal(self, step: int) -> None:
-        """Rank 0 signals once every rank has written; all wait for the record."""
+    def _signal(self, step: int, barrier: bool = True) -> None:
+        """Rank 0 signals once every rank has written; all wait for the record
+        (asynchronous across ranks: async_ranks has them wait, ``barrier`` off)."""
         if self.rank == 0:
             branched = self._branched or bool(self._saved and self._saved.param_changes)
             signal_file.signal_checkpoint(self._ctx, RecordRequest(
                 step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
                 branched=branched), self._retention)
-        distributed.barrier()
+        if barrier:
+            distributed.barrier()
 
 
 def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, str], Any],
@@ -930,10 +988,14 @@ class _Background:
     (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that).
     The worker is process_state's: a forked child gets its own."""
 
-    def __init__(self, work) -> None:
+    def __init__(self, work, step: int) -> None:
+        self.step = step
         if STATE.background_pool is None:
             STATE.background_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
         self._future = STATE.background_pool.submit(work)
 
     def join(self) -> None:
         self._future.result()  # re-raises the background error in the training thread
+
+    def done(self) -> bool:
+        return self._future.done()

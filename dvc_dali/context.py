@@ -66,6 +66,8 @@ VARIABLES = {
                                "(a number; 0: off; default all)",
     "DVC_DALI_INEXACT": "1: resume on purpose although the data's contents or the batches "
                         "changed since the checkpoint (the run is no longer exact)",
+    "DVC_DALI_ASYNC": "1: asynchronous checkpoints, written and recorded in the background "
+                      "(default 0; Checkpointer(asynchronous=...) wins)",
 }
 
 
@@ -176,6 +178,7 @@ class RunContext:
     content_digest_max: int = CONTENT_DIGEST_MAX  # DVC_DALI_CONTENT_DIGEST_MAX (bytes)
     inexact: bool = False  # DVC_DALI_INEXACT: resume on purpose past a proof that failed
     verify_batches: int = -1  # DVC_DALI_VERIFY_BATCHES: batches proved after a checkpoint; -1 all
+    asynchronous: bool = False  # DVC_DALI_ASYNC: Checkpointer(asynchronous=)'s default
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RunContext":
@@ -203,6 +206,8 @@ class RunContext:
             inexact=parse_switch(env.get("DVC_DALI_INEXACT"), "DVC_DALI_INEXACT", default=False),
             verify_batches=parse_count(env.get("DVC_DALI_VERIFY_BATCHES"),
                                        "DVC_DALI_VERIFY_BATCHES"),
+            asynchronous=parse_switch(env.get("DVC_DALI_ASYNC"), "DVC_DALI_ASYNC",
+                                      default=False),
         )
 
     @property

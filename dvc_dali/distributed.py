@@ -1,10 +1,13 @@
-"""torch.distributed coupling: which rank this is, and the collectives a
-consistent multi-rank checkpoint needs. torch is imported only if it is
-already loaded (a process that never imported it is not distributed)."""
+"""torch.distributed coupling: which rank this is, the collectives a
+consistent multi-rank checkpoint needs, and the process group's own store
+(through which asynchronous checkpoints agree: async_ranks). torch is
+imported only if it is already loaded (a process that never imported it is
+not distributed)."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 
@@ -36,3 +39,44 @@ def barrier() -> None:
     dist = _dist()
     if dist is not None:
         dist.barrier()
+
+
+class KeyValue:
+    """torch.distributed's own store (the process group's TCPStore), as the
+    ranks' asynchronous checkpoints agree through it: a connection of its
+    own (a clone), so a background thread uses it beside the training
+    thread, under ``prefix``. Values are text."""
+
+    def __init__(self, prefix: str) -> None:
+        from torch.distributed import PrefixStore, distributed_c10d
+
+        # torch has no public getter for the default group's store (torch 2.x)
+        base = distributed_c10d._get_default_store()  # noqa: SLF001
+        try:
+            base = base.clone()  # a connection of its own for the background thread
+        except (AttributeError, RuntimeError):
+            pass
+        self._store = PrefixStore(prefix, base)
+
+    def set(self, key: str, value: str) -> None:
+        self._store.set(key, value)
+
+    def get_now(self, key: str) -> str | None:
+        """The value, or None when the key is not set yet (never blocks)."""
+        if not self._store.check([key]):
+            return None
+        return self._store.get(key).decode()
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """Until ``key`` is set (True) or about ``seconds`` passed (False).
+        Asked every 1 to 50 ms (a TCP round trip each), as signal_file waits
+        for its file: the store's own blocking wait logs a C++ warning each
+        time it times out."""
+        deadline = time.monotonic() + seconds
+        delay = 0.001
+        while not self._store.check([key]):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True

@@ -125,7 +125,11 @@ def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float
     The metrics of this step are logged first, so the checkpoint DVC records
     holds them (DVCLive's step is the training step); every output of the
     stage exists when DVC records it, so each row's model is that step's.
+    With asynchronous checkpoints (DVC_DALI_ASYNC=1) the previous one is
+    recorded in the background: wait for it before rewriting what its row
+    holds (a no-op otherwise).
     """
+    ck.wait()
     live.step = step
     live.log_metric("train/loss", loss)
     live.log_metric("train/acc", acc)

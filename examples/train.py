@@ -198,6 +198,7 @@ def main(argv=None) -> int:
         else:
             kill_if_at(step, kill_at)
 
+    ck.wait()  # an asynchronous last checkpoint recorded before its row's model is rewritten
     save_model(Path(args.model), weights)
     live.end()
     print(f"train: wrote {args.model} at step {max(start, steps)}")

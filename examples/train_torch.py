@@ -203,6 +203,7 @@ def main(argv=None) -> int:
         else:
             kill_if_at(step, kill_at)
 
+    ck.wait()  # an asynchronous last checkpoint recorded before its row's model is rewritten
     if rank == 0:
         save_model(Path(args.model), model)
         print(f"train: wrote {args.model} at step {max(start, steps)}")

@@ -167,6 +167,7 @@ BAD_VALUES = {
     "DVC_DALI_CONTENT_DIGEST_MAX": "1GB",
     "DVC_DALI_VERIFY_BATCHES": "some",
     "DVC_DALI_INEXACT": "yes",
+    "DVC_DALI_ASYNC": "yes",
 }
 # DVC_DALI_* variables only dvc-dali itself sets (no value of a user's is "bad")
 SET_BY_DVC_DALI = {"DVC_DALI_RECORDS_ITSELF"}

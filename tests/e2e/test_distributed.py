@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import make_project, run
+from tests.helpers.rows import row_ranks
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
 
@@ -37,21 +37,6 @@ def exp_run(path, run_id, check=True, **env):
 def batches(path, run_id, rank):
     with np.load(path / f"out-{run_id}-rank{rank}.npz") as npz:
         return {k: npz[k] for k in npz.files}
-
-
-def row_ranks(path, name):
-    """(rank dir, step) of every rank state in the row's cached checkpoint."""
-    sha = run(["git", "rev-parse", f"refs/exps/{_exp_prefix(path)}/{name}"], path).stdout.strip()
-    lock = run(["git", "show", f"{sha}:dvc.lock"], path).stdout
-    md5 = next(line.split()[-1] for line in lock.splitlines() if ".dir" in line)
-    listing = json.loads((path / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).read_text())
-    return sorted({(e["relpath"].split("/")[0], e["relpath"].split("/")[1][5:14])
-                   for e in listing if e["relpath"].startswith("rank-")})
-
-
-def _exp_prefix(path):
-    base = run(["git", "rev-parse", "HEAD"], path).stdout.strip()
-    return f"{base[:2]}/{base[2:]}"
 
 
 @pytest.mark.parametrize("nproc,kill", [(2, "1"), (4, "all")], ids=["2-ranks-kill-one",

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from tests.helpers.dvc_project import run
 
 
@@ -53,3 +55,20 @@ def exp_refs(path: Path, *, dvc_exec: bool = False) -> list[tuple[str, str]]:
 def row_refs(path: Path) -> dict[str, tuple[str, str]]:
     """row name -> (ref, sha) of the dvc-dali rows (<experiment>-step<N>)."""
     return {ref.rsplit("/", 1)[1]: (ref, sha) for sha, ref in exp_refs(path) if "-step" in ref}
+
+
+def row_ranks(path: Path, name: str) -> list[tuple[str, str]]:
+    """(rank dir, step) of every rank state in row ``name``'s cached checkpoint
+    (the .dir listing its dvc.lock names for output ``checkpoint``), sorted."""
+    sha = run(["git", "rev-parse", f"refs/exps/{_exp_prefix(path)}/{name}"], path).stdout.strip()
+    lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], path).stdout)
+    md5 = next(out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])
+               if out["path"] == "checkpoint")
+    listing = json.loads((path / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).read_text())
+    return sorted({(e["relpath"].split("/")[0], e["relpath"].split("/")[1][5:14])
+                   for e in listing if e["relpath"].startswith("rank-")})
+
+
+def _exp_prefix(path: Path) -> str:
+    base = run(["git", "rev-parse", "HEAD"], path).stdout.strip()
+    return f"{base[:2]}/{base[2:]}"

@@ -111,3 +111,11 @@ def test_every_variable_read_is_documented():
     assert read <= set(VARIABLES) | {"DVC_NO_ANALYTICS"}, read - set(VARIABLES)
     for name in VARIABLES:
         assert f"`{name}`" in readme, f"docs/reference/environment.md's table lacks {name}"
+
+
+def test_async_switch():
+    """DVC_DALI_ASYNC: Checkpointer(asynchronous=)'s default, off unless 1."""
+    assert RunContext.from_environ({}).asynchronous is False
+    assert RunContext.from_environ({"DVC_DALI_ASYNC": "1"}).asynchronous is True
+    with pytest.raises(ConfigError, match="DVC_DALI_ASYNC='yes': must be 1 .on. or 0"):
+        RunContext.from_environ({"DVC_DALI_ASYNC": "yes"})

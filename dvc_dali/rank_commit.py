@@ -1,0 +1,93 @@
+"""The commit decision of an asynchronous checkpoint across torch.distributed
+ranks (pure: no I/O, imports nothing of dvc-dali).
+
+Each rank writes its snapshot of a checkpoint in the background and, once
+its files are durable (fsynced, renamed, the directory fsynced), says so
+(a `Durable` mark, through torch.distributed's store). Rank 0 asks
+:func:`decide` with the marks it has and the ranks it knows dead: record
+the checkpoint only when every rank's files of that one step are durable,
+wait while a live rank is still writing, fail when a rank died before its
+files were durable or the ranks disagree on the step. A row, LATEST and
+`dvc exp show` therefore only ever hold every rank's state at one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+WAIT = "wait"
+RECORD = "record"
+FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Durable:
+    """One rank's files of one checkpoint, durable on disk."""
+
+    step: int
+    entry: str  # its snapshot in the checkpoint directory, "rank-NNNNN/step-..."
+    sha: str  # its manifest's md5, as LATEST names it
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # WAIT, RECORD or FAIL
+    entries: tuple[tuple[str, str], ...] = ()  # RECORD: LATEST's lines, in rank order
+    message: str = ""  # FAIL: what happened and what to do
+    waiting_for: tuple[int, ...] = ()  # WAIT: the ranks not durable yet
+
+
+def decide(step: int, world_size: int, durable: Mapping[int, Durable],
+           dead: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint"
+           ) -> Decision:
+    """What rank 0 does with checkpoint ``step`` (its own step) now.
+
+    Args:
+        step: the step rank 0 checkpointed.
+        world_size: the number of ranks.
+        durable: the marks received so far, by rank.
+        dead: ranks known to have ended (their process is gone); a dead
+            rank whose files are durable still counts: its state is whole.
+        checkpoint: the checkpoint directory, for the messages.
+    """
+    other = sorted((r, m.step) for r, m in durable.items() if m.step != step)
+    if other:
+        found = ", ".join(f"rank {r} step {s}" for r, s in other)
+        return Decision(FAIL, message=(
+            f"{checkpoint}: the ranks checkpointed different steps (rank 0 step {step}, "
+            f"{found}); nothing was recorded for step {step}. Call make_checkpoint() at the "
+            "same step on every rank (Checkpointer.should_save answers the same on all)."))
+    missing = [r for r in range(world_size) if r not in durable]
+    if not missing:
+        return Decision(RECORD, entries=tuple((durable[r].entry, durable[r].sha)
+                                              for r in range(world_size)))
+    gone = [r for r in missing if r in dead]
+    if gone:
+        ranks = ", ".join(str(r) for r in gone)
+        return Decision(FAIL, message=(
+            f"{checkpoint}: rank {ranks} of {world_size} ended before its files of step {step} "
+            f"were durable; step {step} is not recorded (no row holds part of it) and LATEST "
+            "still names the last complete checkpoint. See why that rank ended (its output "
+            "above), then run again to resume from the last complete checkpoint."))
+    return Decision(WAIT, waiting_for=tuple(missing))
+
+
+def rank_gone_message(step: int, world_size: int, checkpoint: str = "checkpoint") -> str:
+    """What a rank other than 0 says when rank 0 ended before recording ``step``."""
+    return (f"{checkpoint}: rank 0 of {world_size} ended before it recorded step {step} "
+            "(rank 0 records every rank's checkpoint); if LATEST names step "
+            f"{step} its files are whole, else the previous complete checkpoint stands. See "
+            "why rank 0 ended (its output above), then run again to resume.")
+
+
+def parse_durable(text: Optional[str]) -> Optional[Durable]:
+    """A mark as the store holds it, "<step> <entry> <sha>" (None: not there)."""
+    if not text:
+        return None
+    step, entry, sha = text.split()
+    return Durable(int(step), entry, sha)
+
+
+def format_durable(mark: Durable) -> str:
+    return f"{mark.step} {mark.entry} {mark.sha}"

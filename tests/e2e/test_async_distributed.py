@@ -1,0 +1,125 @@
+"""Asynchronous checkpoints across ranks: the PyTorch example on 2 processes
+(torchrun, gloo) with DVC_DALI_ASYNC=1 under real `dvc exp run`, one rank
+killed at seeded instants of a checkpoint (before, during and after its
+background write, during and after the recording), then SIGTERM to one rank
+while it writes; each time resumed from the last complete checkpoint. The
+final model is the uninterrupted run's, bit for bit, and every row holds
+both ranks' states at its step. One fault from each phase (the write; between
+it and the row; after the row), chosen by DVC_DALI_FUZZ_SEED (default 39)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sys
+
+import pytest
+
+from tests.helpers import HELPERS
+from tests.helpers.dvc_project import commit_all, make_project, model_sha, run
+from tests.helpers.rows import exp_rows, row_ranks
+
+pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+
+TORCH = ["-S", "train.framework=torch", "-S", "train.lr=0.01"]
+ASYNC = {"DVC_DALI_ASYNC": "1"}
+SEED = int(os.environ.get("DVC_DALI_FUZZ_SEED", "39"))
+# (fault, rank) -> for a fault at checkpoint step s (every 10 steps): the
+# step LATEST names afterwards, and the step of the last row (the next run
+# resumes from it: `dvc exp run` checks out the workspace's recorded outputs)
+KILLS = {
+    ("kill-before-write", 0): (-10, -10), ("kill-before-write", 1): (-10, -10),
+    ("kill-mid-write", 0): (-10, -10), ("kill-mid-write", 1): (-10, -10),
+    ("kill-durable", 0): (-10, -10),  # rank 0 records: it died, nobody does
+    ("kill-durable", 1): (0, 0),  # rank 1's files were durable: rank 0 records them
+    ("kill-mid-record", 0): (0, -10),  # LATEST was published; the row was not
+    ("kill-recorded", 0): (0, 0), ("kill-recorded", 1): (0, 0),
+}
+# one seeded fault from each: during the write, between it and the row, after the row
+PHASES = (
+    [("kill-before-write", 0), ("kill-before-write", 1), ("kill-mid-write", 0),
+     ("kill-mid-write", 1)],
+    [("kill-durable", 0), ("kill-durable", 1), ("kill-mid-record", 0)],
+    [("kill-recorded", 0), ("kill-recorded", 1)],
+)
+
+
+def two_ranks(path):
+    project = make_project(path, example=True, files={"async_faults.py":
+                                                      HELPERS / "async_faults.py"})
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "cmd: python examples/train.py",
+        f"cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
+        "async_faults.py"))
+    commit_all(project, "train on 2 processes, asynchronous checkpoints")
+    return project
+
+
+def exp_run(path, name, check=True, **env):
+    return run(["dvc", "exp", "run", "-n", name, *TORCH], path, check=check,
+               env={**ASYNC, **env})
+
+
+def latest_steps(project):
+    lines = (project / "checkpoint" / "LATEST").read_text().splitlines()
+    return [(line.split("/")[0], int(line.split("/")[1][5:14])) for line in lines]
+
+
+def failure_message(what, rank, step):
+    """What the surviving rank says when the killed one left step unrecorded."""
+    if rank == 0 and what != "kill-recorded":
+        return f"rank 0 of 2 ended before it recorded step {step}"
+    if what in ("kill-before-write", "kill-mid-write"):
+        return f"rank {rank} of 2 ended before its files of step {step} were durable"
+    return None
+
+
+def both_ranks_at(step):
+    return [("rank-00000", step), ("rank-00001", step)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    ref = two_ranks(tmp_path_factory.mktemp("async") / "ref")
+    run(["dvc", "exp", "run", "-n", "ref", *TORCH], ref)  # synchronous checkpoints
+    return model_sha(ref)
+
+
+def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):
+    rng = random.Random(SEED)
+    faults = [rng.choice(phase) for phase in PHASES]
+    work = two_ranks(tmp_path / "work")
+    resume_from = None
+    for i, ((what, rank), step) in enumerate(zip(faults, (20, 30, 40))):
+        killed = exp_run(work, f"k{i}", check=False, ASYNC_FAULT=f"{what}:{rank}:{step}")
+        said = killed.stdout + killed.stderr
+        assert killed.returncode != 0, said[-3000:]
+        assert f"async_faults: rank {rank} {what} at step {step}: SIGKILL" in said, said[-3000:]
+        if resume_from is not None:  # both ranks resumed from the last row
+            assert said.count(f"resuming from step {resume_from}") == 2, said[-3000:]
+        latest, last_row = (step + offset for offset in KILLS[(what, rank)])
+        # LATEST names both ranks' snapshots of one step: a complete set
+        assert latest_steps(work) == both_ranks_at(latest), (what, rank, said[-3000:])
+        assert f"k0-step{last_row}" in exp_rows(work)
+        assert f"k0-step{last_row + 10}" not in exp_rows(work)
+        resume_from = last_row
+        message = failure_message(what, rank, step)
+        assert message is None or message in said, (message, said[-3000:])
+    # SIGTERM to rank 1 while it writes step 50 in the background: both ranks
+    # agree (should_save) to checkpoint step 51, record it, and exit 143.
+    termed = exp_run(work, "t", check=False, ASYNC_FAULT="term-write:1:50")
+    said = termed.stdout + termed.stderr
+    assert termed.returncode != 0
+    assert said.count(f"resuming from step {resume_from}") == 2, said[-3000:]
+    assert "preempted (SIGTERM)" in said, said[-3000:]
+    assert latest_steps(work) == both_ranks_at(51)
+    final = exp_run(work, "r")
+    assert final.stdout.count("resuming from step 51") == 2, final.stdout[-3000:]
+    assert model_sha(work) == reference
+    rows = {name: row for name, row in exp_rows(work).items() if re.search(r"-step\d+$", name)}
+    assert "k0-step10" in rows and "k0-step51" in rows and "k0-step60" in rows, sorted(rows)
+    for name in rows:  # every row holds both ranks' states, at the row's step
+        step = int(name.rsplit("-step", 1)[1])
+        assert row_ranks(work, name) == [(f"rank-{r:05d}", f"{step:09d}") for r in (0, 1)], name

@@ -1,0 +1,66 @@
+"""The commit decision of an asynchronous checkpoint across ranks
+(rank_commit.decide): which ranks' files are durable at which step, which
+ranks ended -> wait, record (LATEST's lines, in rank order) or fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from dvc_dali.rank_commit import (FAIL, RECORD, WAIT, Durable, decide, format_durable,
+                                  parse_durable)
+
+
+def mark(rank, step):
+    return Durable(step, f"rank-{rank:05d}/step-{step:09d}-0000000{rank}", f"{rank:032x}")
+
+
+# (world size, {rank: its durable step}, dead ranks) -> (action, waiting for / failed rank)
+TABLE = [
+    # nothing durable but rank 0's own: wait for the others
+    (2, {0: 20}, set(), WAIT, (1,)),
+    (4, {0: 20, 2: 20}, set(), WAIT, (1, 3)),
+    # every rank durable at rank 0's step: record, whoever is still alive
+    (2, {0: 20, 1: 20}, set(), RECORD, None),
+    (2, {0: 20, 1: 20}, {1}, RECORD, None),  # rank 1 died after its files were durable
+    (4, {0: 20, 1: 20, 2: 20, 3: 20}, {2, 3}, RECORD, None),
+    (1, {0: 20}, set(), RECORD, None),
+    # a rank ended before its files were durable: fail, never a partial row
+    (2, {0: 20}, {1}, FAIL, "rank 1 of 2 ended before its files of step 20"),
+    (4, {0: 20, 1: 20}, {3}, FAIL, "rank 3 of 4 ended before its files of step 20"),
+    (4, {0: 20, 1: 20}, {2, 3}, FAIL, "rank 2, 3 of 4 ended before its files of step 20"),
+    # a dead rank is not waited for, even while another live one still writes
+    (4, {0: 20}, {2}, FAIL, "rank 2 of 4"),
+    # a rank durable at another step: fail, naming both
+    (2, {0: 20, 1: 30}, set(), FAIL, "rank 0 step 20, rank 1 step 30"),
+    (3, {0: 20, 2: 10}, set(), FAIL, "rank 0 step 20, rank 2 step 10"),
+]
+
+
+@pytest.mark.parametrize("world,durable,dead,action,detail", TABLE)
+def test_decision_table(world, durable, dead, action, detail):
+    marks = {rank: mark(rank, step) for rank, step in durable.items()}
+    decision = decide(20, world, marks, dead, "ckpt")
+    assert decision.action == action, decision
+    if action == WAIT:
+        assert decision.waiting_for == detail
+        assert decision.entries == () and decision.message == ""
+    elif action == RECORD:  # LATEST names every rank's snapshot of this step, in rank order
+        assert decision.entries == tuple((marks[r].entry, marks[r].sha) for r in range(world))
+    else:
+        assert detail in decision.message and decision.entries == ()
+        assert decision.message.startswith("ckpt: ")
+        assert "nothing was recorded" in decision.message or "not recorded" in decision.message
+
+
+def test_a_failure_says_what_to_do():
+    message = decide(20, 2, {0: mark(0, 20)}, {1}).message
+    assert "LATEST still names the last complete checkpoint" in message
+    assert "run again to resume" in message
+    other = decide(20, 2, {0: mark(0, 20), 1: mark(1, 30)}).message
+    assert "same step on every rank" in other
+
+
+def test_marks_round_trip_through_the_store_text():
+    m = mark(1, 120)
+    assert parse_durable(format_durable(m)) == m
+    assert parse_durable(None) is None and parse_durable("") is None
