@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import queue
 import threading
@@ -189,11 +190,8 @@ def _device_output(tl: Any) -> Any:
         dense = tl.as_tensor()
         shape = tuple(dense.shape())
         sample = tuple(shape[1:])
-        stride = dtype.itemsize
-        for d in sample:
-            stride *= d
         return Output(dtype.name, [sample] * (shape[0] if shape else 0), dtype.itemsize,
-                      base=dense.data_ptr(), stride=stride)
+                      base=dense.data_ptr(), stride=dtype.itemsize * math.prod(sample))
     shapes = [tuple(s) for s in tl.shape()]
     return Output(dtype.name, shapes, dtype.itemsize,
                   pointers=[tl[i].data_ptr() for i in range(len(shapes))])

@@ -26,6 +26,7 @@ holds the kernel to it.
 
 from __future__ import annotations
 
+import math
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -213,7 +214,7 @@ def _launch(slot: _Slot, kernel: Any, stream: Any, outputs: Sequence[Output],
                 args = (np.uint64(0), np.uint64(0), np.uint64(out.base), np.uint64(out.stride),
                         np.uint32(n), acc)
             else:
-                sizes = [_volume(s) * out.itemsize for s in out.shapes]
+                sizes = [math.prod(s) * out.itemsize for s in out.shapes]
                 words = (max(sizes) + 7) // 8
                 dev_ptrs = _stage(slot, stream, i, out.pointers, sizes)
                 args = (np.uint64(dev_ptrs), np.uint64(dev_ptrs + 8 * n), np.uint64(0),
@@ -245,13 +246,6 @@ def _stage(slot: _Slot, stream: Any, i: int, pointers: list[int], sizes: list[in
     cupy.cuda.runtime.memcpyAsync(dev.data.ptr, mem.ptr, 16 * n,
                                   cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
     return dev.data.ptr
-
-
-def _volume(shape: Sequence[int]) -> int:
-    v = 1
-    for d in shape:
-        v *= int(d)
-    return v
 
 
 def _named(out: Output, body: int) -> str:

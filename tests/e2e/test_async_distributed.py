@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import random
 import re
-import sys
 
 import pytest
 
 from tests.helpers import HELPERS
-from tests.helpers.dvc_project import commit_all, make_project, model_sha, run
+from tests.helpers.dvc_project import example_on_two_ranks, model_sha, run
 from tests.helpers.rows import exp_rows, row_ranks
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
@@ -46,15 +45,9 @@ PHASES = (
 
 
 def two_ranks(path):
-    project = make_project(path, example=True, files={"async_faults.py":
-                                                      HELPERS / "async_faults.py"})
-    dvc_yaml = project / "dvc.yaml"
-    dvc_yaml.write_text(dvc_yaml.read_text().replace(
-        "cmd: python examples/train.py",
-        f"cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
-        "async_faults.py"))
-    commit_all(project, "train on 2 processes, asynchronous checkpoints")
-    return project
+    return example_on_two_ranks(path, "async_faults.py",
+                                "train on 2 processes, asynchronous checkpoints",
+                                files={"async_faults.py": HELPERS / "async_faults.py"})
 
 
 def exp_run(path, name, check=True, **env):

@@ -4,11 +4,10 @@ killed and resumed, it ends with the uninterrupted run's model."""
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
-from tests.helpers.dvc_project import commit_all, make_project, model_sha, run
+from tests.helpers.dvc_project import example_on_two_ranks, model_sha, run
 from tests.helpers.rows import exp_rows
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
@@ -18,14 +17,7 @@ KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
 
 def two_ranks(path):
-    project = make_project(path, example=True)
-    dvc_yaml = project / "dvc.yaml"
-    dvc_yaml.write_text(dvc_yaml.read_text().replace(
-        "cmd: python examples/train.py",
-        f"cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
-        "examples/train.py"))
-    commit_all(project, "train on 2 processes")
-    return project
+    return example_on_two_ranks(path, "examples/train.py", "train on 2 processes")
 
 
 def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):

@@ -53,6 +53,20 @@ def commit_all(path: Path, message: str = "init", env: dict | None = None) -> No
     run(["git", "commit", "-q", "-m", message], path, env=env)
 
 
+def example_on_two_ranks(path: Path, script: str, message: str,
+                         files: dict[str, str | bytes | Path] | None = None) -> Path:
+    """The example project whose train stage runs ``script`` on 2 processes
+    under torchrun (gloo on the CPU), committed with ``message``."""
+    project = make_project(path, example=True, files=files)
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "cmd: python examples/train.py",
+        f"cmd: {sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 "
+        f"{script}"))
+    commit_all(project, message)
+    return project
+
+
 # What a clone of this repository holds of its own DVC project (the example).
 EXAMPLE_DIRS = (".dvc/", "examples/", "templates/")
 EXAMPLE_FILES = ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore")
