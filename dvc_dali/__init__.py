@@ -78,6 +78,8 @@ __all__ = [
 
 # Inside a DVC 3 `dvc exp run` stage with a `checkpoint: true` output: what
 # DVC 2 did before running it, before the script reads anything (stage_start).
+# Anywhere else it reads a few environment variables and returns: no DVC,
+# NumPy or DALI import, no hook installed.
 from .stage_start import on_import as _on_import  # noqa: E402
 
 _on_import()

@@ -8,8 +8,9 @@ refused when the context is read (at ``Checkpointer`` creation or the first
 touched, naming the variable and what it accepts.
 
 Read elsewhere, before or outside a context: DVC_DALI_DEBUG by log.py (the
-logger exists first), a quick look at DVC_STAGE, DVC_ROOT and
-DVC_EXP_BASELINE_REV by stage_start.py (is this a stage at all), DVC_ROOT by
+logger exists first), a quick look at DVC_CHECKPOINT, DVC_STAGE, DVC_ROOT
+and DVC_EXP_BASELINE_REV by stage_start.py (is this a stage at all; it
+imports nothing from here, to stay cheap), DVC_ROOT by
 row_queries.py (where the rows are), and DVC's own DVC_EXP_AUTO_PUSH and
 DVC_EXP_GIT_REMOTE by DVC's helpers (dvc_door.py).
 """
