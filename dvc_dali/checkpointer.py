@@ -258,8 +258,8 @@ class Checkpointer:
         if not found and self._ctx.mode == "record":
             from .recording import pipeline as recording
 
-            found = recording.batches_after(str(self.path), log_id,
-                                            self._saved.snapshot.step)
+            after = recording.row_after(self._saved.snapshot.step)
+            found = batch_digests.from_rows(str(self.path), [after], log_id) if after else {}
         saved_versions = manifest.get("versions") or {}
         sources = self._sources  # not self: a closure over self would keep this
         # Checkpointer (and its directory lock) alive past its last reference

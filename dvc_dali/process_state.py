@@ -15,7 +15,8 @@ fails drops them all (``forget_files``), so the next one looks everything up
 afresh. Handles (DVC repos, git dirs) and the lineage tips this process
 published are kept for its lifetime.
 
-Plain data: this module imports no other dvc_dali module.
+Plain data: this module imports no other dvc_dali module, not even for
+types (it is the lowest layer; the recorder's types are named in comments).
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     import pygit2
-
-    from .recording.auto_push import Pusher
-    from .recording.row_tree import Seen
-    from .recording.run_start import RunStart
 
 #: A field a forked child must not reuse: it starts afresh there.
 _FORK_RESET = {"fork": "reset"}
@@ -65,7 +62,7 @@ class ProcessState:
     # the lineage tip per (main git dir, DVC_EXP_NAME, stage): (commit sha, step, run name)
     tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(
         default_factory=dict)
-    run_start: Optional[RunStart] = None  # the params this run trains with
+    run_start: Optional[Any] = None  # recording.run_start.RunStart: the params this run trains with
     # the run started (before its first row, once): start_bare_run's answer,
     # whether its rows branch off; False after a Checkpointer's start_run
     run_started: Optional[bool] = None
@@ -73,7 +70,8 @@ class ProcessState:
     # git work tree -> row_tree.Seen: the tracked paths that may differ from the
     # index (changed at the first row, or named by inotify since); its watcher's
     # inotify descriptor is closed on reset
-    start_changes: dict[str, Seen] = field(default_factory=dict, metadata=_FORK_RESET)
+    start_changes: dict[str, Any] = field(default_factory=dict,  # -> recording.row_tree.Seen
+                                          metadata=_FORK_RESET)
     files_cache: dict[Any, _Stamped] = field(default_factory=dict)  # see from_files
     record_lock: threading.Lock = field(default_factory=threading.Lock,
                                         metadata=_FORK_RESET)  # one recording at a time
@@ -86,7 +84,8 @@ class ProcessState:
     swept: set[str] = field(default_factory=set)  # leftover patterns swept once
     last_row_time: int = 0  # commit time of this process's last row (seconds)
     # -- threads ---------------------------------------------------------------
-    pusher: Optional[Pusher] = field(default=None, metadata=_FORK_RESET)  # auto_push.py
+    pusher: Optional[Any] = field(default=None,  # recording.auto_push.Pusher
+                                  metadata=_FORK_RESET)
     write_pool: Optional[ThreadPoolExecutor] = field(default=None,
                                                      metadata=_FORK_RESET)  # store.py's writers
     background_pool: Optional[ThreadPoolExecutor] = field(

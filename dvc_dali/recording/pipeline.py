@@ -147,18 +147,16 @@ def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
     return row["name"], [r["name"] for r in start.later_rows]
 
 
-def batches_after(out: str, log_id: str, step: int) -> dict[str, list[list[str]]]:
-    """The batch digests that the row its run recorded after the resumed
-    applied row (at ``step``) holds for the batches after it ({} if none)."""
-    from .. import batch_digests
-
+def row_after(step: int) -> Optional[dict]:
+    """The row its run recorded after the resumed applied row (at ``step``):
+    its commit holds the batch digests of the batches after it (None if none;
+    batch_digests.from_rows reads them: the proof is not the recorder's)."""
     start = STATE.run_start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step or not start.later_rows:
-        return {}
-    after = next((r for r in start.later_rows if r.get("parent") == row["sha"]),
-                 start.later_rows[0])
-    return batch_digests.from_rows(out, [after], log_id)
+        return None
+    return next((r for r in start.later_rows if r.get("parent") == row["sha"]),
+                start.later_rows[0])
 
 
 @dataclasses.dataclass(frozen=True)

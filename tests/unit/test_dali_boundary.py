@@ -156,3 +156,197 @@ def test_checker_flags(source):
 ])
 def test_checker_passes(source):
     assert not violations(source)
+
+
+# --------------------------------------------------------------------------
+# Layers. The package is layered, lowest first (docs/design/architecture.md
+# says why each module sits where it does): a module imports only from its own
+# layer or lower ones, type-only imports (under ``if TYPE_CHECKING:``),
+# imports inside functions and imports by name included; and no module
+# imports itself back through others (no import cycle). The public API,
+# dvc_dali/__init__.py, stands above them all: it loads every layer lazily.
+# --------------------------------------------------------------------------
+
+#: layer -> its modules (paths relative to dvc_dali/), lowest layer first.
+LAYERS = {
+    "core": frozenset({
+        "_version.py", "errors.py", "log.py", "context.py", "record_request.py",
+        "process_state.py", "exit_hooks.py", "flat_keys.py", "atomic_file.py",
+        "checkpoint_outputs.py"}),
+    "format": frozenset({
+        "store.py", "manifest_schema.py", "arrays.py", "npy.py", "safe_json.py", "dirlock.py"}),
+    "rows": frozenset({"gitcmd.py", "exp_refs.py", "best.py", "row_queries.py", "loading.py"}),
+    "dali": frozenset({
+        "protowire.py", "dali_state.py", "dali_iterators.py", "dali_dynamic.py", "dali_tf.py"}),
+    "proof": frozenset({
+        "data_contents.py", "batch_digests.py", "digest_model.py", "device_digest.py",
+        "replay.py"}),
+    "recording": frozenset({
+        "recording/__init__.py", "recording/pipeline.py", "recording/stage.py",
+        "recording/run_start.py", "recording/carry.py", "recording/outputs.py",
+        "recording/lockfile.py", "recording/commit.py", "recording/row_tree.py",
+        "recording/watch.py", "recording/rows.py", "recording/auto_push.py",
+        "recording/retention.py", "recording/share.py", "recording/remove.py",
+        "recording/changed_files.py", "recording/maintenance.py", "recording/dvc_door.py"}),
+    "integrations": frozenset({"keras_callback.py", "lightning_callback.py", "live.py"}),
+    "training": frozenset({
+        "checkpointer.py", "restorable.py", "rng_state.py", "resume.py", "signal_file.py",
+        "stage_start.py", "preemption.py", "distributed.py", "rank_commit.py",
+        "async_ranks.py"}),
+    "cli": frozenset({"cli.py", "migrate.py", "sample_images.py"}),
+}
+#: Above every layer: the public API, which loads them lazily.
+API = "__init__.py"
+
+
+def _layer_of() -> dict[str, int]:
+    return {module: rank for rank, modules in enumerate(LAYERS.values()) for module in modules}
+
+
+def _module_path(name: str) -> str | None:
+    """'dvc_dali.recording.stage' -> 'recording/stage.py' (a package: its
+    __init__.py); None outside dvc_dali or for a name that is no module."""
+    parts = name.split(".")
+    if parts[0] != "dvc_dali":
+        return None
+    while parts:
+        rel = "/".join(parts[1:])
+        for candidate in ((rel + ".py") if rel else None, (rel + "/" if rel else "") + API):
+            if candidate and (PACKAGE / candidate).is_file():
+                return candidate
+        parts = parts[:-1]
+    return None
+
+
+def _absolute(node: ast.ImportFrom, rel: str) -> str:
+    """The absolute module an ``from ... import`` reads from, in module ``rel``."""
+    if node.level == 0:
+        return node.module or ""
+    package = ["dvc_dali", *rel.split("/")[:-1]]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def internal_imports(source: str, rel: str) -> dict[str, int]:
+    """{module path: first line} of the dvc_dali modules ``source`` (module
+    ``rel``) imports, in any way: at its top, in a function, under
+    TYPE_CHECKING, by name (import_module, __import__)."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source, rel)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, rel)
+            names = [f"{base}.{a.name}" for a in node.names]  # a submodule, else base's name
+        elif isinstance(node, ast.Call) and _import_by_name(node):
+            names = [_import_by_name(node)]
+        for name in names:
+            path = _module_path(name)
+            if path is not None and path != rel:
+                found.setdefault(path, node.lineno)
+    return found
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    return {p.relative_to(PACKAGE).as_posix(): internal_imports(
+        p.read_text(encoding="utf-8"), p.relative_to(PACKAGE).as_posix()) for p in _modules()
+        if "templates" not in p.relative_to(PACKAGE).parts}
+
+
+def upward_imports(graph: dict[str, dict[str, int]], layer_of: dict[str, int]) -> list[str]:
+    names = list(LAYERS)
+    found = []
+    for module, imports in sorted(graph.items()):
+        if module == API:
+            continue
+        for target, line in sorted(imports.items()):
+            if target == API or layer_of[target] > layer_of[module]:
+                above = "the public API" if target == API else names[layer_of[target]]
+                found.append(f"dvc_dali/{module}:{line}: {names[layer_of[module]]} imports "
+                             f"{target} ({above})")
+    return found
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_has_one_layer():
+    placed = [m for modules in LAYERS.values() for m in modules]
+    assert len(placed) == len(set(placed)), "a module is in two layers"
+    modules = set(_graph()) - {API}
+    assert not modules - set(placed), (f"put {sorted(modules - set(placed))} in a layer of "
+                                       "LAYERS (and in docs/design/architecture.md's map)")
+    assert not set(placed) - modules, f"LAYERS names modules that are gone: "\
+                                      f"{sorted(set(placed) - modules)}"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    found = upward_imports(_graph(), _layer_of())
+    assert not found, ("a lower layer imports a higher one (lowest first: "
+                       + " < ".join(LAYERS) + "):\n  " + "\n  ".join(found))
+
+
+def test_no_import_cycle():
+    found = cycles(_graph())
+    assert not found, "import cycles:\n  " + "\n  ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_layer_checker_is_not_blind():
+    # the graph has the edges everyone knows of
+    graph = _graph()
+    assert "errors.py" in graph["store.py"] and "store.py" in graph["checkpointer.py"]
+    assert "recording/dvc_door.py" in graph["recording/stage.py"]
+
+
+@pytest.mark.parametrize("source, rel, target", [
+    ("from .checkpointer import Checkpointer", "store.py", "checkpointer.py"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .recording.auto_push "
+     "import Pusher", "process_state.py", "recording/auto_push.py"),
+    ("def f():\n    from .. import batch_digests", "recording/pipeline.py", "batch_digests.py"),
+    ("from ..checkpointer import Checkpointer", "recording/pipeline.py", "checkpointer.py"),
+    ("import dvc_dali.cli", "errors.py", "cli.py"),
+    ("from dvc_dali import loading", "errors.py", "loading.py"),
+    ("import importlib\nimportlib.import_module('dvc_dali.cli')", "errors.py", "cli.py"),
+    ("from . import recording", "store.py", "recording/__init__.py"),
+])
+def test_layer_checker_sees(source, rel, target):
+    assert target in internal_imports(source, rel)
+
+
+def test_layer_checker_flags_upward_imports_and_cycles():
+    layer_of = {"errors.py": 0, "store.py": 1, "cli.py": 2}
+    assert upward_imports({"errors.py": {"cli.py": 3}, "cli.py": {"errors.py": 1}}, layer_of)
+    assert not upward_imports({"cli.py": {"store.py": 1, "errors.py": 2}}, layer_of)
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
+        ["a", "b", "c"]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
