@@ -40,6 +40,22 @@ def pytest_collection_modifyitems(config, items):
         Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _project_templates_once_per_run(tmp_path_factory):
+    """make_project's bases and the example's prepared cache, made once per
+    run (tests.helpers.dvc_project._once): in the run's temporary root, the
+    one all pytest-xdist workers' roots are in, which pytest removes with
+    the run. Asked for only when a test makes a project."""
+    from tests.helpers import dvc_project
+
+    def where() -> Path:
+        root = tmp_path_factory.getbasetemp()
+        return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) \
+            / "dvc-dali-templates"
+
+    dvc_project.TEMPLATES = where
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     from tests.helpers import pipelines

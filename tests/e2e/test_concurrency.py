@@ -55,7 +55,7 @@ def params(lr: float, steps: int = STEPS) -> list[str]:
 def project(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("concurrency")
     (path / "logs").mkdir()
-    return make_project(path / "project", example=True)
+    return make_project(path / "project", example=True, prepared=True)
 
 
 def check_experiment(project: Path, exp: str, lr: float, total: int = STEPS) -> dict[int, str]:

@@ -92,7 +92,7 @@ def test_kill_fuzz_resumes_bit_identical(tmp_path, record_property):
 @pytest.fixture(scope="module")
 def signal_project(tmp_path_factory):
     path = tmp_path_factory.mktemp("signals")
-    project = make_project(path / "project", example=True)
+    project = make_project(path / "project", example=True, prepared=True)
     (path / "logs").mkdir()
     return project, path / "logs", reference_run(project, path / "logs")
 

@@ -65,7 +65,7 @@ runpy.run_path("examples/train.py", run_name="__main__")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("second_run")
     (root / "logs").mkdir()
-    project = make_project(root / "project", example=True)
+    project = make_project(root / "project", example=True, prepared=True)
     params = project / "params.yaml"
     params.write_text(params.read_text().replace("steps: 60", f"steps: {STEPS}"))
     (project / "gated_train.py").write_text(GATED_TRAIN)
