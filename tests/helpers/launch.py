@@ -3,16 +3,13 @@ GPU skip mark of the tests that compare what they wrote."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import forked
 
 
 def gpu_available() -> bool:
@@ -28,10 +25,9 @@ requires_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU 
 
 
 def run_script(script: str, args: list[str], out: Path) -> dict[str, np.ndarray]:
-    """Run a runner script from tests/helpers in a new process and load its .npz."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(HELPERS / script), *args], capture_output=True,
-                          text=True, env=env)
+    """Run a runner script from tests/helpers in a new process (forked.py) and
+    load its .npz."""
+    proc = forked.run(script, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(out, allow_pickle=False) as npz:
         return {k: npz[k] for k in npz.files}

@@ -5,20 +5,16 @@ tests/integration/test_tf.py and test_tf_proof.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import forked
 
 
 def runner(cfg: dict, data, ckpt, out, ok: bool = True, **env: str
            ) -> tuple[dict, subprocess.CompletedProcess]:
-    proc = subprocess.run([sys.executable, str(HELPERS / "tf_runner.py"), json.dumps(cfg),
-                           str(data), str(ckpt), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    proc = forked.run("tf_runner.py", [json.dumps(cfg), str(data), str(ckpt), str(out)], env)
     if not ok:
         return {}, proc
     assert proc.returncode == 0, proc.stderr[-3000:]
