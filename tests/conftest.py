@@ -11,25 +11,30 @@ import pytest
 # network that is not there.
 os.environ["DVC_NO_ANALYTICS"] = "1"
 
-# The longest modules first (seconds each took in a parallel run on 2 cores),
-# so that no worker starts one of them when the others are nearly done:
-# pytest-xdist hands out whole files (tests/ci.sh) in collection order. Only
-# the order changes; a module missing here runs after these, as collected.
+# The longest modules first (their tests' seconds added, in a parallel run on
+# 2 cores: `tests/helpers/slowest.py` prints them after each CI run), so that
+# no worker starts one of them when the others are nearly done: pytest-xdist
+# hands out whole files (tests/ci.sh) in collection order. Only the order
+# changes; a module missing here runs after these, as collected.
 LONGEST_FIRST = (
-    "tests/integration/test_tf.py",              # 960 s (1600 with test_tf_proof.py)
-    "tests/integration/test_tf_proof.py",        # 700
-    "tests/e2e/test_kill_fuzz.py",               # 940
+    "tests/e2e/test_kill_fuzz.py",               # 600 s
+    "tests/e2e/test_stage_batch_proof.py",       # 400
+    "tests/integration/test_tf.py",              # 1000 before runners were forked (forked.py)
+    "tests/integration/test_tf_proof.py",
     "tests/e2e/test_wrong_results.py",           # 550
-    "tests/integration/test_iterators.py",       # 460
-    "tests/e2e/test_stage_batch_proof.py",       # 410
-    "tests/integration/test_hostile_checkpoints.py",
-    "tests/e2e/test_example.py",                 # 380
     "tests/e2e/test_example_torch.py",           # 360
-    "tests/e2e/test_cli.py",                     # 320
+    "tests/e2e/test_example.py",                 # 380
+    "tests/e2e/test_async_distributed.py",       # 250: one test 160
+    "tests/e2e/test_readme_walkthrough.py",      # 180: one test
     "tests/e2e/test_example_lightning.py",       # 310
+    "tests/e2e/test_cli.py",                     # 320
+    "tests/integration/test_iterators.py",
+    "tests/integration/test_hostile_checkpoints.py",
     "tests/e2e/test_remote_push.py",             # 280
     "tests/e2e/test_example_keras.py",           # 250
     "tests/e2e/test_distributed.py",             # 210
+    "tests/e2e/test_concurrency.py",
+    "tests/e2e/test_example_distributed.py",
 )
 
 

@@ -4,7 +4,8 @@
 # machine and kept in ~/.cache/dvc-dali/lowest-dvc (tests/helpers/cached_venv.py:
 # rebuilt when pyproject.toml's dependencies change); this tree is installed
 # into it on every run, without dependencies. DVC_DALI_TEST_WORKERS workers
-# (default 3: five modules), a file each, as in tests/ci.sh.
+# (default 3: five modules; tests/ci.sh runs it with 2, beside the suite), a
+# file each, as in tests/ci.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(python3 -m tests.helpers.cached_venv lowest-dvc)

@@ -4,10 +4,11 @@ server mode, started here), and that remote going away mid-run."""
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,36 +22,29 @@ from tests.helpers.rows import exp_rows
 pytest.importorskip("dvc_s3")
 boto3 = pytest.importorskip("boto3")
 
-# The server's port is found free, then bound by another process: a test in a
-# parallel worker could take it in between. Run apart (tests/ci.sh).
-pytestmark = pytest.mark.serial
-
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RUNNING = re.compile(r"Running on (http://127\.0\.0\.1:\d+)")
 
 
 @pytest.fixture
 def s3(monkeypatch):
-    """A moto S3 server; yields (endpoint, server process)."""
+    """A moto S3 server on a port it binds itself (port 0: no other test can
+    take it between a look and a bind, so this module runs beside others);
+    yields (endpoint, server process)."""
     for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    while True:  # until it accepts connections
-        assert server.poll() is None, "moto server ended"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    endpoint = None
+    for line in server.stderr:  # werkzeug says where it listens once it does
+        found = RUNNING.search(line)
+        if found:
+            endpoint = found.group(1)
             break
-        except OSError:
-            time.sleep(0.05)
+    assert endpoint, f"moto server ended (status {server.wait()})"
+    # its request log goes on to stderr: read, or a full pipe would stop it
+    threading.Thread(target=server.stderr.read, daemon=True).start()
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="dvc")
     yield endpoint, server
     server.terminate()
