@@ -331,13 +331,16 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
     for lock in locks:
         report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it at "
                       "the end of the next run. Remove it if no git or DVC process is running")
-    # DVC rewrites these in place; a run killed meanwhile leaves them empty
-    # or cut short, and every later DVC command then fails to read them.
-    for rwlock in sorted((root / ".dvc" / "tmp").glob("**/rwlock")):
+    # DVC writes these in place (its rwlock; the info file of a running
+    # experiment, .dvc/tmp/exps/run/<name>/<name>.run); a run killed meanwhile
+    # leaves them empty or cut short, and every later DVC command (or
+    # `dvc exp run`) then fails to read them.
+    tmp = root / ".dvc" / "tmp"
+    for left in sorted(tmp.glob("**/rwlock")) + sorted(tmp.glob("exps/run/*/*.run")):
         try:
-            json.loads(rwlock.read_text(encoding="utf-8"))
+            json.loads(left.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            report(False, f"{rwlock}: unreadable ({type(exc).__name__}), left by a killed DVC "
+            report(False, f"{left}: unreadable ({type(exc).__name__}), left by a killed DVC "
                           "command; DVC refuses to run until it goes. Remove it if no DVC "
                           "process is running")
 

@@ -94,6 +94,9 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert (project / ".dvc/tmp/rwlock").is_file() and "rwlock" not in good.stdout
     (project / ".dvc/tmp/DVC_CHECKPOINT").write_text("")
     (project / ".dvc/tmp/rwlock").write_text("")  # as a kill mid-write leaves it
+    run_info = project / ".dvc/tmp/exps/run/workspace/workspace.run"
+    run_info.parent.mkdir(parents=True, exist_ok=True)
+    run_info.write_text("")  # DVC's info file of a workspace run, as a kill leaves it
     (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
     (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
     dvc_yaml = project / "dvc.yaml"
@@ -105,6 +108,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert "always_changed: true" in bad.stdout
     assert "EXEC_BRANCH.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
     assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
+    assert "workspace.run: unreadable (JSONDecodeError), left by a killed DVC" in bad.stdout
 
 
 def test_retention_keeps_last_n_and_the_best(project):

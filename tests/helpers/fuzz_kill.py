@@ -23,7 +23,10 @@ What DVC itself leaves after a kill of `dvc exp run`, and what we do as a
 user would (counted in Stats, not failures of dvc-dali):
 - `.dvc/tmp/rwlock` rewritten in place by DVC and cut short by the kill:
   every later DVC command fails ("Unable to read RWLock-file ... JSON
-  structure is corrupted"); we delete it and rerun (``user_fixes``).
+  structure is corrupted"); we delete it and rerun (``user_fixes``). The
+  same for the info file DVC writes at a run's start
+  (`.dvc/tmp/exps/run/workspace/workspace.run`: "JSON file structure is
+  corrupted").
 - `.git/index.lock` left when the kill falls while DVC writes the git index:
   every later DVC command fails ("the index is locked; this might be due to
   a concurrent or crashed process"); we delete it and rerun (``user_fixes``).
@@ -72,6 +75,7 @@ INDEX_LOCKED = "the index is locked"
 STASH_CONFLICT = "Stash apply resulted in merge conflicts"
 REF_LOCK_LEFT = re.compile(r"File exists: b?'([^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
+RUN_INFO_CORRUPT = re.compile(r"unable to read: '([^']+\.run)', JSON file structure is corrupted")
 
 
 @dataclasses.dataclass
@@ -335,14 +339,18 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             stats.user_fixes["changes staged by a killed run: git reset"] += 1
             say(f"{name}: DVC: {STASH_CONFLICT}: `git reset`, as a user would")
             continue
-        corrupt = RWLOCK_CORRUPT.search(out)
+        # DVC writes its rwlock (.dvc/tmp/rwlock) and the info file of a
+        # running experiment (.dvc/tmp/exps/run/workspace/workspace.run) in
+        # place (open "w" + json.dump): a kill of `dvc exp run` in between
+        # leaves one empty, and every later DVC command fails on it. A user
+        # deletes it (DVC's "busy" message and `dvc-dali doctor` name it) and
+        # reruns.
+        corrupt = next((found for found in (RWLOCK_CORRUPT.search(out),
+                                            RUN_INFO_CORRUPT.search(out)) if found), None)
         if rc != 0 and corrupt:
-            # DVC writes .dvc/tmp/rwlock in place (open "w" + json.dump): a
-            # kill of `dvc exp run` in between leaves it empty, and every
-            # later DVC command fails on it. A user deletes it (DVC's own
-            # "busy" message suggests that) and reruns.
             (project / corrupt.group(1)).unlink()
-            stats.user_fixes["dvc rwlock left empty by a kill: deleted"] += 1
+            what = "rwlock" if corrupt.re is RWLOCK_CORRUPT else "run info"
+            stats.user_fixes[f"dvc {what} left empty by a kill: deleted"] += 1
             say(f"{name}: {corrupt.group(0)}: deleting it, as a user would")
             continue
         ref_lock = REF_LOCK_LEFT.search(out)
