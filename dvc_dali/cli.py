@@ -320,6 +320,7 @@ def _doctor_versions(report: _Report) -> None:
 
 def _doctor_leftovers(report: _Report, root: Path) -> None:
     """Files a killed run leaves behind, on which later runs fail."""
+    from .recording import cut_short
     from .signal_file import in_repo
 
     stale = in_repo(root)
@@ -328,9 +329,19 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
                                                else "no stale signal"))
     git_dir = root / ".git"
     locks = sorted(git_dir.glob("refs/exps/**/*.lock")) + sorted(git_dir.glob("index.lock"))
+    row_locks = set(cut_short.locks(str(git_dir)))
     for lock in locks:
-        report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it at "
-                      "the end of the next run. Remove it if no git or DVC process is running")
+        what = cut_short.judge(str(git_dir), lock, None)[0] if lock in row_locks else None
+        if what == cut_short.COMPLETE:
+            report(True, f"{lock}: a row a killed run recorded but did not publish; the next "
+                         "`dvc exp run` completes it")
+        elif what == cut_short.REMOVE:
+            report(True, f"{lock}: a lock left by a killed run without a row in it; the next "
+                         "`dvc exp run` removes it")
+        else:
+            report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it "
+                          "at the end of the next run. Remove it if no git or DVC process is "
+                          "running")
     # DVC writes these in place (its rwlock; the info file of a running
     # experiment, .dvc/tmp/exps/run/<name>/<name>.run); a run killed meanwhile
     # leaves them empty or cut short, and every later DVC command (or

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import dvc_dali
 
 from tests.helpers.dvc_project import REPO, model_sha, run, uninterrupted_run
-from tests.helpers.rows import exp_rows
+from tests.helpers.rows import exp_rows, row_refs
 
 KILL = "DVC_DALI_EXAMPLE_KILL_AT_STEP"
 
@@ -29,8 +30,21 @@ def test_sigkill_then_rerun_is_bit_identical(project, uninterrupted):
     rows = exp_rows(project)
     assert rows["a-step10"]["step"] == 10 and rows["a-step20"]["step"] == 20
     assert "a-step30" not in rows
+    # What a kill inside git's ref write leaves (write <ref>.lock, rename it to
+    # <ref>): a20's commit named only by its lock; and an empty lock where the
+    # next row goes, from a kill just after the lock was made.
+    ref20, sha20 = row_refs(project)["a-step20"]
+    run(["git", "update-ref", "-d", ref20], project)
+    (project / ".git" / f"{ref20}.lock").write_text(sha20 + "\n")
+    (project / ".git" / f"{ref20[:-2]}30.lock").write_text("")
+    doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project)
+    assert "a-step20.lock: a row a killed run recorded but did not publish" in doctor.stdout
+    assert "a-step30.lock: a lock left by a killed run without a row" in doctor.stdout
     again = run(["dvc", "exp", "run", "-n", "b"], project, env={KILL: "40"}, check=False)
     assert "resuming from step 20" in again.stdout
+    assert f"row a-step20 completed: a killed run had recorded it ({sha20[:7]})" in again.stderr
+    assert row_refs(project)["a-step20"] == (ref20, sha20)
+    assert "a-step30" in row_refs(project)  # recorded where the empty lock was
     final = run(["dvc", "exp", "run", "-n", "c"], project)
     assert "resuming from step 40" in final.stdout
     assert model_sha(project) == uninterrupted
