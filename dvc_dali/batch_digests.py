@@ -70,9 +70,10 @@ referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
 elements (NumPy views of TensorFlow's tensors, which are not written again
 while referenced). The training thread only hands the batch over
 (:class:`Costs` counts what it spends: benchmark 16 prints it). So are a
-GPU batch's kernels: launched by the digest thread (ordered after what DALI
-has queued on the batch's stream by then, which includes the batch), which
-then waits for their result.
+GPU batch's kernels: launched by the digest thread, ordered after an event
+the training thread records on the batch's stream as DALI hands it out
+(:func:`mark`; recorded later, it would also wait for the next batches'
+work DALI queues there), and the digest thread then waits for their result.
 The legacy executor (``exec_dynamic=False``) reuses output buffers, so
 there it is done at once, as it is for dynamic-mode readers.
 """
@@ -206,23 +207,54 @@ def _gpu_outputs(outputs: Sequence[Any]) -> dict[int, list[int]]:
     return by_device
 
 
-def begin(outputs: Sequence[Any]) -> Callable[[], list[str]]:
+def mark(outputs: Sequence[Any]) -> dict[int, Any]:
+    """On the thread that got the batch, before it is handed to the digest
+    thread: for each device, an event on the stream DALI produced its GPU
+    outputs on (device_digest.mark), so their digest waits for this batch
+    only, not for the prefetching DALI queues there next. Pass the result
+    to :func:`begin`. {} for a batch without GPU outputs."""
+    by_device = _gpu_outputs(outputs)
+    if not by_device:
+        return {}
+    from . import device_digest
+
+    marks: dict[int, Any] = {}
+    for device, indices in by_device.items():
+        streams = {getattr(outputs[i], "stream", _UNKNOWN) for i in indices}
+        stream = streams.pop() if len(streams) == 1 else None
+        if stream not in (_UNKNOWN, None):  # else begin() orders them as it can
+            marks[device] = device_digest.mark(device, stream, len(indices))
+    return marks
+
+
+def begin(outputs: Sequence[Any], marks: dict[int, Any] | None = None
+          ) -> Callable[[], list[str]]:
     """Start one batch's digest: its GPU outputs' kernels are launched now,
-    ordered after what DALI has queued on their stream so far, which
-    includes them (device_digest.py, DEVICE); the function returned waits
-    for them, once, hashes the host outputs and returns the batch's digests
+    ordered after the events of ``marks`` (:func:`mark`), or else after
+    what DALI has queued on their stream so far, which includes them
+    (device_digest.py, DEVICE); the function returned waits for them, once,
+    hashes the host outputs and returns the batch's digests
     (:func:`digest`'s form). The batch must stay alive until it has
     returned."""
     outputs = list(outputs)
+    marks = dict(marks or {})
     pending: list[tuple[list[int], Callable[[], list[str]]]] = []
     by_device = _gpu_outputs(outputs)
-    if by_device:
-        from . import device_digest
+    try:
+        if by_device:
+            from . import device_digest
 
-        for device, indices in by_device.items():
-            after = _stream_of([outputs[i] for i in indices], device)
-            pending.append((indices, device_digest.begin(
-                [_device_output(outputs[i]) for i in indices], device, after)))
+            for device, indices in by_device.items():
+                outs = [_device_output(outputs[i]) for i in indices]
+                slot = marks.pop(device, None)  # from here on begin() gives it back
+                after = None if slot else _stream_of([outputs[i] for i in indices], device)
+                pending.append((indices, device_digest.begin(outs, device, after, slot)))
+    finally:
+        if marks:  # not taken by a launch (one failed): given back
+            from . import device_digest
+
+            for slot in marks.values():
+                device_digest.give_back(slot)
 
     def finish() -> list[str]:
         out: list[str] = [""] * len(outputs)
@@ -257,11 +289,12 @@ def _stream_of(tensor_lists: Sequence[Any], device: int) -> int | None:
     return known.pop() if known else None
 
 
-def digest(outputs: Sequence[Any]) -> list[str]:
+def digest(outputs: Sequence[Any], marks: dict[int, Any] | None = None) -> list[str]:
     """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``, its
     bytes digested on the host (HOST) or, for a GPU output, on the device
-    (DEVICE); waits for the device."""
-    return begin(outputs)()
+    (DEVICE, ordered after ``marks``, see :func:`begin`); waits for the
+    device."""
+    return begin(outputs, marks)()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -741,7 +774,10 @@ class Recorder:
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
-        elif deferred:  # a GPU batch's kernels too are launched there
+        elif deferred and digest_of is digest:  # a GPU batch's kernels too, there
+            marks = mark(outputs)
+            self._in_background(name, index, lambda: digest_of(outputs, marks))
+        elif deferred:
             self._in_background(name, index, lambda: digest_of(outputs))
         else:
             self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
