@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Mapping
 
 from tests.helpers import HELPERS, REPO
 
@@ -38,6 +39,10 @@ PRELOAD: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "iter_runner.py": (_ONE_BLAS_THREAD, ("numpy", "torch", "nvidia.dali.fn",
                                           "nvidia.dali.plugin.pytorch")),
     "resume_runner.py": (_ONE_BLAS_THREAD, ("numpy", "nvidia.dali.fn")),
+    # its pipelines and readers are seeded: nothing drawn from the generators
+    # the siblings share (rng_runner.py, which tests those, starts afresh)
+    "proof_runner.py": (_ONE_BLAS_THREAD, ("numpy", "nvidia.dali.fn",
+                                           "nvidia.dali.experimental.dynamic")),
 }
 
 _lock = threading.Lock()
@@ -45,14 +50,15 @@ _zygotes: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
 def run(script: str | Path, args: list[str], env: dict[str, str] | None = None,
-        preload: tuple[dict[str, str], tuple[str, ...]] | None = None
-        ) -> subprocess.CompletedProcess:
-    """`python HELPERS/script args` with ``env`` added to this process's
-    environment and PYTHONPATH the repository: its status, stdout, stderr.
-    ``preload``: the zygote's (environment, modules); default PRELOAD's for
-    the script (none: a plain process)."""
+        preload: tuple[dict[str, str], tuple[str, ...]] | None = None,
+        environ: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python HELPERS/script args` with ``env`` added to ``environ`` (default
+    this process's environment) and PYTHONPATH the repository: its status,
+    stdout, stderr. ``preload``: the zygote's (environment, modules);
+    default PRELOAD's for the script (none: a plain process)."""
     argv = [str(HELPERS / script), *args]
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**(os.environ if environ is None else environ), "PYTHONPATH": str(REPO),
+                **(env or {})}
     preload = preload or PRELOAD.get(Path(script).name)
     if preload is None or os.environ.get("DVC_DALI_TEST_NO_ZYGOTE") == "1":
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True,

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import forked
 
 
 def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
@@ -24,9 +23,7 @@ def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
     if kill_after is not None:
         args += ["--kill-after", str(kill_after)]
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "PROOF_"))}
-    return subprocess.run([sys.executable, str(HELPERS / "proof_runner.py"), *args],
-                          capture_output=True, text=True,
-                          env={**environ, "PYTHONPATH": str(REPO), **env})
+    return forked.run("proof_runner.py", args, env, environ=environ)
 
 
 def companion(ckpt: Path) -> Path:
