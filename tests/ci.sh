@@ -45,7 +45,7 @@ suite() {  # every part runs, and the slowest tests are printed, whichever fails
     lowest=$!
     python3 -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile -m "not serial" \
         --junitxml="$reports/parallel.xml" "$@" || rc=$?
-    timings+=("$(printf '%-28s %5d s' "  its parallel part" $((SECONDS - start)))")
+    local parallel=$((SECONDS - start))
     wait "$lowest" || true
     read -r status seconds <"$reports/lowest.status" || { status=1 seconds=0; }
     echo "== lowest DVC (beside the suite)"
@@ -60,9 +60,12 @@ suite() {  # every part runs, and the slowest tests are printed, whichever fails
     else
         mapfile -t serial_files < <(grep -rl --include='test_*.py' 'mark.serial' tests || true)
     fi
-    if [ ${#serial_files[@]} -gt 0 ]; then
+    if [ ${#serial_files[@]} -gt 0 ]; then  # the suite's line then adds both parts
+        local serial_start=$SECONDS
         python3 -m pytest -q -p no:cacheprovider -m serial --junitxml="$reports/serial.xml" \
             "${serial_files[@]}" || { local code=$?; [ $code -eq 5 ] || rc=$code; }
+        timings+=("$(printf '%-28s %5d s' "  its parallel part" "$parallel")"
+                  "$(printf '%-28s %5d s' "  its serial part" $((SECONDS - serial_start)))")
     fi
     python3 -m tests.helpers.slowest 30 "$reports"/*.xml || true
     return $rc

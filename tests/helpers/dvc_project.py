@@ -4,7 +4,6 @@ make_project builds every one of them; run, git and the queue around them."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import signal
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tests.helpers import REPO
+from tests.helpers import REPO, child_env
 
 
 def sigint_default() -> None:
@@ -30,9 +29,8 @@ def sigint_default() -> None:
 def run(cmd: list[str], cwd: Path, check: bool = True, env: dict | None = None,
         timeout: float = 600, preexec_fn=None) -> subprocess.CompletedProcess:
     # The stage's `python` must be this interpreter, with dvc_dali importable.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    full_env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO), **(env or {})}
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=full_env,
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                          env=child_env(env, this_python=True),
                           timeout=timeout, preexec_fn=preexec_fn)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"

@@ -23,19 +23,16 @@ import threading
 from pathlib import Path
 from typing import Mapping
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import HELPERS, child_env, tf_env
 
 # What each runner imports before its first line of test, and how: the
-# environment it imports with (tf_runner.py sets these before importing
-# TensorFlow; elsewhere one BLAS thread, as OpenBLAS would otherwise start
-# its pool at import, and a zygote forks with one thread only) and the
-# modules it makes absent ("-name").
-_TF_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+# environment it imports with (tf_runner.py's, tf_env.py; elsewhere one BLAS
+# thread, as OpenBLAS would otherwise start its pool at import, and a zygote
+# forks with one thread only) and the modules it makes absent ("-name").
 _ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
 PRELOAD: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
-    "tf_runner.py": (_TF_ENV, ("-jax", "-sklearn", "numpy", "keras", "tensorflow",
-                               "nvidia.dali.fn", "nvidia.dali.plugin.tf")),
+    "tf_runner.py": (tf_env.ENV, tuple(f"-{name}" for name in tf_env.ABSENT) + (
+        "numpy", "keras", "tensorflow", "nvidia.dali.fn", "nvidia.dali.plugin.tf")),
     "iter_runner.py": (_ONE_BLAS_THREAD, ("numpy", "torch", "nvidia.dali.fn",
                                           "nvidia.dali.plugin.pytorch")),
     "resume_runner.py": (_ONE_BLAS_THREAD, ("numpy", "nvidia.dali.fn")),
@@ -57,8 +54,7 @@ def run(script: str | Path, args: list[str], env: dict[str, str] | None = None,
     stdout, stderr. ``preload``: the zygote's (environment, modules);
     default PRELOAD's for the script (none: a plain process)."""
     argv = [str(HELPERS / script), *args]
-    full_env = {**(os.environ if environ is None else environ), "PYTHONPATH": str(REPO),
-                **(env or {})}
+    full_env = child_env(env, base=environ)
     preload = preload or PRELOAD.get(Path(script).name)
     if preload is None or os.environ.get("DVC_DALI_TEST_NO_ZYGOTE") == "1":
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
@@ -88,7 +84,7 @@ def _zygote(preload: tuple[dict[str, str], tuple[str, ...]]) -> tuple[subprocess
             zygote = subprocess.Popen(
                 [sys.executable, str(HELPERS / "zygote.py"), *modules], text=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                env={**os.environ, "PYTHONPATH": str(REPO), **env})
+                env=child_env(env))
         _zygotes[key] = zygote, log
     return _zygotes[key]
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from tests.helpers.dvc_project import REPO, sigint_default
+from tests.helpers import child_env
+from tests.helpers.dvc_project import sigint_default
 
 TRAIN_SCRIPT = "examples/train.py"
 
@@ -28,8 +29,7 @@ TRAIN_SCRIPT = "examples/train.py"
 def dvc_env(extra: dict | None = None) -> dict:
     """The environment dvc_project.run uses: the stage's `python` is this
     interpreter and dvc_dali is importable."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO), **(extra or {})}
+    env = child_env(extra, this_python=True)
     for var in ("DVC_ROOT", "DVC_EXP_BASELINE_REV", "DVC_EXP_NAME", "DVC_STAGE",
                 "DVC_CHECKPOINT"):
         env.pop(var, None)

@@ -5,13 +5,11 @@ PREEMPT_AT, and `dvc exp run` started so that the test can signal it there
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import child_env
 from tests.helpers.dvc_project import run, template_project
 
 # The trainer, at step PREEMPT_AT, says it is ready and waits for the
@@ -47,12 +45,9 @@ def preemptible_project(tmp_path: Path, user_handler: bool = False) -> Path:
 
 
 def start(project: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.Popen(["dvc", "exp", "run", *args], cwd=project, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PATH": path, "PYTHONPATH": str(REPO),
-                                 **(env or {})},
-                            start_new_session=True)
+                            env=child_env(env, this_python=True), start_new_session=True)
 
 
 def trainer_ready(project: Path, proc: subprocess.Popen) -> int:

@@ -22,15 +22,9 @@ import os
 import signal
 import sys
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# TensorFlow imports JAX (tf.lite) and Keras imports scikit-learn (its
-# wrappers) whenever they are installed, as here (the jax extra; the example's
-# data): 1.5-2 of the 6 CPU-s each TensorFlow process here takes to import,
-# for modules no case uses. None in sys.modules makes them absent to both.
-sys.modules.setdefault("jax", None)
-sys.modules.setdefault("sklearn", None)
+from tests.helpers import tf_env  # its setup comes before TensorFlow is imported
+
+tf_env.apply()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
