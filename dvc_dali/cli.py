@@ -236,12 +236,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             _checkpoint_step(checkpoint), out=str(checkpoint), branched=branched), keep)
         sig.unlink(missing_ok=True)
 
-    while child.poll() is None:
-        if sig.exists():
+    try:
+        while child.poll() is None:
+            if sig.exists():
+                record()
+            time.sleep(0.01)
+        if sig.exists():  # signalled, then died while waiting: the checkpoint is complete
             record()
-        time.sleep(0.01)
-    if sig.exists():  # signalled, then died while waiting: the checkpoint is complete
-        record()
+    except BaseException:
+        # As DVC 2 did when a checkpoint failed: the command is killed (it
+        # would wait for the signal file to go for ever), the signal removed.
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+            print(f"dvc-dali run: the training command (pid {child.pid}) was killed: its "
+                  "checkpoint could not be recorded (below)", file=sys.stderr)
+        sig.unlink(missing_ok=True)
+        raise
     return child.returncode
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -147,13 +148,41 @@ def shell_project(path: Path) -> Path:
 
 def test_run_wrapper_records_a_non_python_trainer(tmp_path):
     shell_project(tmp_path)
+    # an empty lock where a row goes, as a kill inside git's ref write leaves
+    # it: removed at the run's start (recording/cut_short.py), not in its way
+    base = head_sha(tmp_path)
+    lock = tmp_path / ".git" / "refs" / "exps" / base[:2] / base[2:] / "sh-step2.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
     out = run(["dvc", "exp", "run", "-n", "sh"], tmp_path)
+    assert "sh-step2.lock: removed, a lock left by a killed run" in out.stderr
     assert out.stderr.count("dvc-dali: recorded sh-step") == 3
     rows = exp_rows(tmp_path)
     assert [rows[f"sh-step{s}"]["step"] for s in (1, 2, 3)] == [1, 2, 3]
     run(["dvc", "exp", "apply", "sh-step2"], tmp_path)
     assert (tmp_path / "checkpoint/state.txt").read_text() == "state at step 2\n"
     assert not (tmp_path / ".dvc/tmp/DVC_CHECKPOINT").exists()
+
+
+def test_run_wrapper_kills_the_command_when_a_row_cannot_be_recorded(tmp_path):
+    """DVC 2 killed the stage's command when a checkpoint failed: the trainer
+    would otherwise wait for the signal file to go, for ever (and hold the
+    output `dvc exp run` reads)."""
+    shell_project(tmp_path)
+    base = head_sha(tmp_path)
+    # git's lock on the ref of row sh-step2, dated after the run's start, as a
+    # live writer's would be: left alone (recording/cut_short.py), so the ref
+    # cannot be created
+    lock = tmp_path / ".git" / "refs" / "exps" / base[:2] / base[2:] / "sh-step2.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (time.time() + 86400,) * 2)
+    out = run(["dvc", "exp", "run", "-n", "sh"], tmp_path, check=False, timeout=300)
+    assert out.returncode != 0
+    assert "the training command (pid " in out.stderr and ") was killed" in out.stderr
+    assert "could not create experiment ref" in out.stderr
+    assert not (tmp_path / ".dvc/tmp/DVC_CHECKPOINT").exists()
+    assert "sh-step1" in exp_refnames(tmp_path) and "sh-step3" not in exp_refnames(tmp_path)
 
 
 # --------------------------------------------------------------------------
