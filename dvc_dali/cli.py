@@ -339,7 +339,8 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
     git_dir = root / ".git"
-    locks = sorted(git_dir.glob("refs/exps/**/*.lock")) + sorted(git_dir.glob("index.lock"))
+    # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows')
+    locks = sorted(git_dir.glob("*.lock")) + sorted(git_dir.glob("refs/**/*.lock"))
     row_locks = set(cut_short.locks(str(git_dir)))
     for lock in locks:
         what = cut_short.judge(str(git_dir), lock, None)[0] if lock in row_locks else None
@@ -351,8 +352,8 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
                          "`dvc exp run` removes it")
         else:
             report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it "
-                          "at the end of the next run. Remove it if no git or DVC process is "
-                          "running")
+                          "(at once, or at the end of the next run). Remove it if no git or "
+                          "DVC process is running")
     # DVC writes these in place (its rwlock; the info file of a running
     # experiment, .dvc/tmp/exps/run/<name>/<name>.run); a run killed meanwhile
     # leaves them empty or cut short, and every later DVC command (or

@@ -100,6 +100,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     run_info.write_text("")  # DVC's info file of a workspace run, as a kill leaves it
     (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
     (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
+    (project / ".git/packed-refs.lock").write_text("")
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace("always_changed: true",
                                                      "always_changed: false"))
@@ -108,6 +109,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert "BAD  " in bad.stdout and "stale checkpoint signal" in bad.stdout
     assert "always_changed: true" in bad.stdout
     assert "EXEC_BRANCH.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
+    assert "packed-refs.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
     assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
     assert "workspace.run: unreadable (JSONDecodeError), left by a killed DVC" in bad.stdout
 

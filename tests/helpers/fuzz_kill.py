@@ -73,7 +73,10 @@ RESUMING = re.compile(r"train: resuming from step (\d+)")
 STARTING = "train: starting on"
 INDEX_LOCKED = "the index is locked"
 STASH_CONFLICT = "Stash apply resulted in merge conflicts"
-REF_LOCK_LEFT = re.compile(r"File exists: b?'([^']+\.lock)'")
+# a lock git (or dulwich, DVC's git) leaves when killed between making it and
+# renaming it over the file: "File exists: b'<lock>'" (dulwich), "Unable to
+# create '<lock>': File exists." (git)
+GIT_LOCK_LEFT = re.compile(r"(?:File exists: b?'|Unable to create ')([^']+/\.git/[^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
 RUN_INFO_CORRUPT = re.compile(r"unable to read: '([^']+\.run)', JSON file structure is corrupted")
 
@@ -353,14 +356,16 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             stats.user_fixes[f"dvc {what} left empty by a kill: deleted"] += 1
             say(f"{name}: {corrupt.group(0)}: deleting it, as a user would")
             continue
-        ref_lock = REF_LOCK_LEFT.search(out)
-        if rc != 0 and ref_lock and "/.git/refs/" in ref_lock.group(1):
-            # A kill of `dvc exp run` while DVC updated its own EXEC_* refs
-            # leaves git's <ref>.lock; DVC then fails at the end of the next
-            # run. No git runs now: a user deletes it (`dvc-dali doctor` names it).
-            Path(ref_lock.group(1)).unlink(missing_ok=True)
-            stats.user_fixes["git ref lock left by a kill: deleted"] += 1
-            say(f"{name}: DVC: stale {ref_lock.group(1)}: deleting it, as a user would")
+        git_lock = GIT_LOCK_LEFT.search(out)
+        if rc != 0 and git_lock and Path(git_lock.group(1)).exists():
+            # A kill of `dvc exp run` while DVC updated a git file (its own
+            # EXEC_* refs, HEAD, packed-refs) leaves git's <file>.lock; DVC
+            # then fails on it (at the end of the next run, for a ref). No git
+            # runs now: a user deletes it (`dvc-dali doctor` names it). A
+            # row's ref lock never gets here: the next run completes it.
+            Path(git_lock.group(1)).unlink()
+            stats.user_fixes["git lock left by a kill: deleted"] += 1
+            say(f"{name}: DVC: stale {git_lock.group(1)}: deleting it, as a user would")
             continue
         if rc != 0:
             stats.problems.append(f"{name}: exited {rc} without being killed:\n{out[-4000:]}")
