@@ -219,11 +219,17 @@ def mark(outputs: Sequence[Any]) -> dict[int, Any]:
     from . import device_digest
 
     marks: dict[int, Any] = {}
-    for device, indices in by_device.items():
-        streams = {getattr(outputs[i], "stream", _UNKNOWN) for i in indices}
-        stream = streams.pop() if len(streams) == 1 else None
-        if stream not in (_UNKNOWN, None):  # else begin() orders them as it can
-            marks[device] = device_digest.mark(device, stream, len(indices))
+    try:
+        for device, indices in by_device.items():
+            streams = {getattr(outputs[i], "stream", _UNKNOWN) for i in indices}
+            stream = streams.pop() if len(streams) == 1 else None
+            if stream not in (_UNKNOWN, None):  # else begin() orders them as it can
+                marks[device] = device_digest.mark(device, stream, len(indices))
+    except Exception as exc:  # noqa: BLE001 (evidence, never a reason to stop training)
+        logger.debug("batch digest: no event on DALI's stream (%r); ordered later", exc)
+        for slot in marks.values():
+            device_digest.give_back(slot)
+        return {}
     return marks
 
 
