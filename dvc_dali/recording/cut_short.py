@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from .. import gitcmd
-from ..exp_refs import baseline_and_name, parse_lineage
+from ..context import RunContext
+from ..exp_refs import baseline_and_name, git_dirs, parse_lineage
 from ..log import logger
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -44,11 +45,7 @@ def fate(name: str, content: str, ref_exists: bool, commit_is_a_row: bool,
 
 def locks(git_dir: str) -> list[Path]:
     """Every lock on an experiment ref (refs/exps/<b[:2]>/<b[2:]>/<name>.lock)."""
-    found = []
-    for lock in sorted(Path(git_dir, "refs", "exps").glob("??/*/*.lock")):
-        if baseline_and_name(_ref_of(git_dir, lock)) is not None:
-            found.append(lock)
-    return found
+    return sorted(Path(git_dir, "refs", "exps").glob("??/*/*.lock"))
 
 
 def _ref_of(git_dir: str, lock: Path) -> str:
@@ -80,6 +77,18 @@ def judge(git_dir: str, lock: Path, since: Optional[float]) -> tuple[str, str, s
     return fate(name, content, _ref_exists(git_dir, ref), is_row, older), ref, sha
 
 
+def at_run_start(ctx: RunContext) -> None:
+    """:func:`repair` in the main repo, once a run (run_start.capture)."""
+    if not ctx.under_exp_run:
+        return
+    import psutil
+
+    try:
+        repair(git_dirs(ctx.dvc_root)[0], psutil.Process().create_time())
+    except OSError as exc:  # a repair, never a reason to stop training
+        logger.debug("cannot look for cut-short row publishes: %s", exc)
+
+
 def repair(git_dir: str, since: float) -> list[str]:
     """Complete or remove the cut-short row publishes in the repo at
     ``git_dir``; returns what was done, one line each (also logged)."""
@@ -88,7 +97,10 @@ def repair(git_dir: str, since: float) -> list[str]:
         what, ref, sha = judge(git_dir, lock, since)
         if what == LEAVE:
             continue
-        lock.unlink(missing_ok=True)
+        try:
+            lock.unlink()
+        except FileNotFoundError:  # another process of this run (a rank) took it first
+            continue
         if what == COMPLETE:
             # create only: zeros as the old value refuse an existing ref
             proc = gitcmd.run(["--git-dir", git_dir, "update-ref", ref, sha, "0" * 40],

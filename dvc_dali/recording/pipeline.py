@@ -35,8 +35,7 @@ from ..exp_refs import LINEAGE_KEY, list_rows
 from ..log import logger
 from ..record_request import RecordRequest, Retention
 from ..process_state import STATE
-from . import (auto_push, commit, cut_short, dvc_door, lockfile, outputs, retention, rows,
-               run_start)
+from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
@@ -59,21 +58,8 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
     called before the checkpoint is read (a Checkpointer), so a --temp or
     queued run can get the workspace's checkpoint first."""
     check_stage(ctx, out)
-    _finish_cut_short(ctx)
     auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
-
-
-def _finish_cut_short(ctx: RunContext) -> None:
-    """Rows an earlier run recorded but was killed while publishing (cut_short)."""
-    if not ctx.under_exp_run:
-        return
-    import psutil
-
-    try:
-        cut_short.repair(exp_refs.git_dirs(ctx.dvc_root)[0], psutil.Process().create_time())
-    except OSError as exc:  # a repair, never a reason to stop training
-        logger.debug("cannot look for cut-short row publishes: %s", exc)
 
 
 def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> bool:
@@ -108,7 +94,6 @@ def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
     from ..errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
-    _finish_cut_short(ctx)
     auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
     start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
     if late and start.carried:  # it trained from step 0 though there was one to resume

@@ -32,7 +32,7 @@ from ..exp_refs import Row
 from ..flat_keys import flat_keys
 from ..log import logger
 from ..process_state import STATE
-from . import dvc_door
+from . import cut_short, dvc_door
 from .carry import carry, missed
 from .stage import find_stage, output_at
 
@@ -70,6 +70,8 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = 
     if STATE.run_start is not None:
         return STATE.run_start
     from .maintenance import repo_at
+
+    cut_short.at_run_start(ctx)  # rows a killed run left half-published
 
     repo = repo_at(os.getcwd())
     stage = find_stage(repo, ctx.stage, out, ctx.stage)

@@ -22,8 +22,13 @@ def run(kind: str, data: Path, ckpt: Path, out: Path, until: int, save_at=(),
         args += ["--save-at", *map(str, save_at)]
     if kill_after is not None:
         args += ["--kill-after", str(kill_after)]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "PROOF_"))}
-    return forked.run("proof_runner.py", args, env, environ=environ)
+    return forked.run("proof_runner.py", args, env, environ=runner_environ())
+
+
+def runner_environ() -> dict[str, str]:
+    """This process's environment without our variables (DVC_*, PROOF_*):
+    what a proof runner starts from."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "PROOF_"))}
 
 
 def companion(ckpt: Path) -> Path:

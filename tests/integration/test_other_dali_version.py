@@ -7,7 +7,6 @@ names the DALI change and what else could explain it."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from importlib.metadata import version
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HELPERS, REPO, cached_venv, pipelines
-from tests.helpers.proof import perturb_same_size_and_mtime
+from tests.helpers import HELPERS, cached_venv, child_env, pipelines
+from tests.helpers.proof import perturb_same_size_and_mtime, runner_environ
 from tests.helpers.proof import run as proof_run
 
 DALI = "nvidia-dali-cuda120"
@@ -48,10 +47,9 @@ def other_python() -> tuple[Path, str]:
 
 
 def resume_with(python: Path, data: Path, ckpt: Path, out: Path, **env: str):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "PROOF_"))}
     return subprocess.run([str(python), str(HELPERS / "proof_runner.py"), "rotate", str(data),
                            str(ckpt), str(out), "--until", "6"], capture_output=True, text=True,
-                          env={**environ, "PYTHONPATH": str(REPO), **env})
+                          env=child_env(env, base=runner_environ()))
 
 
 def test_a_resume_with_another_dali_is_proved_by_its_batches(tmp_path, other_python):
