@@ -98,7 +98,7 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
                     fmt_s(digest), fmt_s(med["fresh"]["total"]),
                     f"{digest / med['fresh']['total']:.0%}", "-", "n/a", {"digest_s": digest}))
     # The proposal, side by side with today's function on the same tree.
-    from dvc_dali import dali_state
+    from dvc_dali.dali import dali_state
 
     now, new = [], []
     for _ in range(3):

@@ -131,7 +131,7 @@ def gpu_digest_us(root: Path) -> tuple[float, float]:
     import cupy
     from dali_pipes import decode_crop
 
-    from dvc_dali import batch_digests
+    from dvc_dali.proof import batch_digests
 
     pipe = decode_crop(root=str(root), **_pipe_args(True))
     pipe.build()
@@ -172,7 +172,7 @@ def tf_rates(tmp: Path, quick: bool) -> dict[str, Any] | str:
 
 def content_digest_s_per_gb(tmp: Path, megabytes: int) -> float:
     """data_contents over ``megabytes`` MB in 200 files, from the page cache."""
-    from dvc_dali import data_contents
+    from dvc_dali.proof import data_contents
 
     root = tmp / "content"
     root.mkdir()

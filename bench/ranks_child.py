@@ -6,7 +6,7 @@ MODE ``sync``: SAVES synchronous make_checkpoint calls of the rank's DALI
 shard state and MB megabytes of arrays; ``async``: the same, asynchronous
 (each timed call finds nothing in flight: the previous one is waited for
 outside the timing); ``snapshot``: the in-memory copy alone
-(dvc_dali.arrays.snapshot), what an asynchronous call cannot do without,
+(dvc_dali.format.arrays.snapshot), what an asynchronous call cannot do without,
 kept until the next one as the background write keeps it; ``capture``: that
 and the rest of the in-memory state (DALI states, the random generators: the
 Checkpointer's capture, a private method).
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
-from dvc_dali import arrays as arrays_mod
+from dvc_dali.format import arrays as arrays_mod
 
 
 @pipeline_def

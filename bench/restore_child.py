@@ -14,7 +14,7 @@ t_import = perf()
 from nvidia.dali import Pipeline  # noqa: E402
 
 import dvc_dali  # noqa: E402
-from dvc_dali import dali_state  # noqa: E402
+from dvc_dali.dali import dali_state  # noqa: E402
 from dali_pipes import PIPE_ARGS, decode_crop  # noqa: E402
 
 t_import = perf() - t_import

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 import dvc_dali
-from dvc_dali import arrays as arrays_mod
-from dvc_dali.context import RunContext
-from dvc_dali import store
+from dvc_dali.format import arrays as arrays_mod
+from dvc_dali.core.context import RunContext
+from dvc_dali.format import store
 
 perf = time.perf_counter
 LOG = os.environ["BENCH_LOG"]
@@ -65,7 +65,7 @@ def wrap(module, name, key):
 wrap(dvc_dali.Checkpointer, "_write", "write")
 MODE = RunContext.from_environ().mode
 if MODE == "record":  # DVC 3: we record; under DVC 2 its watcher does
-    from dvc_dali import gitcmd
+    from dvc_dali.reading import gitcmd
     from dvc_dali.recording import commit as rec_commit
     from dvc_dali.recording import pipeline as recording
     from dvc_dali.recording import lockfile as rec_lockfile

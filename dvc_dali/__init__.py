@@ -12,7 +12,7 @@
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import (
+from .core.errors import (
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointLockedError,
@@ -30,16 +30,17 @@ from .errors import (
 
 # The rest on first use: `dvc-dali show` and `dvc_dali.load` need neither
 # NumPy's import nor the Checkpointer's (a third of a short command's time).
-_LAZY = {"Checkpointer": "checkpointer", "make_checkpoint": "signal_file",
-         "rows": "row_queries", "best_row": "row_queries", "current_row": "row_queries",
-         "load": "loading", "Loaded": "loading", "Row": "exp_refs"}
+_LAZY = {"Checkpointer": "training.checkpointer", "make_checkpoint": "training.signal_file",
+         "rows": "reading.row_queries", "best_row": "reading.row_queries",
+         "current_row": "reading.row_queries", "load": "reading.loading",
+         "Loaded": "reading.loading", "Row": "reading.exp_refs"}
 
 if TYPE_CHECKING:
-    from .checkpointer import Checkpointer
-    from .exp_refs import Row
-    from .loading import Loaded, load
-    from .row_queries import best_row, current_row, rows
-    from .signal_file import make_checkpoint
+    from .training.checkpointer import Checkpointer
+    from .reading.exp_refs import Row
+    from .reading.loading import Loaded, load
+    from .reading.row_queries import best_row, current_row, rows
+    from .training.signal_file import make_checkpoint
 
 
 def __getattr__(name: str) -> Any:
@@ -80,6 +81,6 @@ __all__ = [
 # DVC 2 did before running it, before the script reads anything (stage_start).
 # Anywhere else it reads a few environment variables and returns: no DVC,
 # NumPy or DALI import, no hook installed.
-from .stage_start import on_import as _on_import  # noqa: E402
+from .training.stage_start import on_import as _on_import  # noqa: E402
 
 _on_import()

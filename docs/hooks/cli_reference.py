@@ -2,7 +2,7 @@
 
 Each `<!-- dvc-dali-help: SUBCOMMAND -->` line of a page becomes the
 `--help` of that subcommand (`<!-- dvc-dali-help: -->`: the command's own),
-printed by the parser the command itself builds (dvc_dali.cli.build_parser),
+printed by the parser the command itself builds (dvc_dali.cli.main.build_parser),
 so the page cannot drift from the code. A subcommand the parser has and the
 page has no marker for fails the build, as does a marker for one it lacks.
 """
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _help(args: list[str]) -> str:
     if str(ROOT) not in sys.path:  # this tree's dvc_dali, not whichever is installed
         sys.path.insert(0, str(ROOT))
-    from dvc_dali import cli
+    from dvc_dali.cli import main as cli
 
     if not Path(cli.__file__).resolve().is_relative_to(ROOT):
         raise RuntimeError(f"dvc_dali.cli was imported from {cli.__file__}, not {ROOT}")

@@ -27,9 +27,9 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import gitcmd
-from ..log import logger
-from ..process_state import STATE
+from ..reading import gitcmd
+from ..core.log import logger
+from ..core.process_state import STATE
 from . import dvc_door
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -300,7 +300,7 @@ def start(dvc_root: str, run_name: str) -> Optional[Pusher]:
     proc = gitcmd.run(["ls-remote", "--quiet", remote, "refs/exps/nonexistent"],
                       cwd=dvc_root, env=_git_env(), check=False)
     if proc.returncode != 0:
-        from ..errors import RecordError
+        from ..core.errors import RecordError
 
         raise RecordError(f"experiment auto-push is on, but the git remote '{remote}' cannot "
                           f"be reached: {proc.stderr.strip()}. Fix it (`git remote -v`) or "

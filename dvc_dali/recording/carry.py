@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..context import RunContext
-from ..errors import RecordError
-from ..log import logger
+from ..core.context import RunContext
+from ..core.errors import RecordError
+from ..core.log import logger
 from . import dvc_door, lockfile
-from ..exp_refs import git_dirs
+from ..reading.exp_refs import git_dirs
 
 
 def _out_md5(entry: Any, def_path: str) -> Optional[str]:
@@ -36,7 +36,7 @@ def _out_md5(entry: Any, def_path: str) -> Optional[str]:
 def _present(path: str) -> bool:
     """The run already has its checkpoint: a dvc-dali one (LATEST), or a bare
     script's output file, or a directory holding anything."""
-    from .. import store
+    from ..format import store
 
     if os.path.exists(os.path.join(path, store.LATEST)) or os.path.isfile(path):
         return True
@@ -60,7 +60,7 @@ def _workspace_busy(ctx: RunContext, repo: Any, out: Any) -> bool:
     from, so this run starts from its own (none: step 0)."""
     from pathlib import Path
 
-    from ..dirlock import holder
+    from ..format.dirlock import holder
 
     workspace_out = Path(ctx.dvc_root) / os.path.relpath(out.fs_path, repo.root_dir)
     pid = holder(workspace_out)
@@ -76,7 +76,7 @@ def carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     the first one carries, the others find it there."""
     if not ctx.dvc_root:
         return None
-    from ..dirlock import exclusive
+    from ..format.dirlock import exclusive
 
     with exclusive(os.path.join(repo.root_dir, ".dvc", "tmp", "dvc-dali", "carry.lock")):
         if _present(out.fs_path):
@@ -119,7 +119,7 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     md5 = _out_md5(entry, out.def_path)
     if md5 is None or dvc_door.out_in_cache(repo, md5):
         return
-    from ..exp_refs import list_rows, outs_digest
+    from ..reading.exp_refs import list_rows, outs_digest
 
     digest = outs_digest(entry)
     named = [r["name"] for r in list_rows(ctx.dvc_root) if r["outs"] == digest]

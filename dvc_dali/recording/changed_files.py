@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from .. import gitcmd
-from ..exp_refs import list_rows, outs_digest
+from ..reading import gitcmd
+from ..reading.exp_refs import list_rows, outs_digest
 from . import dvc_door, lockfile
 
 

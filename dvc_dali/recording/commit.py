@@ -20,9 +20,9 @@ from typing import Optional
 
 import pygit2
 
-from .. import gitcmd
-from ..errors import RecordError
-from ..process_state import STATE
+from ..reading import gitcmd
+from ..core.errors import RecordError
+from ..core.process_state import STATE
 from . import row_tree, watch
 
 _IGNORED_MSG = "The following paths are ignored"  # git add -A of an ignored path

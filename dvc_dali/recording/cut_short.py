@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .. import gitcmd
-from ..context import RunContext
-from ..exp_refs import baseline_and_name, git_dirs, parse_lineage
-from ..log import logger
+from ..reading import gitcmd
+from ..core.context import RunContext
+from ..reading.exp_refs import baseline_and_name, git_dirs, parse_lineage
+from ..core.log import logger
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 #: rows.row_name, and _publish's suffixed name when that ref existed

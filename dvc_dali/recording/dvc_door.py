@@ -13,9 +13,9 @@ import os
 import time
 from typing import Any
 
-from ..checkpoint_outputs import checkpoint_outputs
-from ..errors import RecordError
-from ..log import logger
+from ..core.checkpoint_outputs import checkpoint_outputs
+from ..core.errors import RecordError
+from ..core.log import logger
 
 
 def find_root(start: str) -> str:

@@ -7,9 +7,10 @@ import json
 import os
 from typing import Any
 
-from .. import atomic_file, gitcmd
-from ..errors import RecordError
-from ..process_state import STATE
+from ..core import atomic_file
+from ..reading import gitcmd
+from ..core.errors import RecordError
+from ..core.process_state import STATE
 from . import dvc_door
 from .commit import sweep_leftovers
 

@@ -7,9 +7,9 @@ import os
 import shutil
 from typing import Any, Optional
 
-from ..context import RunContext
-from ..errors import RecordError
-from ..process_state import STATE
+from ..core.context import RunContext
+from ..core.errors import RecordError
+from ..core.process_state import STATE
 from . import dvc_door, lockfile
 from .outputs import is_checkpoint_dir
 from .stage import STAGE_FIX, find_stage, stage_problems

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import DvcDaliError, RecordError
+from ..core.errors import DvcDaliError, RecordError
 from . import dvc_door
 
 
 def is_checkpoint_dir(out: Any) -> bool:
     """Whether an output is a dvc-dali checkpoint directory (store.py's format)."""
-    from .. import store
+    from ..format import store
 
     return os.path.isfile(os.path.join(out.fs_path, store.LATEST))
 
@@ -21,7 +21,7 @@ def seed_digests(repo: Any, stage: Any) -> None:
     """Hand DVC the md5 of each checkpoint file, computed while it was written,
     so caching it does not read it all again (a snapshot is never modified
     once published)."""
-    from .. import store
+    from ..format import store
 
     digests: dict[str, str] = {}
     for out in stage.outs:
@@ -80,7 +80,7 @@ def require_latest(stage: Any, out: Optional[str], expected: str) -> None:
     """The checkpoint directory still holds the checkpoint its run just wrote.
     A second `dvc exp run` in the same workspace checks outputs out again
     before DVC refuses it; a row must never hold another step's checkpoint."""
-    from .. import store
+    from ..format import store
 
     path = os.path.join(out or ".", store.LATEST)
     try:

@@ -28,13 +28,13 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from .. import exp_refs
-from ..context import RunContext
-from ..errors import RecordError
-from ..exp_refs import LINEAGE_KEY, list_rows
-from ..log import logger
-from ..record_request import RecordRequest, Retention
-from ..process_state import STATE
+from ..reading import exp_refs
+from ..core.context import RunContext
+from ..core.errors import RecordError
+from ..reading.exp_refs import LINEAGE_KEY, list_rows
+from ..core.log import logger
+from ..core.record_request import RecordRequest, Retention
+from ..core.process_state import STATE
 from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
@@ -91,7 +91,7 @@ def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> b
 
 
 def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
-    from ..errors import UnchangedCheckpointError
+    from ..core.errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
     auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .. import gitcmd
-from ..errors import DvcDaliError
-from ..exp_refs import Row, baseline_and_name, exp_refs, list_rows
+from ..reading import gitcmd
+from ..core.errors import DvcDaliError
+from ..reading.exp_refs import Row, baseline_and_name, exp_refs, list_rows
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Only the rows of the run that just recorded are candidates: the same
 experiment name on the same baseline. The row just recorded is always kept,
-and so is the best by a DVCLive metric when one is named (dvc_dali/best.py:
+and so is the best by a DVCLive metric when one is named (dvc_dali/reading/best.py:
 the rule `dvc-dali show --best` follows too); while no row has that metric
 (misspelt, or not logged yet), nothing is pruned: the best is unknown, and
 what is recorded is not lost on a guess. Only refs go: the data stays in
@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from .. import gitcmd
-from ..best import best_row
-from ..exp_refs import Row, git_dirs, list_rows
-from ..log import logger
-from ..process_state import STATE
+from ..reading import gitcmd
+from ..reading.best import best_row
+from ..reading.exp_refs import Row, git_dirs, list_rows
+from ..core.log import logger
+from ..core.process_state import STATE
 
 
 def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[str] = ()

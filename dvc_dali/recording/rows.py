@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import quote
 
-from .. import gitcmd
-from ..errors import RecordError
-from ..exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, iter_checkpoint_refs
+from ..reading import gitcmd
+from ..core.errors import RecordError
+from ..reading.exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, iter_checkpoint_refs
 from . import commit
 
 

@@ -26,12 +26,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import atomic_file, exp_refs
-from ..context import RunContext
-from ..exp_refs import Row
-from ..flat_keys import flat_keys
-from ..log import logger
-from ..process_state import STATE
+from ..core import atomic_file
+from ..reading import exp_refs
+from ..core.context import RunContext
+from ..reading.exp_refs import Row
+from ..core.flat_keys import flat_keys
+from ..core.log import logger
+from ..core.process_state import STATE
 from . import cut_short, dvc_door
 from .carry import carry, missed
 from .stage import find_stage, output_at

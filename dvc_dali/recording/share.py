@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .. import gitcmd
-from ..errors import DvcDaliError, RecordError
-from ..exp_refs import exp_refs, list_rows
+from ..reading import gitcmd
+from ..core.errors import DvcDaliError, RecordError
+from ..reading.exp_refs import exp_refs, list_rows
 from . import dvc_door
 from .remove import select_refs
 

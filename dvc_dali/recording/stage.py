@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ..errors import RecordError
-from ..process_state import STATE
+from ..core.errors import RecordError
+from ..core.process_state import STATE
 from . import dvc_door
 
 STAGE_FIX = """\

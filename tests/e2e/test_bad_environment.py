@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dvc_dali
-from dvc_dali import signal_file as dvc_signal
+from dvc_dali.training import signal_file as dvc_signal
 
 from tests.helpers import REPO
 from tests.helpers.dvc_project import make_project, run
@@ -197,7 +197,7 @@ def _the_line(proc: subprocess.CompletedProcess, name: str) -> str:
 
 
 def _dvc_dali_variables() -> set[str]:
-    from dvc_dali.context import VARIABLES
+    from dvc_dali.core.context import VARIABLES
 
     return {v for v in VARIABLES if v.startswith("DVC_DALI_")}
 

@@ -39,7 +39,7 @@ from tests.helpers.fuzz_harness import (
 )
 from tests.helpers.fuzz_kill import model_md5_in_row
 from tests.helpers.rows import exp_refs
-from dvc_dali.exp_refs import list_rows as list_checkpoint_rows
+from dvc_dali.reading.exp_refs import list_rows as list_checkpoint_rows
 
 STEPS, EVERY = 40, 2
 LONG = 160  # steps of the runs that must overlap

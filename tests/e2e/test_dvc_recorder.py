@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from dvc_dali.recording import pipeline as rec
-from dvc_dali.context import RunContext
-from dvc_dali.errors import RecordError
+from dvc_dali.core.context import RunContext
+from dvc_dali.core.errors import RecordError
 
 from tests.helpers import REPO
 from tests.helpers.dvc_project import make_project, queue_report, wait_queue
 from tests.helpers.rows import exp_rows
-from dvc_dali.process_state import STATE, reset
+from dvc_dali.core.process_state import STATE, reset
 
 TRAIN_PY = textwrap.dedent(
     """\

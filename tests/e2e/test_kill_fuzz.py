@@ -202,7 +202,7 @@ def test_rerun_while_orphaned_trainer_still_runs(tmp_path, record_property):
     logs.mkdir()
     ref = reference_run(project, logs)
     signal_file = project / ".dvc" / "tmp" / "DVC_CHECKPOINT"
-    from dvc_dali.exp_refs import list_rows
+    from dvc_dali.reading.exp_refs import list_rows
     from tests.helpers.fuzz_kill import check_row
 
     problems: list[str] = []

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dvc_dali.migrate import check_project
+from dvc_dali.cli.migrate import check_project
 
 from tests.helpers.dvc_project import commit_all, make_project, run
 from tests.helpers.rows import exp_refs
 
-MIGRATE = [sys.executable, "-m", "dvc_dali.migrate"]
+MIGRATE = [sys.executable, "-m", "dvc_dali.cli.migrate"]
 TOTAL = 5
 
 # DVC 2's stage: `checkpoint: true` only, no persist, no always_changed.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_dali.exp_refs import list_rows as list_checkpoint_rows
+from dvc_dali.reading.exp_refs import list_rows as list_checkpoint_rows
 
 from tests.helpers.dvc_project import make_project, run
 from tests.helpers.fuzz_harness import (ExpRun, cached_checkpoint_step, check_row_data, git,

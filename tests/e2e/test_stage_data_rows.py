@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_dali.process_state import reset
+from dvc_dali.core.process_state import reset
 from dvc_dali.recording import pipeline as rec
 
 from tests.helpers.dvc_project import make_project

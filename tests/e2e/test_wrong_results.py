@@ -220,7 +220,7 @@ def test_params_default_to_the_stages_params(tmp_path):
     more = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=30"], project)
     said = more.stdout + more.stderr
     assert "resuming at step 20" in said and "train.steps: 20 -> 30" in said
-    from dvc_dali.exp_refs import list_rows
+    from dvc_dali.reading.exp_refs import list_rows
 
     rows = {r["name"]: r for r in list_rows(str(project))}
     assert rows["b-step10"]["parent"] is None  # a new run from step 0 has no parent row
@@ -260,7 +260,7 @@ def test_temp_and_queued_runs_resume_an_applied_row(tmp_path, how):
     assert "resuming at step 10" in said, said
     assert "step 10/20" not in said  # nothing trained twice
     assert _model_of(project, "tmp-step20") == _model_of(project, "ws-step20")
-    from dvc_dali.exp_refs import list_rows
+    from dvc_dali.reading.exp_refs import list_rows
 
     rows = {r["name"]: r for r in list_rows(str(project))}
     assert rows["tmp-step20"]["parent"] == rows["a-step10"]["sha"]

@@ -35,7 +35,8 @@ def _fault(what: str, step: int) -> None:
 
 
 def _install(what: str, step: int) -> None:
-    from dvc_dali import async_ranks, store
+    from dvc_dali.training import async_ranks
+    from dvc_dali.format import store
 
     at = what.split("-", 1)[1]  # kill-mid-write -> mid-write
     armed = {"on": False}

@@ -300,7 +300,7 @@ def load_checkpoint(path: Path) -> int:
     snapshot's own with room to train further, so a finished run loads too
     instead of being set aside for a new run."""
     import dvc_dali
-    from dvc_dali import store
+    from dvc_dali.format import store
 
     snap = store.read_snapshot(Path(path))
     assert snap is not None, f"{path}: no checkpoint"

@@ -162,7 +162,7 @@ def workspace_resume_step(project: Path) -> int | None:
 
 def reference_run(project: Path, log_dir: Path) -> Reference:
     """One uninterrupted run (named `ref`), timed, in the fuzz project itself."""
-    from dvc_dali.exp_refs import list_rows
+    from dvc_dali.reading.exp_refs import list_rows
     from tests.helpers.fuzz_harness import show
 
     run = ExpRun(project, ["-n", "ref", *PARAMS], log_dir / "ref.log")
@@ -405,7 +405,7 @@ def check_row(project: Path, ref: Reference, row: dict, params: dict) -> None:
 def check_rows(project: Path, ref: Reference, params: dict) -> list[dict]:
     """Every experiment row (DVC's own too) points only at cached data; every
     checkpoint row passes check_row. Returns the checkpoint rows."""
-    from dvc_dali.exp_refs import list_rows
+    from dvc_dali.reading.exp_refs import list_rows
     from tests.helpers.fuzz_harness import check_row_data
     from tests.helpers.rows import exp_refs
 

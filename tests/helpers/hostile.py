@@ -36,8 +36,8 @@ from hypothesis import HealthCheck, currently_in_test_context
 from hypothesis import strategies as st
 
 import dvc_dali
-from dvc_dali import store
-from dvc_dali.errors import CheckpointCorruptError, DvcDaliError
+from dvc_dali.format import store
+from dvc_dali.core.errors import CheckpointCorruptError, DvcDaliError
 
 from tests.helpers import pipelines
 

@@ -65,7 +65,7 @@ def dynamic_steps(ck, data: str):
 
 def fail_digests_on_the_thread(which: str) -> None:
     """The K-th digest computed on the digest thread raises (K in ``which``)."""
-    from dvc_dali import batch_digests
+    from dvc_dali.proof import batch_digests
 
     original, count = batch_digests.digest, itertools.count(1)
     fails = {int(k) for k in which.split(",")}

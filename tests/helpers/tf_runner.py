@@ -57,7 +57,7 @@ def dataset(ck, cfg, data):
 def old_layout() -> None:
     """Datasets built and saved without the check node (dali_tf), as by an
     earlier dvc-dali."""
-    from dvc_dali import restorable
+    from dvc_dali.training import restorable
 
     restore = restorable.TfDataset.restore
 
@@ -131,8 +131,8 @@ def damaged(cfg, data, ckpt) -> dict:
     raises CheckpointCorruptError; anything else is counted as a failure."""
     import random
 
-    from dvc_dali import dali_tf
-    from dvc_dali.errors import CheckpointCorruptError
+    from dvc_dali.dali import dali_tf
+    from dvc_dali.core.errors import CheckpointCorruptError
 
     ck = dvc_dali.Checkpointer(ckpt)
     ds = dataset(ck, {**cfg, "mode": "stream"}, data)

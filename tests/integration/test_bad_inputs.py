@@ -15,7 +15,7 @@ import pytest
 from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
-from dvc_dali import store
+from dvc_dali.format import store
 
 from tests.helpers import pipelines
 
@@ -214,7 +214,7 @@ def test_latest_pointer_garbage(saved):
 def test_dali_1x_checkpoint(saved, data_dir):
     """DALI 1.x pickled its pipeline data; DALI 2 fails on it with a bare
     UnpicklingError. Build such bytes: real operator states, pickled context."""
-    from dvc_dali import protowire
+    from dvc_dali.dali import protowire
 
     real = (snapshot_dir(saved) / STATE).read_bytes()
     ops = b"".join(bytes([0x0A]) + _varint(len(v)) + v

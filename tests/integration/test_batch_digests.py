@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from dvc_dali import batch_digests
+from dvc_dali.proof import batch_digests
 from tests.helpers.proof import (companion, manifest, outputs, perturb_same_size_and_mtime,
                                  refused_then_inexact)
 from tests.helpers.proof import run as proof_run
@@ -123,7 +123,7 @@ def test_a_manifest_with_forged_digests_names_the_field(tmp_path):
     path = ckpt / name / "manifest.json"
     doc = json.loads(path.read_text())
     doc["pipelines"]["train"]["batches"]["digests"][0][0] = "../etc"
-    from dvc_dali import manifest_schema
+    from dvc_dali.format import manifest_schema
 
     with pytest.raises(Exception) as err:
         manifest_schema.validate(doc, str(path))

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import dvc_dali
-from dvc_dali import store
+from dvc_dali.format import store
 
 SAVER = """
 import sys, numpy as np, dvc_dali

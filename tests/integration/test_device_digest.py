@@ -1,4 +1,4 @@
-"""The GPU batch digest (dvc_dali/device_digest.py) computes digest_model's
+"""The GPU batch digest (dvc_dali/proof/device_digest.py) computes digest_model's
 ``mix64``, the same value the NumPy model gives for the same bytes, however
 the batch lies on the device (dense, ragged, unaligned, more samples than a
 grid's y, none), ordered after the stream that produced the data; and a
@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-from dvc_dali import batch_digests, device_digest, digest_model
+from dvc_dali.proof import batch_digests, device_digest, digest_model
 from tests.helpers.launch import requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -157,7 +157,7 @@ def test_dynamic_mode_gpu_batch_digested_on_the_device():
     to the digest as TensorListGPU (nothing copied), of the model's value."""
     import nvidia.dali.experimental.dynamic as ndd
 
-    from dvc_dali import dali_dynamic
+    from dvc_dali.dali import dali_dynamic
 
     rng = np.random.default_rng(2)
     dense = [rng.integers(0, 256, (4, 5), dtype=np.uint8) for _ in range(6)]

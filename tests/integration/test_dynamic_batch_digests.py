@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dvc_dali import batch_digests
+from dvc_dali.proof import batch_digests
 from tests.helpers.proof import (companion, manifest, outputs, perturb_same_size_and_mtime,
                                  refused_then_inexact)
 from tests.helpers.proof import run as proof_run
@@ -86,7 +86,7 @@ def test_the_next_checkpoint_holds_the_readers_digests(tmp_path, images):
     assert batch_digests.log_id_of(doc) == record["log"]
     assert batch_digests.from_manifest(doc, record["previous"]) == {STREAM: record["digests"]}
     # a forged digest names its field
-    from dvc_dali import manifest_schema
+    from dvc_dali.format import manifest_schema
 
     doc["dynamic"]["dynamic"]["batches"]["reader"]["digests"][0][0] = "../etc"
     with pytest.raises(Exception) as err:
@@ -116,7 +116,7 @@ def test_a_yielded_batch_on_the_host_digests_as_its_arrays():
     (iterating samples yields Tensors): each as digest_arrays takes them."""
     import nvidia.dali.experimental.dynamic as ndd
 
-    from dvc_dali import dali_dynamic
+    from dvc_dali.dali import dali_dynamic
 
     ragged = [np.arange(3, dtype=np.uint8), np.arange(5, dtype=np.uint8)]
     dense = np.arange(12, dtype=np.int32).reshape(3, 4)

@@ -85,7 +85,7 @@ def test_each_runners_zygote_forks_fresh_children(script, runner):
     assert lines(proc.stdout, "modules") == ["modules []"]
 
 
-@pytest.mark.parametrize("module,why", [("dvc_dali.errors", ".*dvc_dali.errors"),
+@pytest.mark.parametrize("module,why", [("dvc_dali.core.errors", ".*dvc_dali.core.errors"),
                                         ("starts_a_thread", "2 threads")])
 def test_a_zygote_that_would_not_fork_fresh_children_refuses(script, tmp_path, module, why):
     """A dvc_dali module or a second thread in the zygote: no child at all."""

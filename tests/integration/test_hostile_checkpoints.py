@@ -32,8 +32,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dvc_dali
-from dvc_dali import store
-from dvc_dali.errors import CheckpointCorruptError
+from dvc_dali.format import store
+from dvc_dali.core.errors import CheckpointCorruptError
 
 from tests.helpers import REPO, pipelines
 from tests.helpers.hostile import (HUGE, SETTINGS, SWAPS, DaliCase, Deep, apply_edit,
@@ -286,8 +286,8 @@ def test_todays_checkpoint_reads_back_exactly(pristine):
 CHILD = """
 import resource, sys
 from pathlib import Path
-from dvc_dali import store
-from dvc_dali.errors import DvcDaliError
+from dvc_dali.format import store
+from dvc_dali.core.errors import DvcDaliError
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 size = int(status["VmSize"].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), size + (512 << 20)))

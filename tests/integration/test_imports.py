@@ -143,19 +143,19 @@ def test_a_spawned_worker_of_a_checkpoint_stage_acts_on_nothing(project):
 ], ids=["no checkpoint word", "another stage's", "its own", "with its path", "no such stage",
         "foreach", "not YAML"])
 def test_the_stage_is_told_from_its_dvc_yaml(text, stage, expected):
-    from dvc_dali.stage_start import declares_checkpoint
+    from dvc_dali.training.stage_start import declares_checkpoint
 
     assert declares_checkpoint([text], stage.rpartition(":")[2]) is expected
 
 
 def test_no_dvc_yaml_leaves_it_to_dvc():
-    from dvc_dali.stage_start import declares_checkpoint
+    from dvc_dali.training.stage_start import declares_checkpoint
 
     assert declares_checkpoint([], "t") is None
 
 
 def test_candidate_files_walk_up_to_the_root(tmp_path):
-    from dvc_dali.stage_start import candidate_files
+    from dvc_dali.training.stage_start import candidate_files
 
     root = str(tmp_path)
     sub = os.path.join(root, "a", "b")
@@ -166,7 +166,8 @@ def test_candidate_files_walk_up_to_the_root(tmp_path):
 
 
 def test_stage_start_names_the_signal_as_context_does():
-    from dvc_dali import context, stage_start
+    from dvc_dali.core import context
+    from dvc_dali.training import stage_start
 
     assert stage_start.SIGNAL_NAME == context.SIGNAL_NAME
 

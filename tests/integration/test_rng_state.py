@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dvc_dali
-from dvc_dali import rng_state
+from dvc_dali.training import rng_state
 
 from tests.helpers import HELPERS, REPO
 

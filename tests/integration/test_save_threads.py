@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import dvc_dali
-from dvc_dali import store
+from dvc_dali.format import store
 
 from tests.helpers import REPO
 # several files, 4 MB or more in all: the threaded path

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("tensorflow", reason="install the tf extra (README: two pip commands)")
 pytest.importorskip("nvidia.dali.plugin.tf", reason="install nvidia-dali-tf-plugin (README)")
 
-from dvc_dali import dali_tf  # noqa: E402
-from dvc_dali.errors import CheckpointCorruptError  # noqa: E402
+from dvc_dali.dali import dali_tf  # noqa: E402
+from dvc_dali.core.errors import CheckpointCorruptError  # noqa: E402
 
 from tests.helpers import REPO
 from tests.helpers.tf_cases import runner, same_from
@@ -130,7 +130,7 @@ def test_the_check_node_keeps_each_element_and_sees_it_when_taken():
     check raises comes out of the iterator typed."""
     import tensorflow as tf
 
-    from dvc_dali.batch_digests import BatchMismatchError, digest_arrays
+    from dvc_dali.proof.batch_digests import BatchMismatchError, digest_arrays
 
     kinds = [tf.data.Dataset.from_tensor_slices(([b"ab", b"c"],)),
              tf.data.Dataset.from_tensor_slices({"a": [1, 2], "s": ["x", "yz"]}),
@@ -165,7 +165,7 @@ def test_a_damaged_tf_state_is_a_typed_error(data_dir, tmp_path):
     TensorFlow checkpoint: CheckpointCorruptError naming the file, no crash."""
     runner({"mode": "stream", "until": 3, "save_at": [3]}, data_dir, tmp_path / "ck",
            tmp_path / "a.npz")
-    from dvc_dali import store
+    from dvc_dali.format import store
 
     snap = next(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-"))
     member = next((snap / "pipelines").iterdir())

@@ -1,4 +1,4 @@
-"""dvc_dali/arrays.py: a value saved with a checkpoint comes back as it went
+"""dvc_dali/format/arrays.py: a value saved with a checkpoint comes back as it went
 in (types, key types, key order, dtypes, shapes, bits), through what a
 checkpoint holds of it: a .npy file per array and JSON text for the tree and
 the leaves' infos. What could not come back so is refused at save; a tree
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dvc_dali import arrays
+from dvc_dali.format import arrays
 
 
 def save(value: Any) -> tuple[str, list[bytes], str]:

@@ -1,4 +1,4 @@
-"""The pure parts of the batch proof (dvc_dali/batch_digests.py): what
+"""The pure parts of the batch proof (dvc_dali/proof/batch_digests.py): what
 differs between two digests, what a companion file yields when torn or
 forged, which manifest holds the digests after a checkpoint, the setting."""
 
@@ -10,9 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
-from dvc_dali import batch_digests as bd
-from dvc_dali.context import RunContext
-from dvc_dali.errors import ConfigError
+from dvc_dali.proof import batch_digests as bd
+from dvc_dali.core.context import RunContext
+from dvc_dali.core.errors import ConfigError
 
 A = "uint8/0000aaaa/c11111111"
 ID1, ID2 = "1" * 32, "2" * 32

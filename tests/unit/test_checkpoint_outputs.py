@@ -1,4 +1,4 @@
-"""Which outputs are checkpoints (dvc_dali/checkpoint_outputs.py) as a table:
+"""Which outputs are checkpoints (dvc_dali/core/checkpoint_outputs.py) as a table:
 a stage's dvc.yaml entry in, its `checkpoint: true` outputs out. The one rule
 `dvc-dali migrate` and the recorder (dvc_door.declared_checkpoint_outs) share."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.checkpoint_outputs import checkpoint_outputs
+from dvc_dali.core.checkpoint_outputs import checkpoint_outputs
 
 CK = {"checkpoint": True}
 

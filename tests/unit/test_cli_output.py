@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.cli import _message, draw_tree, group_runs, parse_batch, render
-from dvc_dali.errors import DvcDaliError
+from dvc_dali.cli.main import _message, draw_tree, group_runs, parse_batch, render
+from dvc_dali.core.errors import DvcDaliError
 from dvc_dali.recording.remove import Removed, select_refs, summarize
 
 B1, B2 = "a" * 40, "b" * 40
@@ -68,7 +68,7 @@ DANGLING = {"a", "an", "and", "each", "every", "of", "or", "the"}
 
 
 def test_every_command_help_is_a_whole_phrase():
-    from dvc_dali.cli import build_parser
+    from dvc_dali.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "cmd")

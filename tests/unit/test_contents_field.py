@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from dvc_dali import manifest_schema
-from dvc_dali.errors import CheckpointCorruptError
+from dvc_dali.format import manifest_schema
+from dvc_dali.core.errors import CheckpointCorruptError
 
 from tests.unit.test_manifest_schema import TODAY, WHERE
 

@@ -1,4 +1,4 @@
-"""The mix64 batch digest's NumPy model (dvc_dali/digest_model.py), the
+"""The mix64 batch digest's NumPy model (dvc_dali/proof/digest_model.py), the
 specification a GPU kernel follows: the same bytes digest the same however
 the batch is laid out, and any changed byte, swapped sample, changed shape or
 dtype changes it. Checked against a plain-Python reading of its docstring."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dvc_dali import digest_model as dm
+from dvc_dali.proof import digest_model as dm
 
 MASK = (1 << 64) - 1
 

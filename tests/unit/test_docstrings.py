@@ -21,7 +21,7 @@ import pytest
 import dvc_dali
 
 PACKAGE = Path(dvc_dali.__file__).parent
-CALLBACK_MODULES = ["keras_callback.py", "lightning_callback.py"]
+CALLBACK_MODULES = ["integrations/keras_callback.py", "integrations/lightning_callback.py"]
 SECTION = re.compile(r"^\s*(Args|Returns|Raises|Attributes|Warns|Yields|Examples?):\s*$")
 
 

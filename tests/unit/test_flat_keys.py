@@ -1,4 +1,4 @@
-"""Nested mappings as joined keys (dvc_dali/flat_keys.py), as a table: the
+"""Nested mappings as joined keys (dvc_dali/core/flat_keys.py), as a table: the
 one helper for params (run_start, row_queries) and pipeline descriptions
 (dali_state.differences)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.flat_keys import flat_keys
+from dvc_dali.core.flat_keys import flat_keys
 
 # id, node, keyword arguments, flat
 CASES = [

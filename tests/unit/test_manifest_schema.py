@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dvc_dali import arrays, manifest_schema, npy, protowire, safe_json
-from dvc_dali.errors import CheckpointCorruptError, CheckpointFormatError
+from dvc_dali.format import arrays, manifest_schema, npy, safe_json
+from dvc_dali.dali import protowire
+from dvc_dali.core.errors import CheckpointCorruptError, CheckpointFormatError
 
 # A manifest.json as dvc-dali 0.1.0 (format_version 1) wrote it: a DALI
 # pipeline, a torch bfloat16 leaf, int keys, a tuple with inf, no dynamic state.

@@ -1,4 +1,4 @@
-"""dvc_dali.migrate as tables: dvc.yaml text in, dvc.yaml text out.
+"""dvc_dali.cli.migrate as tables: dvc.yaml text in, dvc.yaml text out.
 
 Every row is also checked for the rules that hold for any input: rewriting
 twice changes nothing more, the result needs no further change, DVC's own
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from dvc_dali.migrate import (
+from dvc_dali.cli.migrate import (
     Change,
     MigrateError,
     check_project,

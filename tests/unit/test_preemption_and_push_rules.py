@@ -2,7 +2,7 @@
 
 import pytest
 
-from dvc_dali.preemption import due
+from dvc_dali.training.preemption import due
 from dvc_dali.recording.auto_push import BACKOFF_S, backoff
 from dvc_dali.recording.rows import run_name
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dvc_dali import process_state
-from dvc_dali.process_state import STATE, ProcessState, reset
+from dvc_dali.core import process_state
+from dvc_dali.core.process_state import STATE, ProcessState, reset
 
 
 def _dirty() -> dict[str, object]:
@@ -71,7 +71,7 @@ def test_reset_returns_every_field_to_its_initial_value():
 
 
 def test_reset_releases_the_checkpoint_directory_locks(tmp_path):
-    from dvc_dali import dirlock
+    from dvc_dali.format import dirlock
 
     dirlock.acquire(tmp_path / "ckpt")
     reset()

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.rank_commit import (FAIL, RECORD, WAIT, Durable, decide, format_durable,
-                                  parse_durable)
+from dvc_dali.training.rank_commit import (
+    FAIL,
+    RECORD,
+    WAIT,
+    Durable,
+    decide,
+    format_durable,
+    parse_durable,
+)
 
 
 def mark(rank, step):

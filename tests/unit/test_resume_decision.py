@@ -14,8 +14,8 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from dvc_dali.errors import CheckpointCorruptError
-from dvc_dali.resume import (
+from dvc_dali.core.errors import CheckpointCorruptError
+from dvc_dali.training.resume import (
     FRESH,
     NOTHING,
     RESTART,

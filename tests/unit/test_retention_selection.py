@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.best import best_row
-from dvc_dali.errors import ConfigError
-from dvc_dali.row_queries import best_row as history_best_row
+from dvc_dali.reading.best import best_row
+from dvc_dali.core.errors import ConfigError
+from dvc_dali.reading.row_queries import best_row as history_best_row
 from dvc_dali.recording.retention import select_pruned
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dvc_dali.recording import commit
-from dvc_dali.process_state import reset
+from dvc_dali.core.process_state import reset
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:

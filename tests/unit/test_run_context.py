@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.context import VARIABLES, RunContext
-from dvc_dali.errors import ConfigError
+from dvc_dali.core.context import VARIABLES, RunContext
+from dvc_dali.core.errors import ConfigError
 
 RUN = {"DVC_ROOT": "/r", "DVC_EXP_BASELINE_REV": "a" * 40}
 

@@ -1,4 +1,4 @@
-"""Which rows are one run, and which row a key names (dvc_dali.row_queries):
+"""Which rows are one run, and which row a key names (dvc_dali.reading.row_queries):
 what `rows(run=...)`, `load(rev=...)` and the example's evaluate stage use
 to score a run's own rows, never another run's of the same name."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dvc_dali.errors import ConfigError
-from dvc_dali.row_queries import matching_rows, run_rows, the_row
+from dvc_dali.core.errors import ConfigError
+from dvc_dali.reading.row_queries import matching_rows, run_rows, the_row
 
 B1, B2 = "1" * 40, "2" * 40
 

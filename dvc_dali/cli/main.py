@@ -1,0 +1,554 @@
+"""The `dvc-dali` command: init, show, run, remove, push, pull, reset, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal as signals
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from .._version import __version__
+from ..core.context import SIGNAL_NAME
+from ..core.errors import DvcDaliError
+from ..reading.exp_refs import Row
+from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
+    parse_batch,
+)
+from ..reading.row_queries import best_row, rows as recorded_rows
+
+TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
+DEFAULT_METRICS = "dvclive/metrics.json"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _message(exc: BaseException) -> str:
+    """The error's text without a prefix of its own: main adds "dvc-dali CMD: "."""
+    text = str(exc)
+    for prefix in ("dvc_dali: ", "dvc-dali: "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def _project_root(cmd: str) -> Path:
+    from ..core.context import repo_root
+
+    root = repo_root()
+    if root is None:
+        raise DvcDaliError(f"not inside a DVC repository (no .dvc above {Path.cwd()}); run "
+                           f"`dvc-dali {cmd}` in the project")
+    return root
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    dest = Path(args.dir)
+    existing = [name for name in TEMPLATES if (dest / name).exists()]
+    if args.digits and (dest / "data" / "images").exists():
+        existing.append("data/images")  # the user's own images are never mixed with samples
+    if existing and not args.force:
+        print(f"dvc-dali init: {', '.join(str(dest / n) for n in existing)} already exist; "
+              "nothing written. Use --force to overwrite them.", file=sys.stderr)
+        return 1
+    source = Path(__file__).with_name("templates")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in TEMPLATES:
+        shutil.copyfile(source / name, dest / name)
+        print(f"wrote {dest / name}")
+    if args.digits:
+        from .sample_images import write_digits
+
+        images = dest / "data" / "images"
+        print(f"wrote {write_digits(images)} sample images to {images}/<digit>/")
+        print("next: `git add . && git commit -m start && dvc exp run`")
+    else:
+        print("next: put images in data/images/<class>/ (or `dvc-dali init --digits` for "
+              "samples), then `git add . && git commit -m start && dvc exp run`")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# show
+# --------------------------------------------------------------------------
+
+
+def _by_step(row: dict) -> tuple:
+    # Step first: rows recorded within the same second keep their step order.
+    return row["step"], row["time"], row["name"]
+
+
+def group_runs(rows: list[Row]) -> list[list[Row]]:
+    """Rows per run (experiment name and baseline), the run with the newest
+    row first, each run's rows by step; the newest row of each marked
+    ``latest``. Commit times have whole seconds: where they tie, the end of
+    a chain of rows beats its parents, then the higher step wins."""
+    runs: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
+    groups = [sorted(mine, key=_by_step) for mine in runs.values()]
+    parents = {r["parent"] for r in rows}
+    for mine in groups:
+        newest = max(mine, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+        for row in mine:
+            row["latest"] = row is newest
+    groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or ""))
+    return groups
+
+
+def draw_tree(rows: list[Row]) -> list[str]:
+    """A run's checkpoints as a tree by step, oldest first; a branch where a
+    run resumed from an older checkpoint of its own. The last row of the run,
+    and of each branch, is drawn with └─."""
+    by_sha = {r["sha"]: r for r in rows}
+    children: dict[str | None, list[Row]] = {}
+    for r in rows:
+        parent = r["parent"] if r["parent"] in by_sha else None
+        children.setdefault(parent, []).append(r)
+    drawn: list[tuple[int, str]] = []  # (depth, the row's text)
+
+    def chain(start: dict, depth: int) -> None:
+        node: dict | None = start
+        while node is not None:
+            kids = sorted(children.get(node["sha"], []), key=_by_step)
+            metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
+            same = ", ".join(node.get("dvc_experiments") or [])
+            mark = ("  ← latest" if node.get("latest") else "") + (
+                "  ★ best" if node.get("best") else "") + (
+                f"  (= DVC's experiment {same})" if same else "")
+            drawn.append((depth, f"step {node['step']:>7}  {node['name']:<28} "
+                                 f"{node['sha'][:7]}  {metrics}".rstrip() + mark))
+            for branch in kids[1:]:
+                chain(branch, depth + 1)
+            node = kids[0] if kids else None
+
+    for root in sorted(children.get(None, []), key=_by_step):
+        chain(root, 0)
+    lines = []
+    for i, (depth, text) in enumerate(drawn):
+        # the last of its level: no later row at this depth before one nearer the root
+        after = next((d for d, _ in drawn[i + 1:] if d <= depth), -1)
+        lines.append(f"{'│ ' * depth}{'├─' if after == depth else '└─'} {text}")
+    return lines
+
+
+def render(groups: list[list[Row]], names: dict[str, str]) -> list[str]:
+    """``group_runs``'s runs as text; ``names``: every row's name by sha, to
+    say which run a run resumed from."""
+    lines = []
+    for mine in groups:
+        own = {m["name"] for m in mine}
+        origin = [names[r["parent"]] for r in mine
+                  if r["parent"] in names and names[r["parent"]] not in own]
+        resumed = f", resumed from {origin[0]}" if origin else ""
+        baseline = (mine[0]["baseline"] or "")[:7]
+        lines.append(f"{mine[0]['exp']}  (baseline {baseline}, "
+                     f"{_plural(len(mine), 'checkpoint')}{resumed})")
+        lines.extend(draw_tree(mine))
+    return lines
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    root = str(_project_root("show"))
+    rows = recorded_rows(args.exp, root, args.metrics_file, params=args.json)
+    best = best_row(rows, args.best) if args.best else None
+    if best is not None:
+        best["best"] = True
+    if not rows and args.exp:
+        print(f"dvc-dali show: no checkpoints recorded for an experiment named {args.exp!r}; "
+              "`dvc-dali show` lists those recorded", file=sys.stderr)
+        return 1
+    groups = group_runs(rows)
+    if args.json:
+        print(json.dumps([row for mine in groups for row in mine], indent=2))
+    elif not rows:
+        print("no dvc-dali checkpoints recorded yet")
+    else:
+        print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
+    if args.best and not args.json:
+        metric = args.best.rpartition(":")[0]
+        known = sorted({m for r in rows for m in r.get("metrics", {})})
+        print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
+              f"{best['metrics'][metric]:.4g}); load it with dvc_dali.load(rev="
+              f"{best.get('ref') or best['name']!r})" if best else
+              f"best by {args.best}: no row has {metric} "
+              f"(their metrics: {', '.join(known) or 'none'}; nested names take '/', as "
+              "train/acc)")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# run, remove, reset
+# --------------------------------------------------------------------------
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    from ..format import store
+
+    try:
+        found = store.latest(path)
+        return store.read_manifest(path / found[0][0], found[0][1])["step"] if found else None
+    except DvcDaliError:
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..core.context import RECORDS_ITSELF, RunContext
+    from ..core.record_request import RecordRequest
+    from ..recording import pipeline as recording
+    from ..training.signal_file import in_repo, remove_stale
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("dvc-dali run: give the training command after --, e.g. "
+              "`dvc-dali run -- ./train --steps 100`", file=sys.stderr)
+        return 2
+    ctx = RunContext.from_environ()
+    if ctx.mode != "record":
+        print("dvc-dali run: not under DVC 3's `dvc exp run` (or DVC 2 records itself); "
+              "running the command without recording", file=sys.stderr)
+        return subprocess.call(command)
+    keep = ctx.retention(args.keep_last, args.keep_best)  # refused before the child starts
+    checkpoint = Path(args.checkpoint)
+    # before the child reads its checkpoint: carried into a --temp/queued run,
+    # an unchanged rerun of an applied row refused
+    branched = recording.start_bare_run(ctx, str(checkpoint))
+    root = _project_root("run")
+    sig = in_repo(root)
+    remove_stale(sig)
+    # The child sees DVC 2's protocol; DVC_ROOT is this run's own repository,
+    # so parallel --temp/queued runs each watch their own signal file.
+    env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
+           "DVC_DALI_SIGNAL_FILE": str(sig)}
+    env.pop(RECORDS_ITSELF, None)  # this process records, not the child
+    child = subprocess.Popen(command, env=env)
+    for sig_num in (signals.SIGINT, signals.SIGTERM):
+        signals.signal(sig_num, lambda n, _f: child.send_signal(n))
+
+    def record() -> None:  # record_and_prune logs the row it recorded
+        recording.record_and_prune(ctx, RecordRequest(
+            _checkpoint_step(checkpoint), out=str(checkpoint), branched=branched), keep)
+        sig.unlink(missing_ok=True)
+
+    try:
+        while child.poll() is None:
+            if sig.exists():
+                record()
+            time.sleep(0.01)
+        if sig.exists():  # signalled, then died while waiting: the checkpoint is complete
+            record()
+    except BaseException:
+        # As DVC 2 did when a checkpoint failed: the command is killed (it
+        # would wait for the signal file to go for ever), the signal removed.
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+            print(f"dvc-dali run: the training command (pid {child.pid}) was killed: its "
+                  "checkpoint could not be recorded (below)", file=sys.stderr)
+        sig.unlink(missing_ok=True)
+        raise
+    return child.returncode
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from ..recording.remove import remove_runs
+
+    root = str(_project_root("remove"))
+    for gone in remove_runs(root, args.exp):
+        rows = f"{_plural(gone.rows, 'row')} of {gone.exp}"
+        also = f" and DVC's experiment {gone.exp}" if gone.dvc_ref else ""
+        print(f"removed {rows}{also} (baseline {gone.baseline[:7]})")
+    print("their data stays in the DVC cache until `dvc gc` removes it")
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from ..recording.share import push_runs
+
+    for moved in push_runs(str(_project_root("push")), args.git_remote, args.exp, args.remote):
+        print(f"pushed {_plural(moved.rows, 'row')} of {moved.exp} to {args.git_remote}, "
+              "with their data")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from ..recording.share import pull_runs
+
+    for moved in pull_runs(str(_project_root("pull")), args.git_remote, args.exp, args.remote):
+        print(f"pulled {_plural(moved.rows, 'row')} of {moved.exp} from {args.git_remote}, "
+              f"with their data; `dvc exp apply <row>` then `dvc exp run` resumes one")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from ..recording.maintenance import reset_stage
+
+    removed = reset_stage(args.stage)
+    if not removed:
+        print("dvc-dali reset: no persisted dvc-dali checkpoint found; nothing to do")
+        return 0
+    for item in removed:
+        print(f"removed {item}")
+    print("the next `dvc exp run` starts from step 0; recorded experiments are kept")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------
+
+
+class _Report:
+    """Prints one line per check and counts the failed ones."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def __call__(self, ok: bool, text: str) -> None:
+        self.problems += not ok
+        print(f"{'ok ' if ok else 'BAD'}  {text}")
+
+
+def _doctor_versions(report: _Report) -> None:
+    from importlib.metadata import version
+
+    import dvc
+
+    from ..dali.dali_state import dali_version
+
+    print(f"dvc-dali {__version__}, DVC {dvc.__version__}, DVCLive {version('dvclive')}, "
+          f"DALI {dali_version()}, Python {sys.version.split()[0]}")
+    report(dvc.__version__.split(".")[0] == "3",
+           f"DVC {dvc.__version__}: dvc-dali records checkpoints on DVC 3 (DVC 2 records "
+           "them itself)")
+
+
+def _doctor_leftovers(report: _Report, root: Path) -> None:
+    """Files a killed run leaves behind, on which later runs fail."""
+    from ..recording import cut_short
+    from ..training.signal_file import in_repo
+
+    stale = in_repo(root)
+    report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
+                                               "remove it if no run is active" if stale.exists()
+                                               else "no stale signal"))
+    git_dir = root / ".git"
+    # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows')
+    locks = sorted(git_dir.glob("*.lock")) + sorted(git_dir.glob("refs/**/*.lock"))
+    row_locks = set(cut_short.locks(str(git_dir)))
+    for lock in locks:
+        what = cut_short.judge(str(git_dir), lock, None)[0] if lock in row_locks else None
+        if what == cut_short.COMPLETE:
+            report(True, f"{lock}: a row a killed run recorded but did not publish; the next "
+                         "`dvc exp run` completes it")
+        elif what == cut_short.REMOVE:
+            report(True, f"{lock}: a lock left by a killed run without a row in it; the next "
+                         "`dvc exp run` removes it")
+        else:
+            report(False, f"{lock}: a git lock left by a killed `dvc exp run`; DVC fails on it "
+                          "(at once, or at the end of the next run). Remove it if no git or "
+                          "DVC process is running")
+    # DVC writes these in place (its rwlock; the info file of a running
+    # experiment, .dvc/tmp/exps/run/<name>/<name>.run); a run killed meanwhile
+    # leaves them empty or cut short, and every later DVC command (or
+    # `dvc exp run`) then fails to read them.
+    tmp = root / ".dvc" / "tmp"
+    for left in sorted(tmp.glob("**/rwlock")) + sorted(tmp.glob("exps/run/*/*.run")):
+        try:
+            json.loads(left.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            report(False, f"{left}: unreadable ({type(exc).__name__}), left by a killed DVC "
+                          "command; DVC refuses to run until it goes. Remove it if no DVC "
+                          "process is running")
+
+
+def _doctor_stages(report: _Report, root: Path) -> None:
+    from ..core.context import RunContext
+    from ..recording import maintenance
+
+    outputs = maintenance.checkpoint_outputs(str(root))
+    if not outputs:
+        report(False, f"no stage in {root} has a checkpoint output: nothing would be recorded. "
+                      "Declare the output the training saves checkpoints to `persist: true` "
+                      "and `checkpoint: true` in dvc.yaml (`dvc-dali init` writes an example)")
+    from .migrate import check_project
+
+    for line in check_project(str(root)):  # DVC 2 stages: `dvc-dali migrate` fixes them
+        report(False, line)
+    ctx = RunContext.from_environ()
+    for stage, path in outputs:
+        try:
+            maintenance.check_stage(ctx, path, stage=stage)
+            report(True, f"stage {stage}: checkpoint output {os.path.relpath(path, root)} "
+                   "is persisted and the stage always runs")
+        except DvcDaliError as exc:
+            report(False, _message(exc))
+
+
+def _doctor_gpu(report: _Report) -> None:
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+        report(True, f"GPU: {count} CUDA device(s) usable through CuPy")
+    except Exception as exc:
+        print(f"--   GPU: not usable ({type(exc).__name__}); DALI runs on the CPU "
+              "(device_id=None)")
+
+
+def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
+    """Replay a recorded checkpoint's pipelines and compare their batches."""
+    from ..proof import replay
+    from ..recording import maintenance
+
+    for _stage, path in maintenance.checkpoint_outputs(str(root)):
+        replay.verify(root, os.path.relpath(path, root), row, report)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..core.context import repo_root
+
+    report = _Report()
+    _doctor_versions(report)
+    root = repo_root()
+    if root is None:
+        report(False, f"no DVC repository at or above {Path.cwd()}: run `dvc init`")
+        return 1
+    _doctor_leftovers(report, root)
+    _doctor_stages(report, root)
+    _doctor_gpu(report)
+    if args.verify is not None:
+        _doctor_verify(report, root, args.verify or None)
+    return 1 if report.problems else 0
+
+
+# --------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------
+
+
+def _subparser(sub: "argparse._SubParsersAction", name: str,
+               func: Callable[[argparse.Namespace], int], help_text: str, description: str
+               ) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=description)
+    p.set_defaults(func=func)
+    return p
+
+
+def _init_parser(sub: "argparse._SubParsersAction") -> None:
+    p = _subparser(sub, "init", cmd_init, "write a dvc.yaml stage, params.yaml and a training "
+                   "script to start from", "Write dvc.yaml, params.yaml and train.py: a stage "
+                   "that trains on data/images/<class>/ and records a checkpoint every few "
+                   "steps. Refuses to overwrite existing files without --force.")
+    p.add_argument("dir", nargs="?", default=".", help="where to write them (default: .)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--digits", action="store_true",
+                   help="also write sample images to data/images: scikit-learn's 1,797 "
+                        "handwritten digits as PNG files (needs scikit-learn)")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand; with ``command`` "show", not the ones
+    that cost imports (`migrate`): `dvc-dali show` starts faster."""
+    parser = argparse.ArgumentParser(prog="dvc-dali", description="DALI pipeline state as "
+                                     "DVC experiment checkpoints.")
+    parser.add_argument("--version", action="version", version=f"dvc-dali {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _init_parser(sub)
+    p = _subparser(sub, "show", cmd_show, "recorded checkpoints as a tree per experiment, "
+                   "by step", "Recorded checkpoint rows per experiment run, the run with the "
+                   "newest row first; each run as a tree by step with its metrics, its newest "
+                   "row marked.")
+    p.add_argument("exp", nargs="?", help="only this experiment")
+    p.add_argument("--json", action="store_true", help="print JSON rows")
+    p.add_argument("--best", metavar="METRIC:max|min",
+                   help="mark and print the best row by a DVCLive metric, e.g. train/acc:max")
+    p.add_argument("--metrics-file", default=DEFAULT_METRICS,
+                   help=f"metrics file to show (default: {DEFAULT_METRICS})")
+    p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
+                   f"each {SIGNAL_NAME} signal it makes, as a DVC 3 stage command",
+                   f"Run CMD with DVC 2's checkpoint protocol ({SIGNAL_NAME}=1; CMD touches "
+                   f"$DVC_ROOT/.dvc/tmp/{SIGNAL_NAME} and waits until it is gone) and record "
+                   "each checkpoint as an experiment row. Use it as the stage's cmd.")
+    p.add_argument("--checkpoint", default="checkpoint",
+                   help="the checkpoint output directory (default: checkpoint)")
+    p.add_argument("--keep-last", type=int, help="keep only the last N checkpoint rows")
+    p.add_argument("--keep-best", help="also keep the best row by a metric, e.g. train/acc:max")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p = _subparser(sub, "remove", cmd_remove, "delete whole experiment runs: all their "
+                   "checkpoint rows and DVC's own experiment", "Delete every checkpoint row of "
+                   "each named experiment run, on every baseline, and DVC's own experiment "
+                   "of that name (as `dvc exp remove`). Only the refs go: the data stays in "
+                   "the DVC cache until `dvc gc`.")
+    p.add_argument("exp", nargs="+", help="experiment name(s), as `dvc-dali show` lists them")
+    for name, func, verb in (("push", cmd_push, "to"), ("pull", cmd_pull, "from")):
+        p = _subparser(sub, name, func, f"{name} whole experiment runs, every checkpoint row "
+                       f"with its data, {verb} remotes", f"{name.capitalize()} every checkpoint "
+                       f"row of each named run (and DVC's own experiment of that name) {verb} "
+                       f"the git remote, with the rows' data {verb} the DVC remote (data "
+                       f"first). `dvc exp {name}` moves only a run's final experiment.")
+        p.add_argument("git_remote", help="git remote name or URL, as for `dvc exp push`")
+        p.add_argument("exp", nargs="+", help="experiment run name(s)")
+        p.add_argument("-r", "--remote", help="DVC remote (default: the default remote)")
+    p = _subparser(sub, "reset", cmd_reset, "start over: delete the persisted checkpoint and "
+                   "its dvc.lock entry (DVC 2's `exp run --reset`)", "Start over: delete the "
+                   "persisted checkpoint output and its dvc.lock entry, so the next `dvc exp "
+                   "run` starts from step 0 (DVC 2's `exp run --reset`). Recorded rows are kept.")
+    p.add_argument("--stage", help="only this stage (default: every stage with one)")
+    if command != "show":
+        from .migrate import add_parser as add_migrate
+
+        add_migrate(sub)
+    _doctor_parser(sub)
+    return parser
+
+
+def _doctor_parser(sub: "argparse._SubParsersAction") -> None:
+    p = _subparser(sub, "doctor", cmd_doctor, "check versions, stage declarations, stale "
+                   "signals, GPU; --verify replays a checkpoint", "Check the DVC version, that "
+                   "a stage has a checkpoint output DVC 3 can resume from, files killed runs "
+                   "leave behind, and the GPU. --verify [ROW]: restore the checkpoint of ROW "
+                   "(default: the workspace's) without training, and compare the batches its "
+                   "pipelines produce with those the run recorded after it.")
+    p.add_argument("--verify", nargs="?", const="", default=None, metavar="ROW",
+                   help="replay ROW's checkpoint (default: the workspace's) and compare its "
+                        "batches with the recorded digests")
+
+
+def _closed_pipe() -> int:
+    """The reader went away (`dvc-dali show | head`): stop quietly, with the
+    status of a process killed by SIGPIPE, as `git log | head` ends."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the exit-time flush must not fail again
+    os.close(devnull)
+    return 128 + signals.SIGPIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    args = build_parser(first[0] if first else None).parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here when the output was buffered
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
+    except (DvcDaliError, OSError) as exc:  # OSError: git or DVC missing, a file unreadable
+        from ..core.context import debug_requested
+
+        if debug_requested():  # DVC_DALI_DEBUG=1: the traceback too, as DVC's -v
+            traceback.print_exc()
+        print(f"dvc-dali {args.cmd}: {_message(exc)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""DALI dynamic mode (``nvidia.dali.experimental.dynamic``): its own
+``checkpoint.Checkpoint``, on which the script registers readers and RNGs,
+saved as JSON text next to the pipelines' states; and the readers' batches,
+seen as they are yielded and brought to the host for their digests
+(batch_digests.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ..core.errors import CheckpointCorruptError
+
+_OBSERVED = "_dvc_dali_observed"  # marks a reader's next_epoch already wrapped
+
+
+def checkpoint(name: str, saved: str | None = None, where: str = "") -> Any:
+    """A new dynamic-mode ``Checkpoint``; with ``saved`` (the text read from
+    the snapshot at ``where``), each object registered on it gets its saved
+    state back at registration."""
+    from nvidia.dali.experimental.dynamic import checkpoint as dyn
+
+    ckpt = dyn.Checkpoint()
+    if saved is not None:
+        try:
+            ckpt.deserialize(saved)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointCorruptError(
+                f"{where}: dynamic-mode state {name!r} is not a DALI dynamic checkpoint "
+                f"({exc}); start over with `dvc-dali reset`.") from None
+    return ckpt
+
+
+def serialize(ckpt: Any) -> str:
+    """The registered objects' states now, as the text to save."""
+    ckpt.collect()
+    return ckpt.serialize()
+
+
+def on_readers(ckpt: Any, hook: Callable[[str, Any], None]) -> None:
+    """``hook(key, reader)`` after each reader registered on ``ckpt`` from
+    now on, under the key ``register`` returns. RNGs are registered on it
+    too; they yield no batches (what has ``next_epoch`` is a reader)."""
+    register = ckpt.register
+
+    def registering(op: Any, name: str | None = None) -> str:
+        key = register(op, name)
+        if callable(getattr(op, "next_epoch", None)):
+            hook(key, op)
+        return key
+
+    ckpt.register = registering  # on this instance: DALI's class stays as it is
+
+
+def observe_batches(reader: Any, observe: Callable[[Any], None]) -> None:
+    """``observe(batch)`` for each batch (a tuple or dict of ``Batch``; a
+    tuple of ``Tensor`` when iterating samples) ``reader.next_epoch`` yields,
+    before the caller gets it: a resume refuses a differing batch before the
+    step trains on it."""
+    next_epoch = reader.next_epoch
+    if getattr(next_epoch, _OBSERVED, False):
+        return  # the same reader registered again: its batches are seen once
+
+    def observed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        # DALI's own call now, so its argument errors come where they did
+        return _each(next_epoch(*args, **kwargs), observe)
+
+    setattr(observed, _OBSERVED, True)
+    reader.next_epoch = observed
+
+
+def _each(batches: Any, observe: Callable[[Any], None]) -> Iterator[Any]:
+    try:
+        for batch in batches:
+            observe(batch)
+            yield batch
+    finally:
+        # a loop that breaks closes DALI's generator now, as it would unwrapped
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def digest_outputs(batch: Any) -> list[Any]:
+    """One yielded batch as batch_digests.digest_dynamic takes it: per
+    output (a dict's in its order) a GPU one as its TensorListGPU (digested
+    on the device, nothing copied; a sample, ``Tensor``, as a batch of one),
+    a CPU one as the list of its samples' arrays (:func:`host_outputs`)."""
+    from nvidia.dali import backend
+
+    out: list[Any] = []
+    for value in _values(batch):
+        # the evaluated batch's TensorListGPU: DALI's own object, no copy
+        storage = (value.evaluate()._storage  # noqa: SLF001
+                   if value.device.device_type == "gpu" else None)
+        if isinstance(storage, backend.TensorGPU):
+            storage = backend.TensorListGPU([storage], contiguous=False)
+        out.append(storage if storage is not None else host_outputs([value])[0])
+    return out
+
+
+def _values(batch: Any) -> list[Any]:
+    if isinstance(batch, dict):
+        return list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return list(batch)
+    return [batch]
+
+
+def host_outputs(batch: Any) -> list[list[Any]]:
+    """One yielded batch as host arrays: per output (a dict's in its order)
+    the list of its samples, the form batch_digests.digest_arrays takes for
+    ragged samples (a reader's encoded files differ in length, and
+    ``as_tensor`` refuses those); a sample (``Tensor``) as a batch of one.
+    A GPU output is copied to the host; a CPU one is viewed, not copied."""
+    import numpy as np
+
+    out = []
+    for value in _values(batch):
+        host = value.cpu()  # itself when on the CPU
+        samples = host.tensors if hasattr(host, "tensors") else [host]
+        out.append([np.asarray(sample) for sample in samples])
+    return out

@@ -1,0 +1,339 @@
+"""Everything that touches a DALI pipeline: building it with a checkpoint,
+describing it for the manifest, and reading checkpoint bytes. (DALI's
+framework iterators are in dali_iterators.py, dynamic mode in
+dali_dynamic.py, the TF plugin in dali_tf.py; tests/unit/test_dali_boundary.py
+lists the modules that may import DALI.)
+
+DALI restores silently into a pipeline with another batch size, shuffle flag,
+file_root, shard or seed. The description recorded here holds each of those,
+so a restore can say what differs instead of producing other data.
+"""
+
+from __future__ import annotations
+
+# This module is one of the doors to DALI (tests/unit/test_dali_boundary.py):
+# reaching DALI objects' private attributes is the doors' job, no other module's.
+# ruff: noqa: SLF001
+
+import hashlib
+import json
+import os
+import struct
+import warnings
+from typing import Any
+
+from . import protowire
+from ..format import safe_json
+from ..core.errors import (
+    ConfigError,
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    UnnamedOperatorWarning,
+    UnsupportedPipelineError,
+)
+from ..core.flat_keys import flat_keys
+
+# Arguments DALI adds for its own bookkeeping (source line numbers, display
+# names): they change when the script is edited, not when the data does.
+KIND = "dali"  # the manifest's "kind" of a pipeline saved with pipe.checkpoint()
+_IGNORED_ARG_PREFIX = "_"
+_IGNORED_ARGS = {"preserve_name", "device_id", "num_threads"}
+_DATA_LOCATION_ARGS = {"file_root", "file_list", "annotations_file", "manifest_filepaths"}
+
+
+def dali_version() -> str:
+    import nvidia.dali
+
+    return nvidia.dali.__version__
+
+
+def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
+    """An unbuilt Pipeline with checkpointing on (a saved state is set later,
+    by :func:`build`).
+
+    ``source`` is a ``@pipeline_def`` function (called with ``kwargs``) or an
+    unbuilt ``Pipeline``.
+    """
+    from nvidia.dali import Pipeline
+
+    if isinstance(source, Pipeline):
+        if kwargs:
+            raise TypeError("pipeline arguments are given to the @pipeline_def function, "
+                            "not with an already constructed Pipeline")
+        if source._built:
+            raise ValueError("the Pipeline is already built: DALI restores a checkpoint only "
+                             "at build(); pass the Pipeline before calling build() or run()")
+        # Pipeline() stores both and reads them only at build(); setting them
+        # here is what passing them to the constructor would have done.
+        source._enable_checkpointing = True
+        source._checkpoint = None
+        return source
+    if not callable(source):
+        raise TypeError(f"expected a @pipeline_def function or an unbuilt Pipeline, "
+                        f"got {type(source).__name__}")
+    # checkpoint=None as for a Pipeline above: a saved state is set only by build()
+    pipe = source(**kwargs, enable_checkpointing=True, checkpoint=None)
+    if not isinstance(pipe, Pipeline):
+        raise TypeError(f"{getattr(source, '__name__', source)!r} returned "
+                        f"{type(pipe).__name__}, not a Pipeline: decorate it with @pipeline_def")
+    return pipe
+
+
+def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = "") -> None:
+    """Build ``pipe``, restoring ``state`` (read from ``state_file``) if given,
+    as Pipeline(checkpoint=...) would: DALI restores only at build()."""
+    if state is not None:
+        pipe._checkpoint = state
+    try:
+        pipe.build()
+    except RuntimeError as exc:
+        if state is None:
+            raise
+        raise CheckpointCorruptError(
+            f"{state_file}: DALI could not restore pipeline {name!r} from it "
+            f"({str(exc).splitlines()[0]}). Restore an earlier checkpoint with "
+            "`dvc exp apply <row>`, or start over with `dvc-dali reset`.") from exc
+
+
+def build_graph(pipe: Any) -> None:
+    """Build the Python graph without DALI's own external_source warning,
+    which :func:`check_restorable` replaces with an error."""
+    if not pipe._py_graph_built:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline")
+            pipe._build_graph()
+
+
+def check_restorable(pipe: Any, name: str) -> None:
+    """Refuse external sources whose position DALI does not checkpoint.
+
+    DALI restores an external_source only for a one-argument callable; any
+    other source silently restarts from its beginning after a restore.
+    """
+    from nvidia.dali._utils.external_source_impl import SourceKind
+    from nvidia.dali.external_source import _is_external_source
+
+    build_graph(pipe)
+    for op in pipe._ops:
+        if not _is_external_source(op):
+            continue
+        group = getattr(op, "_group", None)
+        if op._callback is None or group is None:
+            form = "no source (fed with feed_input)"
+        elif group.source_desc.kind != SourceKind.CALLABLE:
+            form = f"a {group.source_desc.kind.name.lower()} source"
+        elif not group.source_desc.has_inputs:
+            form = "a callable without arguments"
+        else:
+            continue
+        raise UnsupportedPipelineError(
+            f"pipeline {name!r}: external_source {op.name!r} has {form}. DALI cannot save "
+            "its position and would restart it from the beginning after a restore, so the "
+            "batches would differ from an uninterrupted run. Use a callable of one argument: "
+            "the sample index (int), nvidia.dali.types.SampleInfo (batch=False) or "
+            "nvidia.dali.types.BatchInfo (batch=True, batch_info=True)."
+        )
+
+
+def _decode_argument(raw: bytes) -> tuple[str, Any]:
+    msg = protowire.parse(raw)
+    name = msg[1][0].decode()
+    values: list[Any] = []
+    values += [struct.unpack("<f", v)[0] for v in msg.get(3, [])]
+    values += [v - (1 << 64) if v >= 1 << 63 else v for v in msg.get(4, [])]
+    values += [v.decode() for v in msg.get(5, [])]
+    values += [bool(v) for v in msg.get(6, [])]
+    values += [_decode_argument(v)[1] for v in msg.get(7, [])]  # vector elements
+    is_vector = bool(msg.get(8, [0])[0])
+    return name, values if is_vector or len(values) != 1 else values[0]
+
+
+def _digest_dir(h, top: str, rel: str = "") -> None:
+    """Names and sizes below ``top``, in a stable order (os.scandir: one
+    stat per entry, what 100,000-file data sets need)."""
+    try:
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if not e.is_dir():
+            h.update(f"{rel}{e.name}\0{e.stat().st_size}\0".encode())
+    for e in entries:
+        if e.is_dir() and not e.is_symlink():
+            _digest_dir(h, e.path, f"{rel}{e.name}/")
+
+
+def _data_digest(value: Any, where: str) -> str | None:
+    """A digest of the data behind a location argument, so a data set that
+    changed under the same path is noticed. A path that does not exist is
+    named here, before DALI's own C++ assertion at build()."""
+    paths = value if isinstance(value, list) else [value]
+    h = hashlib.sha1()
+    for path in paths:
+        if not isinstance(path, str) or not path:
+            continue
+        if os.path.isdir(path):
+            _digest_dir(h, path)
+        elif os.path.isfile(path):
+            with open(path, "rb") as fh:
+                h.update(fh.read())
+        else:
+            raise ConfigError(
+                f"{where}={path!r}: no such file or directory (from {os.getcwd()}). Create "
+                "the data first (`dvc pull`, or run the stage that prepares it), or fix the "
+                "path.")
+    return h.hexdigest()
+
+
+def describe(pipe: Any) -> dict[str, Any]:
+    """What determines the pipeline's output stream, as plain JSON data."""
+    build_graph(pipe)
+    msg = protowire.parse(pipe.serialize())
+    operators: dict[str, Any] = {}
+    data: dict[str, str] = {}
+    for raw in msg.get(5, []):
+        op = protowire.parse(raw)
+        inst = op[5][0].decode() if 5 in op else op[1][0].decode()
+        args = {}
+        for raw_arg in op.get(4, []):
+            arg, value = _decode_argument(raw_arg)
+            if arg.startswith(_IGNORED_ARG_PREFIX) or arg in _IGNORED_ARGS:
+                continue
+            args[arg] = value
+            if arg in _DATA_LOCATION_ARGS:
+                digest = _data_digest(value, f"{inst}.{arg}")
+                if digest:
+                    data[f"{inst}.{arg}"] = digest
+        inputs = [protowire.parse(i)[1][0].decode() for i in op.get(2, [])]
+        operators[inst] = {"type": op[1][0].decode(), "args": args, "inputs": inputs}
+    seed = msg.get(9, [-1])[0]
+    return {
+        "batch_size": msg[2][0],
+        "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,
+        "operators": operators,
+        "data": data,
+    }
+
+
+def fingerprint(description: dict[str, Any]) -> str:
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable 'what: old -> new' lines between two descriptions."""
+    old_ops, new_ops = old.get("operators", {}), new.get("operators", {})
+    lines = [f"operator {op}: {old_ops[op]['type'] if op in old_ops else '<absent>'} -> "
+             f"{new_ops[op]['type'] if op in new_ops else '<absent>'}"
+             for op in sorted(set(old_ops) ^ set(new_ops))]
+    common = set(old_ops) & set(new_ops)
+    flat_old: dict[str, Any] = {}
+    flat_new: dict[str, Any] = {}
+    for flat, desc, ops in ((flat_old, old, old_ops), (flat_new, new, new_ops)):
+        pruned = {**desc, "operators": {k: v for k, v in ops.items() if k in common}}
+        flat.update(flat_keys(pruned, empty_as_leaf=False))
+    for key in sorted(set(flat_old) | set(flat_new)):
+        a, b = flat_old.get(key, "<absent>"), flat_new.get(key, "<absent>")
+        if a != b:
+            if key.startswith("data."):
+                a, b = "files as saved", "different files"
+            lines.append(f"{key}: {json.dumps(a)} -> {json.dumps(b)}")
+    return lines
+
+
+def serialized(pipe: Any) -> str:
+    """The pipeline's graph as DALI serializes it, base64 (for a replay
+    without the training script: replay.py)."""
+    import base64
+
+    return base64.b64encode(pipe.serialize()).decode("ascii")
+
+
+def has_python_source(description: dict[str, Any]) -> bool:
+    """Operators fed by Python code, which DALI does not serialize."""
+    return any(op.get("type", "").startswith(("ExternalSource", "Python", "DLTensorPython"))
+               for op in description.get("operators", {}).values())
+
+
+def rebuild(serialized_graph: bytes, description: dict[str, Any], state: bytes) -> Any:
+    """A pipeline deserialized and built with ``state`` restored (on GPU 0
+    when an operator runs on a GPU, else on the CPU)."""
+    from nvidia.dali import Pipeline
+
+    gpu = any(op.get("args", {}).get("device") in ("gpu", "mixed")
+              for op in description.get("operators", {}).values())
+    pipe = Pipeline(batch_size=description["batch_size"], num_threads=2,
+                    device_id=0 if gpu else None, enable_checkpointing=True, checkpoint=state)
+    pipe.deserialize_and_build(serialized_graph)
+    return pipe
+
+
+def keeps_outputs(pipe: Any) -> bool:
+    """True when a returned batch stays valid while referenced (DALI's default
+    executor; the legacy one, exec_dynamic=False, reuses output buffers)."""
+    return pipe._exec_dynamic is not False
+
+
+def capture(pipe: Any) -> bytes:
+    """The pipeline's state now (readers' positions, random generators)."""
+    return pipe.checkpoint()
+
+
+def read_state(data: bytes, path: str) -> dict[str, Any]:
+    """Check checkpoint bytes and return {operators: {name: state size}, iter, epoch_idx}.
+
+    DALI itself fails on bad bytes with cryptic errors (or an UnpicklingError
+    for DALI 1.x checkpoints); this names the file and the cause first.
+    """
+    if not data:
+        raise CheckpointCorruptError(f"{path}: the DALI state file is empty. The checkpoint "
+                                     "is damaged: restore an earlier one with `dvc exp apply`, "
+                                     "or start over with `dvc-dali reset`.")
+    try:
+        msg = protowire.parse(data)
+        ops = {}
+        for raw in msg.get(1, []):
+            if not isinstance(raw, bytes):
+                raise protowire.WireError("an operator entry is not a message")
+            op = protowire.parse(raw)
+            ops[protowire.first_text(op, 1)] = len(protowire.first_bytes(op, 2, b""))
+        ctx = protowire.parse(protowire.first_bytes(msg, 2)) if 2 in msg else {}
+        pipeline_data = protowire.first_bytes(ctx, 1, b"")
+    except (protowire.WireError, KeyError, IndexError, UnicodeDecodeError, TypeError) as exc:
+        raise CheckpointCorruptError(
+            f"{path}: not a DALI checkpoint ({exc}). The file is damaged or was replaced: "
+            "restore an earlier checkpoint with `dvc exp apply`, or start over with "
+            "`dvc-dali reset`.") from None
+    if pipeline_data[:1] == b"\x80":
+        raise CheckpointFormatError(
+            f"{path}: written by DALI 1.x (its pipeline data is a pickle); DALI "
+            f"{dali_version()} reads only DALI 2 checkpoints and dvc-dali never unpickles. "
+            "Finish the run with DALI 1.x, or start over with `dvc-dali reset`.")
+    # Depth-limited: DALI's own JSON inside a checkpoint is input from outside too.
+    info = safe_json.loads(pipeline_data, where=f"{path}: DALI pipeline data")
+    try:
+        return {"operators": ops, "iter": int(info["iter"]), "epoch_idx": int(info["epoch_idx"])}
+    except (ValueError, KeyError, TypeError, OverflowError):
+        raise CheckpointCorruptError(
+            f"{path}: the DALI pipeline data is not the JSON DALI 2 writes. Restore an earlier "
+            "checkpoint with `dvc exp apply`, or start over with `dvc-dali reset`.") from None
+
+
+def warn_unnamed(name: str, pipe: Any) -> None:
+    """Warn about stateful operators whose state is keyed by creation order.
+
+    Call it straight from the public method the user called: the warning
+    points two frames up, at the user's line.
+    """
+    state = read_state(capture(pipe), name)
+    unnamed = [op for op, size in state["operators"].items() if size and op.startswith("__")]
+    if unnamed:
+        warnings.warn(
+            f"pipeline {name!r}: stateful operators without name= ({', '.join(unnamed)}); "
+            "their saved state is matched by creation order, so reordering them in the code "
+            "would restore each into the other. Give each a name, e.g. "
+            "fn.random.uniform(..., name=\"angle\").",
+            UnnamedOperatorWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,247 @@
+"""Keras 3 ``model.fit`` checkpointed by a Checkpointer (the door to Keras).
+
+The model's variables (weights, and the seed generators' states: dropout
+draws the same numbers) and the optimizer's are saved as arrays, no pickle;
+the data's position is the ``tf_dataset`` streams' own. The learning rate is
+the compiled optimizer's, as a changed ``lr`` param should be.
+
+Keras cannot start ``fit`` in the middle of an epoch, so a run resumed
+mid-epoch trains the rest of that epoch with a first ``fit`` call, then the
+later epochs (:meth:`DaliCheckpoint.fit`).
+"""
+
+from __future__ import annotations
+
+# The door to Keras: setting model._initial_epoch is how Keras's own
+# BackupAndRestore starts a resumed fit at its epoch.
+# ruff: noqa: SLF001
+
+import weakref
+from typing import Any, Callable
+
+import keras
+import numpy as np
+
+from ..dali import dali_tf
+from ..core.errors import ConfigError
+
+
+class DaliCheckpoint(keras.callbacks.Callback):
+    """The Keras 3 callback `dvc_dali.Checkpointer.keras_callback` returns
+    (its arguments are documented there).
+
+    Attributes:
+        step: optimizer steps done, over all fit calls (resumes included).
+
+    Raises:
+        ConfigError: ``every`` is not a positive number of steps.
+    """
+
+    def __init__(self, ck: Any, every: int, live: Any = None,
+                 on_checkpoint: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        super().__init__()
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"keras_callback(every={every!r}): a positive number of steps")
+        self._ck, self._every = ck, every
+        self._live, self._on_checkpoint = live, on_checkpoint
+        self.step = ck.step  # optimizer steps done, over all fit calls
+        self._saved_step = ck.step
+        self._restored = not ck.resumed
+        self._plan: int | None = None  # steps per epoch, while fit() drives model.fit
+        self._begin = 0
+
+    # -- what fit() does for a run resumed mid-epoch ------------------------
+    def fit(self, model: Any, x: Any, *, epochs: int, steps_per_epoch: int,
+            callbacks: list[Any] | tuple[Any, ...] = (), **kwargs: Any) -> Any:
+        """``model.fit(x, epochs=..., steps_per_epoch=..., callbacks=[this, ...])``
+        from where the checkpoint is, also in the middle of an epoch.
+
+        Keras can only start ``fit`` at an epoch's start, so a run resumed in
+        the middle of an epoch trains the rest of that epoch in one
+        ``model.fit`` call and the later epochs in a second. The run's last
+        step is checkpointed at the end.
+
+        Args:
+            model: the compiled Keras model.
+            x: the dataset from `dvc_dali.Checkpointer.tf_dataset`, as it was
+                returned.
+            epochs: the total number of epochs of the run.
+            steps_per_epoch: steps in each epoch; required (a
+                ``DALIDataset`` never ends).
+            callbacks: more Keras callbacks.
+            **kwargs: more ``model.fit`` arguments.
+
+        Returns:
+            The last ``History``.
+
+        Raises:
+            ConfigError: no dataset was built with `tf_dataset`, or fit was
+                given another dataset.
+            BatchMismatchError: a batch differs from the one the resumed run
+                produced (a `dvc_dali.PipelineMismatchError`).
+        """
+        epoch, done = divmod(self.step, steps_per_epoch)
+        history = None
+        kwargs.setdefault("shuffle", False)  # a dataset is not shuffled by fit; Keras warns
+        self._plan = steps_per_epoch
+        try:
+            if done and epoch < epochs:  # the rest of the interrupted epoch
+                history = model.fit(x, epochs=epoch + 1, initial_epoch=epoch,
+                                    steps_per_epoch=steps_per_epoch - done,
+                                    callbacks=[self, *callbacks], **kwargs)
+                epoch += 1
+            if epoch < epochs:
+                history = model.fit(x, epochs=epochs, initial_epoch=epoch,
+                                    steps_per_epoch=steps_per_epoch,
+                                    callbacks=[self, *callbacks], **kwargs)
+        finally:
+            self._plan = None
+        self._save_last()
+        return history
+
+    # -- Keras hooks --------------------------------------------------------
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: restores the model's and optimizer's saved variables
+        and sets the epoch to start from.
+
+        Raises:
+            ConfigError: no dataset was built with `tf_dataset`, no
+                ``steps_per_epoch``, or a checkpoint in the middle of an
+                epoch met a plain ``model.fit`` (use `fit`).
+        """
+        if not self._ck.tf_datasets:
+            raise ConfigError(
+                "keras_callback(): no dataset was built with Checkpointer.tf_dataset(), so the "
+                "data's position would not be saved and a resumed fit would train on other "
+                "batches. Build the training data with ck.tf_dataset(...).")
+        steps = self._plan or self.params.get("steps")
+        if not steps:
+            raise ConfigError(
+                "model.fit(..., steps_per_epoch=N) is needed with keras_callback(): a "
+                "DALIDataset never ends, so Keras cannot tell where an epoch ends.")
+        if not self._restored:
+            self._restore()
+        self._typed_train_function()
+        epoch, done = divmod(self.step, steps)
+        if self._plan is None:
+            if done:
+                raise ConfigError(
+                    f"{self._ck.path}: the checkpoint is at step {self.step}, inside epoch "
+                    f"{epoch} (step {done} of {steps}), and model.fit can only start an epoch "
+                    "at its beginning. Call cb.fit(model, dataset, epochs=..., "
+                    "steps_per_epoch=...) instead of model.fit: it trains the rest of that "
+                    "epoch first.")
+            self.model._initial_epoch = epoch or None  # as keras.callbacks.BackupAndRestore
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: notes where the batch count starts."""
+        self._begin = batch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: checkpoints every ``every`` steps and on preemption."""
+        before, self.step = self.step, self.step + batch - self._begin + 1
+        if not any(self._ck.tf_datasets.values()):
+            raise ConfigError(
+                "model.fit was given a dataset other than the one Checkpointer.tf_dataset() "
+                "returned (a .map() or .batch() on it makes a new dataset whose position "
+                "dvc-dali cannot see). Pass such steps as tf_dataset(..., transform=lambda ds: "
+                "ds.map(...)) and give fit the dataset it returns.")
+        crossed = self.step // self._every != before // self._every  # steps_per_execution > 1
+        if self._ck.should_save(self.step, self._every) or crossed:
+            self._checkpoint(logs or {})
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: checkpoints the last step (under a plain ``model.fit``)."""
+        if self._plan is None:
+            self.model._initial_epoch = None  # it would hold for the model's next fit too
+            self._save_last()
+
+    def _typed_train_function(self) -> None:
+        """A batch that differs from the recorded one is refused inside the
+        dataset, in a thread of TensorFlow's, which fails the train function
+        with an error of its own: the refusal (BatchMismatchError, with its
+        message) is raised instead. Keras made the train function before
+        on_train_begin and keeps it for the model's later fits."""
+        step = self.model.train_function
+        if step is None or getattr(step, "_dvc_dali_typed", False):
+            return
+        # weakly: the model keeps the function, and must not keep the
+        # Checkpointer (and its directory lock) past its last reference
+        ck = weakref.ref(self._ck)
+
+        def train_function(iterator: Any) -> Any:
+            with dali_tf.typed_errors(lambda: getattr(ck(), "batch_failure", None)):
+                return step(iterator)
+
+        train_function._dvc_dali_typed = True
+        self.model.train_function = train_function
+
+    # -- saving and restoring ----------------------------------------------
+    def _save_last(self) -> None:
+        """The run's end is a row too (DVC 2 recorded the last checkpoint)."""
+        if self.step != self._saved_step:
+            self._checkpoint({})
+
+    def _checkpoint(self, logs: dict[str, Any]) -> None:
+        metrics = {key: float(value) for key, value in logs.items()
+                   if np.ndim(value) == 0}
+        if self._live is not None and metrics:
+            self._live.step = self.step
+            for key, value in metrics.items():
+                self._live.log_metric(f"train/{key}", value)
+            self._live.next_step()
+        if self._on_checkpoint is not None:
+            self._on_checkpoint(self.step, metrics)
+        self._saved_step = self.step
+        model, optimizer = self._variables()
+        self._ck.make_checkpoint(
+            self.step,
+            arrays={"keras": {"model": [np.asarray(v) for _, v in model],
+                              "optimizer": [np.asarray(v) for _, v in optimizer]}},
+            metadata={"keras": {"model": [p for p, _ in model],
+                                "optimizer": [p for p, _ in optimizer], **metrics}})
+
+    def _variables(self) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        """(path, variable) of the model and of its optimizer, in a fixed order."""
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        return ([(v.path, v) for v in self.model.variables],
+                [(v.path, v) for v in (optimizer.variables if optimizer is not None else [])])
+
+    def _restore(self) -> None:
+        where = f"{self._ck.path} (step {self._ck.step})"
+        if not self.model.built:
+            raise ConfigError("keras_callback(): build the model before fit (give it a "
+                              "keras.Input), so its saved variables can be restored.")
+        saved = self._ck.arrays.get("keras")
+        names = self._ck.metadata.get("keras")
+        if not isinstance(saved, dict) or not isinstance(names, dict):
+            raise ConfigError(f"{where}: holds no Keras model (written by another trainer?). "
+                              "Resume it with the trainer that wrote it, or start over with "
+                              "`dvc-dali reset`.")
+        model, optimizer = self._variables()
+        for part, now in (("model", model), ("optimizer", optimizer)):
+            values, paths = saved.get(part), names.get(part)
+            if [p for p, _ in now] != paths or len(values or ()) != len(now):
+                raise ConfigError(
+                    f"{where}: the saved {part} variables {_short(paths)} are not this "
+                    f"{part}'s {_short([p for p, _ in now])}. Resume with the model and "
+                    "optimizer that wrote it, or start over with `dvc-dali reset`.")
+            for (path, variable), value in zip(now, values):
+                if path.rsplit("/", 1)[-1] == "learning_rate":
+                    continue  # the compiled optimizer's: a changed lr applies on resume
+                if tuple(variable.shape) != tuple(np.shape(value)):
+                    raise ConfigError(
+                        f"{where}: {part} variable {path!r} was saved with shape "
+                        f"{tuple(np.shape(value))}, this one has {tuple(variable.shape)}. "
+                        "Resume with the model that wrote it, or start over with "
+                        "`dvc-dali reset`.")
+                variable.assign(np.asarray(value).astype(variable.dtype, copy=False))
+        self._restored = True
+
+
+def _short(paths: Any) -> str:
+    if not isinstance(paths, list):
+        return "(none)"
+    return "[" + ", ".join(map(str, paths[:4])) + (", ..." if len(paths) > 4 else "") + "]"

@@ -1,0 +1,73 @@
+"""DVCLive resumed in step with the checkpoint (the only DVCLive coupling).
+
+A run killed after its last recorded checkpoint may have logged later rows,
+which the resumed run logs again; DVCLive writes metrics.json in place, so a
+kill can leave it empty, and DVCLive 3.49 repeats a row when resuming from a
+step-0 summary. Trimming the history to the checkpoint's step and setting
+``live.step`` avoids all three.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..core import atomic_file
+
+
+def _trim_history(plots: Path, step: int) -> dict[str, float]:
+    """Drop rows after ``step`` (and rows cut short); return the last values."""
+    last: dict[str, float] = {}
+    for tsv in sorted(plots.rglob("*.tsv")):
+        lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
+        if not lines:
+            continue
+        header = lines[0].rstrip("\n").split("\t")
+        keep = lines[:1]
+        for row in lines[1:]:
+            fields = row.rstrip("\n").split("\t")
+            if not row.endswith("\n") or len(fields) != len(header) or "step" not in header:
+                continue
+            try:
+                if int(fields[header.index("step")]) <= step:
+                    keep.append(row)
+            except ValueError:
+                continue
+        if keep != lines:
+            tsv.write_text("".join(keep), encoding="utf-8")
+        name = tsv.relative_to(plots).with_suffix("").as_posix()
+        leaf = name.rsplit("/", 1)[-1]
+        if len(keep) > 1 and leaf in header:
+            last[name] = float(keep[-1].rstrip("\n").split("\t")[header.index(leaf)])
+    return last
+
+
+def resume_live(step: int, resumed: bool, dir: str = "dvclive", **kwargs: Any):
+    """A ``dvclive.Live`` whose history ends at ``step`` and whose next row is ``step``'s.
+
+    DVC records the experiments (``save_dvc_exp=False``), and the stage
+    declares the metrics and plots (``dvcyaml=False``), unless overridden.
+    """
+    from dvclive import Live
+
+    live_dir = Path(dir)
+    if resumed and live_dir.is_dir():
+        last = _trim_history(live_dir / "plots" / "metrics", step)
+        summary = live_dir / "metrics.json"
+        try:
+            json.loads(summary.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            nested: dict[str, Any] = {"step": step}
+            for name, value in last.items():
+                node = nested
+                *parents, leaf = name.split("/")
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+            atomic_file.replace_whole(summary, json.dumps(nested, indent=4))
+    kwargs.setdefault("save_dvc_exp", False)
+    kwargs.setdefault("dvcyaml", False)
+    live = Live(dir=dir, resume=resumed, **kwargs)
+    live.step = step
+    return live

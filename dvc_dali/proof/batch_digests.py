@@ -1,0 +1,987 @@
+"""Proof at runtime: the batches a resumed pipeline produces are compared
+with the ones the run it continues produced.
+
+From each checkpoint on, every batch a registered pipeline hands out
+(``pipe.run()``, and the framework iterators, which call
+``share_outputs()``) is digested: per output its dtype, a CRC-32 of its
+samples' shapes and a digest of its bytes named by its algorithm (HOST,
+``crc32``: CRC-32 of the host bytes; on a GPU DEVICE, ``mix64``: one
+kernel an output, device_digest.py, so nothing is copied to the host).
+So is every batch a DALI dynamic-mode reader registered on
+``Checkpointer.dynamic()`` yields from ``next_epoch`` (stream
+``"<Checkpoint name>/<reader name>"``, :func:`dynamic_stream`): a CPU
+output viewed on the host and digested with :func:`digest_arrays`, a GPU
+output digested on the device like a pipeline's (:func:`begin`), before
+the loop gets it.
+RNGs registered there yield no batches; what is drawn with them follows
+from their restored state. At most ``DVC_DALI_VERIFY_BATCHES`` batches after
+each checkpoint (default: all of them); ``0``: none, and the pipelines and
+readers are left unwrapped.
+
+Streams that are not DALI pipelines hand their batches in themselves
+(:meth:`Recorder.track`, :meth:`Recorder.observe`, digested with
+:func:`digest_arrays`): a TensorFlow ``tf_dataset``, whose pipeline runs
+inside TensorFlow, out of Python's sight, ends in a map node of dvc-dali's
+(dali_tf.py) that hands each element, after the user's ``transform`` (what
+the training step gets), to ``observe`` as host arrays when the consumer
+takes it: under eager iteration and inside Keras's ``tf.function`` alike.
+A mismatch raised there is raised in a thread of TensorFlow's, which hands
+the consumer an error of its own; :attr:`Recorder.failure` keeps the
+mismatch, and the dataset's iterators and the Keras callback raise it
+instead.
+
+Where they go:
+- as each batch is produced, one JSON line appended (no fsync) to a
+  companion file named by the checkpoint's batch-log id, outside the
+  checkpoint output (DVC hashes that): ``<DVC root>/.dvc/tmp/dvc-dali/
+  batches/<id>.jsonl`` (for `--temp` and queued runs the workspace's, so a
+  later run there finds it), or beside the checkpoint directory outside DVC;
+  so a run killed between two checkpoints leaves them for the resume;
+- into the next checkpoint's manifest (each pipeline entry's ``batches``:
+  the id of the checkpoint they follow and the first MANIFEST_MAX digests,
+  so a long interval does not grow every manifest; a dynamic-mode reader's
+  in its Checkpoint's entry of the manifest's ``dynamic`` part, ``batches``
+  by reader name: :func:`into_manifest`), so a resume of an earlier row
+  (after `dvc exp apply`, on another machine after `dvc exp pull`) finds
+  them in the row that came next.
+
+A resume compares each re-produced batch with its digest before it is
+returned, so the training step never sees a batch that differs: a mismatch
+is a :class:`BatchMismatchError` naming the pipeline (or reader), the step,
+what differs and what changed since. ``DVC_DALI_INEXACT=1`` continues on
+purpose, saying once that the run is no longer exact. Where no digest exists
+(a run killed right after its checkpoint), nothing is said and the batches
+are recorded.
+
+Each comparison ends as one of MATCHED, DIFFERS (the refusal) or
+NOT_VERIFIED (:func:`check`): digests of two algorithms (a host CRC and a
+device sum, an older or later algorithm), a digest that failed when it was
+recorded or now, or one that cannot be read, tell nothing, and are neither a
+refusal nor a proof. When a stream's digests run out (or at the next save)
+the resume says once which (:func:`summary`): the proof only where every
+batch matched. A digest that raises while recording is recorded as
+``failed:<exception type>`` (said once a stream), never dropped.
+
+While recording (no digest to compare with), a batch's bytes are hashed on
+the digest thread while the training step uses it, one batch at a time
+(the next batch waits for it, so a kill loses at most the last batch's
+digest): DALI's default executor keeps a returned batch alive while it is
+referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
+elements (NumPy views of TensorFlow's tensors, which are not written again
+while referenced). The training thread only hands the batch over
+(:class:`Costs` counts what it spends: benchmark 16 prints it). So are a
+GPU batch's kernels: launched by the digest thread, ordered after an event
+the training thread records on the batch's stream as DALI hands it out
+(:func:`mark`; recorded later, it would also wait for the next batches'
+work DALI queues there), and the digest thread then waits for their result.
+The legacy executor (``exec_dynamic=False``) reuses output buffers, so
+there it is done at once, as it is for dynamic-mode readers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import queue
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ..core.errors import PipelineMismatchError
+from ..core.log import logger
+from ..core.process_state import STATE
+
+KEY = "batches"  # a pipeline entry's manifest field
+ALL = -1  # DVC_DALI_VERIFY_BATCHES unset: every batch between two checkpoints
+COMPANION = Path(".dvc") / "tmp" / "dvc-dali" / "batches"
+# What an output's digest is named by (``<dtype>/<shapes CRC>/<name>:<hex>``):
+# the name stands for the whole recipe (dtype spelling, shapes encoding, the
+# bytes' digest), and changes whenever any of it changes, so that a digest of
+# another recipe is "not verified", never compared.
+HOST = "crc32"  # CRC-32 (zlib's polynomial) of the host bytes, samples in order
+DEVICE = "mix64"  # digest_model's sum of mixed 8-byte words, on the device (device_digest.py)
+# Digests written before the name was stored (dvc-dali up to 8b32b7a): ``c<8
+# hex>`` was made by the same recipe HOST names (unchanged), ``g<16 hex>`` by
+# the device's weighted sum of 32-bit words, named GWSUM1 from then until
+# mix64 replaced it; so they are read as those (and are "not verified"
+# against mix64, never compared).
+GWSUM1 = "gwsum1"
+LEGACY = {"c": HOST, "g": GWSUM1}
+FAILED = "failed:"  # a batch whose digest raised: ["failed:<exception type>"]
+MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
+_KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
+_ID_CHARS = set("0123456789abcdef")
+# what can explain a dynamic-mode reader's other batch: dynamic mode saves no
+# description of its readers nor digests of their data to name a change from
+UNDESCRIBED = ("a dynamic-mode reader's data and arguments are not described in the "
+               "checkpoint: a data file changed (even with its size and mtime kept), added or "
+               "removed, another reader argument or the code around the reader would do this")
+
+
+class BatchMismatchError(PipelineMismatchError):
+    """A resumed pipeline produced a batch other than the one the run it
+    continues produced after the same checkpoint."""
+
+
+# -- digests -----------------------------------------------------------------
+def _crc(data: Any, value: int = 0) -> int:
+    global _crc32
+    if _crc32 is None:  # looked up once: a resume pays this before each batch
+        from ..format.store import (  # ISA-L's where installed (a dependency): ~6x zlib's
+            crc32_function,
+        )
+
+        _crc32 = crc32_function()
+    return _crc32(data, value)
+
+
+_crc32: Callable[[Any, int], int] | None = None
+
+
+def _host_digest(tensor_list: Any) -> tuple[str, str]:
+    """(the samples' shapes, CRC-32 of their bytes in order). A dense batch
+    is one buffer and one shape: no per-sample Python work, which a resume
+    pays before each batch is handed out."""
+    if tensor_list.is_dense_tensor():
+        dense = tensor_list.as_tensor()
+        try:  # the shape from the buffer: one call into DALI fewer (a resume pays each)
+            view = memoryview(dense)
+            shape, data = view.shape, view.cast("B")
+        except (TypeError, ValueError):
+            shape, data = dense.shape(), _host_view(dense)
+        shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
+        return shapes, f"{HOST}:{_crc(data):08x}"
+    value = 0
+    for part in tensor_list:
+        value = _crc(_host_view(part), value)
+    return repr(tensor_list.shape()), f"{HOST}:{value:08x}"
+
+
+def _host_view(part: Any) -> memoryview:
+    try:
+        return memoryview(part).cast("B")  # DALI's CPU tensors: the buffer protocol
+    except (TypeError, ValueError):
+        import numpy as np
+
+        return memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
+
+
+def _on_device(tensor_list: Any) -> bool:
+    return type(tensor_list).__name__ == "TensorListGPU"
+
+
+# DALI's type names (DALIDataType, lower case) where NumPy spells them otherwise
+_NUMPY_NAMES = {"float": "float32"}
+
+
+def _device_output(tl: Any) -> Any:
+    """A DALI TensorListGPU as the mix64 kernel reads it: a dense one by its
+    base pointer (no per-sample Python), a ragged one by its samples'."""
+    import numpy as np
+
+    from .device_digest import Output
+
+    name = _dtype_name(tl.dtype)
+    dtype = np.dtype(_NUMPY_NAMES.get(name, name))
+    if tl.is_dense_tensor():
+        dense = tl.as_tensor()
+        shape = tuple(dense.shape())
+        sample = tuple(shape[1:])
+        return Output(dtype.name, [sample] * (shape[0] if shape else 0), dtype.itemsize,
+                      base=dense.data_ptr(), stride=dtype.itemsize * math.prod(sample))
+    shapes = [tuple(s) for s in tl.shape()]
+    return Output(dtype.name, shapes, dtype.itemsize,
+                  pointers=[tl[i].data_ptr() for i in range(len(shapes))])
+
+
+def _gpu_outputs(outputs: Sequence[Any]) -> dict[int, list[int]]:
+    """The indices of the GPU outputs, by device."""
+    by_device: dict[int, list[int]] = {}
+    for i, tl in enumerate(outputs):
+        if _on_device(tl):
+            by_device.setdefault(tl.device_id(), []).append(i)
+    return by_device
+
+
+def mark(outputs: Sequence[Any]) -> dict[int, Any]:
+    """On the thread that got the batch, before it is handed to the digest
+    thread: for each device, an event on the stream DALI produced its GPU
+    outputs on (device_digest.mark), so their digest waits for this batch
+    only, not for the prefetching DALI queues there next. Pass the result
+    to :func:`begin`. {} for a batch without GPU outputs."""
+    by_device = _gpu_outputs(outputs)
+    if not by_device:
+        return {}
+    from . import device_digest
+
+    marks: dict[int, Any] = {}
+    try:
+        for device, indices in by_device.items():
+            streams = {getattr(outputs[i], "stream", _UNKNOWN) for i in indices}
+            stream = streams.pop() if len(streams) == 1 else None
+            if stream not in (_UNKNOWN, None):  # else begin() orders them as it can
+                marks[device] = device_digest.mark(device, stream, len(indices))
+    except Exception as exc:  # noqa: BLE001 (evidence, never a reason to stop training)
+        logger.debug("batch digest: no event on DALI's stream (%r); ordered later", exc)
+        for slot in marks.values():
+            device_digest.give_back(slot)
+        return {}
+    return marks
+
+
+def begin(outputs: Sequence[Any], marks: dict[int, Any] | None = None
+          ) -> Callable[[], list[str]]:
+    """Start one batch's digest: its GPU outputs' kernels are launched now,
+    ordered after the events of ``marks`` (:func:`mark`), or else after
+    what DALI has queued on their stream so far, which includes them
+    (device_digest.py, DEVICE); the function returned waits for them, once,
+    hashes the host outputs and returns the batch's digests
+    (:func:`digest`'s form). The batch must stay alive until it has
+    returned."""
+    outputs = list(outputs)
+    marks = dict(marks or {})
+    pending: list[tuple[list[int], Callable[[], list[str]]]] = []
+    by_device = _gpu_outputs(outputs)
+    try:
+        if by_device:
+            from . import device_digest
+
+            for device, indices in by_device.items():
+                outs = [_device_output(outputs[i]) for i in indices]
+                slot = marks.pop(device, None)  # from here on begin() gives it back
+                after = None if slot else _stream_of([outputs[i] for i in indices], device)
+                pending.append((indices, device_digest.begin(outs, device, after, slot)))
+    finally:
+        if marks:  # not taken by a launch (one failed): given back
+            from . import device_digest
+
+            for slot in marks.values():
+                device_digest.give_back(slot)
+
+    def finish() -> list[str]:
+        out: list[str] = [""] * len(outputs)
+        for indices, done in pending:
+            for i, value in zip(indices, done()):
+                out[i] = value
+        for i, tl in enumerate(outputs):
+            if not out[i]:
+                shapes, data = _host_digest(tl)
+                out[i] = f"{_dtype_name(tl.dtype)}/{zlib.crc32(shapes.encode()):08x}/{data}"
+        return out
+
+    return finish
+
+
+_UNKNOWN = object()
+
+
+def _stream_of(tensor_lists: Sequence[Any], device: int) -> int | None:
+    """The CUDA stream DALI produced these outputs on (the kernels are
+    ordered after it); None where their data is ready for the host already.
+    A DALI without the ``stream`` attribute, or outputs on two streams: the
+    device is synchronized first."""
+    streams = {getattr(tl, "stream", _UNKNOWN) for tl in tensor_lists}
+    known = streams - {_UNKNOWN, None}
+    if _UNKNOWN in streams or len(known) > 1:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.deviceSynchronize()
+        return None
+    return known.pop() if known else None
+
+
+def digest(outputs: Sequence[Any], marks: dict[int, Any] | None = None) -> list[str]:
+    """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``, its
+    bytes digested on the host (HOST) or, for a GPU output, on the device
+    (DEVICE, ordered after ``marks``, see :func:`begin`); waits for the
+    device."""
+    return begin(outputs, marks)()
+
+
+def _dtype_name(dtype: Any) -> str:
+    """DALI's ``DALIDataType.UINT8`` as ``uint8`` (looked up once a type)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).rsplit(".", 1)[-1].lower()
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def digest_arrays(outputs: Sequence[Any]) -> list[str]:
+    """One batch of host arrays, in the same form as :func:`digest`: each
+    output an array whose first axis is the batch, or a list of per-sample
+    arrays (ragged samples)."""
+    import numpy as np
+
+    out = []
+    for output in outputs:
+        if isinstance(output, (list, tuple)):
+            samples = [np.asarray(s) for s in output]
+            shapes = [s.shape for s in samples]
+        else:
+            samples = [np.asarray(output)]
+            shapes = [samples[0].shape[1:]] * (samples[0].shape[0] if samples[0].ndim else 1)
+        value = 0
+        for s in samples:
+            value = _crc(_host_view(s), value)
+        dtype = samples[0].dtype.name if samples else "none"
+        out.append(f"{dtype}/{zlib.crc32(repr(shapes).encode()):08x}/{HOST}:{value:08x}")
+    return out
+
+
+# -- the decision: matched, differs or not verified ---------------------------
+MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"
+OTHER_ALGORITHM = "recorded by another digest algorithm"
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
+_HEX = set("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one batch's comparison ended: ``outcome`` one of MATCHED, DIFFERS,
+    NOT_VERIFIED; ``lines``: what differs (DIFFERS), or why it could not be
+    told (NOT_VERIFIED: one reason)."""
+
+    outcome: str
+    lines: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.lines[0] if self.lines else ""
+
+
+def failed_marker(exc: BaseException) -> list[str]:
+    """What stands for a batch whose digest raised: its exception's type."""
+    return [f"{FAILED}{type(exc).__name__}"]
+
+
+def _failed(batch: Any) -> str | None:
+    """The exception type of a failed-digest marker; None for a digest."""
+    if isinstance(batch, list) and len(batch) == 1 and isinstance(batch[0], str) \
+            and batch[0].startswith(FAILED):
+        return batch[0][len(FAILED):] or "an error"
+    return None
+
+
+def parse_output(output: str) -> tuple[str, str, str, str] | None:
+    """(dtype, shapes CRC, algorithm, value) of one output's digest: the
+    named form ``<dtype>/<8 hex>/<algorithm>:<hex>``, or the unnamed one
+    dvc-dali wrote before digests named their algorithm (``c<hex>``: CRC-32,
+    ``g<hex>``: the device sum; LEGACY). None when it is neither (``-``,
+    anything forged): nothing can be told from it."""
+    parts = output.split("/") if isinstance(output, str) else []
+    if len(parts) != 3:
+        return None
+    dtype, shapes, data = parts
+    name, sep, value = data.partition(":")
+    if not sep:
+        name, value = LEGACY.get(data[:1], ""), data[1:]
+    if not name or set(name) - _NAME_CHARS or not value or set(value) - _HEX:
+        return None
+    return dtype, shapes, name, value
+
+
+def check(want: list[str] | None, got: list[str] | None) -> Check:
+    """One batch: its digest recorded by the run being resumed (``want``;
+    None: none was recorded) and the one of the batch produced now (``got``).
+
+    DIFFERS only where a difference is shown: another number of outputs, or
+    an output whose two digests are of the same algorithm and tell another
+    dtype, other shapes or other bytes. NOT_VERIFIED where nothing can be
+    told: no digest recorded, a digest that failed (then or now), one that
+    cannot be read, or two digests of different algorithms (a host CRC and a
+    device sum, an older or newer algorithm: their values are not comparable,
+    and neither are their dtype and shape fields). MATCHED only where every
+    output's two digests are of one algorithm and equal."""
+    if want is None:
+        return Check(NOT_VERIFIED, ("no digest was recorded for it",))
+    then, now = _failed(want), _failed(got) if got is not None else "an error"
+    if then is not None:
+        return Check(NOT_VERIFIED, (f"its digest failed while it was recorded ({then})",))
+    if now is not None:
+        return Check(NOT_VERIFIED, (f"its digest failed now ({now})",))
+    if len(want) != len(got):
+        return Check(DIFFERS, (f"{len(got)} outputs where {len(want)} were produced",))
+    outputs = [_output(i, a, b) for i, (a, b) in enumerate(zip(want, got))]
+    lines = tuple(what for outcome, what in outputs if outcome == DIFFERS)
+    if lines:
+        return Check(DIFFERS, lines)
+    unverified = [what for outcome, what in outputs if outcome == NOT_VERIFIED]
+    return Check(NOT_VERIFIED, (unverified[0],)) if unverified else Check(MATCHED)
+
+
+def _output(i: int, want: str, got: str) -> tuple[str, str]:
+    """(outcome, what differs or why not verified) of output ``i``."""
+    a, b = parse_output(want), parse_output(got)
+    if a is None or b is None:
+        return NOT_VERIFIED, "a recorded digest is unreadable"
+    if a[2] != b[2]:
+        return NOT_VERIFIED, OTHER_ALGORITHM
+    if a[0] != b[0]:
+        return DIFFERS, f"output {i}: dtype {a[0]} -> {b[0]}"
+    if a[1] != b[1]:
+        return DIFFERS, f"output {i}: sample shapes differ"
+    if a[3] != b[3]:
+        return DIFFERS, f"output {i}: same dtype and shapes, other bytes"
+    return MATCHED, ""
+
+
+def differences(want: list[str], got: list[str]) -> list[str]:
+    """What differs between two batch digests, output by output (empty where
+    :func:`check` finds no difference: matched or not verified)."""
+    found = check(want, got)
+    return list(found.lines) if found.outcome == DIFFERS else []
+
+
+def _range(unit: str, first: int, last: int) -> str:
+    plural = unit + ("es" if unit.endswith("h") else "s")
+    return f"{unit} {first}" if first == last else f"{plural} {first}-{last}"
+
+
+def outcomes(checks: Sequence[Check], first: int, unit: str = "step") -> str:
+    """The comparisons of consecutive batches (the first numbered ``first``)
+    by outcome, in order: 'steps 21-22 not verified (recorded by another
+    digest algorithm); steps 23-25 matched'."""
+    groups: list[list[Any]] = []  # [first, last, what]
+    for i, c in enumerate(checks):
+        what = c.outcome if c.outcome != NOT_VERIFIED else f"not verified ({c.reason})"
+        if groups and groups[-1][2] == what:
+            groups[-1][1] = first + i
+        else:
+            groups.append([first + i, first + i, what])
+    return "; ".join(f"{_range(unit, a, b)} {what}" for a, b, what in groups)
+
+
+def summary(kind: str, name: str, first_step: int, checks: Sequence[Check]) -> tuple[bool, str]:
+    """The one line a resume says of a stream's compared batches (the first
+    for step ``first_step``): (whether every one matched, the line). Only
+    where every batch matched is it the proof; otherwise the steps are named
+    by outcome, with the reason each was not verified."""
+    label, steps = f"{kind} {name!r}", _range("step", first_step, first_step + len(checks) - 1)
+    if all(c.outcome == MATCHED for c in checks):
+        return True, (f"{label}: the batches for {steps} are those the run it resumes produced "
+                      "(batch digests)")
+    return False, (f"{label}: batch digests of {steps}: {outcomes(checks, first_step)}; so this "
+                   "resume is not proven exact")
+
+
+# -- where they are kept -----------------------------------------------------
+def companion_dir(checkpoint: Path, environ: dict[str, str] | None = None) -> Path:
+    """Outside the checkpoint output, in the repository the run belongs to:
+    DVC_ROOT's (the workspace of a `--temp` or queued run), else the nearest
+    DVC repository's, else beside the checkpoint directory."""
+    from ..core.context import repo_root
+
+    env = os.environ if environ is None else environ
+    root = env.get("DVC_ROOT") or repo_root(Path(checkpoint).resolve().parent)
+    if root:
+        return Path(root) / COMPANION
+    where = Path(checkpoint).resolve()
+    return where.parent / f".{where.name}.dvc-dali-batches"
+
+
+def _valid_id(log_id: Any) -> bool:
+    return isinstance(log_id, str) and len(log_id) == 32 and set(log_id) <= _ID_CHARS
+
+
+def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
+    """{pipeline: [batch digest, ...]} appended for checkpoint ``log_id``;
+    a torn last line (a kill mid-write) and anything malformed are skipped."""
+    found: dict[str, list[list[str]]] = {}
+    if not _valid_id(log_id):
+        return found
+    try:
+        text = (directory / f"{log_id}.jsonl").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+            name, index, value = rec["p"], rec["i"], rec["d"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        batches = found.setdefault(str(name), [])
+        if index == len(batches) and isinstance(value, list):  # in order, no gap
+            batches.append([str(v) for v in value])
+    return found
+
+
+def dynamic_stream(checkpoint: str, reader: str) -> str:
+    """The stream name of reader ``reader`` registered on dynamic-mode
+    Checkpoint ``checkpoint`` (Checkpointer.dynamic's name)."""
+    return f"{checkpoint}/{reader}"
+
+
+def _records(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(stream, its ``batches`` record) for each pipeline entry and each
+    dynamic-mode reader (under its Checkpoint's entry: ``batches`` maps the
+    reader's name to its record)."""
+    for name, entry in (manifest.get("pipelines") or {}).items():
+        if isinstance(entry, dict):
+            yield name, entry.get(KEY)
+    for dname, entry in (manifest.get("dynamic") or {}).items():
+        readers = entry.get(KEY) if isinstance(entry, dict) else None
+        if isinstance(readers, dict):
+            for reader, rec in readers.items():
+                yield dynamic_stream(dname, reader), rec
+
+
+def from_manifest(manifest: dict[str, Any], log_id: str) -> dict[str, list[list[str]]]:
+    """The digests a later checkpoint's manifest holds for the batches after
+    checkpoint ``log_id``, by stream (pipeline or dynamic-mode reader)."""
+    found = {}
+    for name, rec in _records(manifest):
+        if isinstance(rec, dict) and rec.get("previous") == log_id:
+            found[name] = [list(b) for b in rec.get("digests") or []]
+    return found
+
+
+def from_rows(path: str, candidates: Iterable[dict[str, Any]], log_id: str,
+              repo: str | None = None) -> dict[str, list[list[str]]]:
+    """The digests for the batches after checkpoint ``log_id``, from the
+    first of the ``candidates`` rows whose manifest holds them: where they
+    are when the companion file is not (another machine, after `dvc exp
+    pull`)."""
+    from ..reading.loading import load
+
+    for row in candidates:
+        try:
+            manifest = load(path, rev=row, repo=repo, names=[]).manifest
+        except Exception as exc:  # noqa: BLE001 (evidence: a row not read proves nothing)
+            logger.debug("batch digests of %s not read: %s", row.get("name"), exc)
+            continue
+        found = from_manifest(manifest, log_id)
+        if found:
+            return found
+    return {}
+
+
+def log_id_of(manifest: dict[str, Any]) -> str | None:
+    """The batch-log id of a checkpoint (the same for each of its streams)."""
+    for _name, rec in _records(manifest):
+        if isinstance(rec, dict) and _valid_id(rec.get("log")):
+            return rec["log"]
+    return None
+
+
+def into_manifest(recorder: Recorder, pipelines: dict[str, dict[str, Any]],
+                  dynamic: dict[str, dict[str, Any]],
+                  readers: dict[str, tuple[str, str]]) -> None:
+    """At a save (one :meth:`Recorder.checkpoint`: one new segment): each
+    pipeline's digests into its entry, each dynamic-mode reader's (``readers``:
+    stream -> (Checkpoint name, reader name)) into its Checkpoint's entry,
+    ``batches`` by reader name: the manifest's ``dynamic`` part holds what is
+    saved of dynamic mode, and a reader is no pipeline."""
+    streams: dict[str, dict[str, Any]] = {stream: {} for stream in readers}
+    recorder.checkpoint({**pipelines, **streams})
+    for stream, entry in streams.items():
+        dname, reader = readers[stream]
+        if KEY in entry and dname in dynamic:
+            dynamic[dname].setdefault(KEY, {})[reader] = entry[KEY]
+
+
+def _new_log_id() -> str:
+    """32 hex digits: the time (ns) first, so names sort in creation order."""
+    return f"{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
+
+
+def _prune(directory: Path) -> None:
+    """The oldest companion files beyond the newest _KEEP_LOGS go: ordered by
+    name (the id's time), one listdir, no stat a file (it runs at each save)."""
+    try:
+        logs = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
+        for old in logs[:-_KEEP_LOGS]:
+            (directory / old).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+# -- the recorder --------------------------------------------------------------
+class _DigestThread:
+    """The thread of a process that digests batches while they train: jobs
+    run in the order they were handed in. Handing one in is a put on a
+    C queue and the wake-up of this thread (about 10 us of the training
+    thread on a busy 2-core machine; a ThreadPoolExecutor's submit, with
+    its Future and locks, measured 20-30). At the interpreter's exit the
+    jobs handed in are finished first (:meth:`drain`)."""
+
+    NAME = "dvc-dali-batch-digest"
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=self.NAME, daemon=True)
+        self._thread.start()
+        atexit.register(self.drain)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+                logger.warning("a batch digest was not recorded (%s)", exc)
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait for the jobs handed in so far (not in a forked child, where
+        the thread does not exist)."""
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._jobs.put(done.set)
+            done.wait(timeout)
+
+
+def _digest_thread() -> _DigestThread:
+    if STATE.digest_pool is None:
+        STATE.digest_pool = _DigestThread()
+    return STATE.digest_pool
+
+
+@dataclass
+class Costs:
+    """What a Recorder's digests cost, for benchmark 16: ``batches`` seen;
+    ``caller_s``: wall seconds spent on the thread that produced them (the
+    training thread: the wrapper's work after DALI returned, a comparison,
+    a wait for the previous digest); ``background``: batches digested on
+    the digest thread, ``background_cpu_s`` the CPU seconds it spent on
+    them (digest, companion line)."""
+
+    batches: int = 0
+    caller_s: float = 0.0
+    background: int = 0
+    background_cpu_s: float = 0.0
+
+
+class _Expected:
+    """The digests a resume compares with, per pipeline, until they run out."""
+
+    def __init__(self, batches: dict[str, list[list[str]]], step: int, why: Callable[[str], str],
+                 where: str) -> None:
+        self.batches = batches
+        self.step = step
+        self.why = why  # pipeline name -> what changed since, for the message
+        self.where = where
+
+
+class Recorder:
+    """The batch digests of one Checkpointer's streams: its DALI pipelines
+    (:meth:`watch`), and the TF datasets and dynamic-mode readers that hand
+    their batches in (:meth:`track`, :meth:`observe`)."""
+
+    def __init__(self, directory: Path, limit: int, inexact: bool) -> None:
+        self.directory = directory
+        self.limit = limit  # batches digested after each checkpoint; ALL; 0: off
+        self.inexact = inexact
+        self.log_id: str | None = None  # the checkpoint the batches follow
+        self._done: dict[str, list[list[str]]] = {}  # this segment's first digests
+        self._recorded: dict[str, int] = {}  # this segment's digests so far
+        self._count: dict[str, int] = {}
+        self._kinds: dict[str, str] = {}  # stream -> what a message calls it
+        self._expected: _Expected | None = None
+        self._log: Path | None = None  # the companion file; None: the manifest only
+        self._lock = threading.Lock()
+        # held from a batch's hand-over to the digest thread until its digest
+        # is appended: one at a time, so a kill loses at most the last one's
+        self._busy = threading.Lock()
+        self.costs = Costs()
+        self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
+        self._failures_said: set[str] = set()  # streams whose failed digest was said
+        # the mismatch :meth:`observe` raised last: where it was raised in a
+        # thread of TensorFlow's, the caller gets TF's error and raises this
+        self.failure: BatchMismatchError | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.limit != 0
+
+    def resume(self, log_id: str | None, batches: dict[str, list[list[str]]], step: int,
+               why: Callable[[str], str], where: str) -> None:
+        """Continue the segment after the resumed checkpoint: compare with what
+        it recorded, append what it did not."""
+        if not self.on or log_id is None:
+            return
+        self.log_id = log_id
+        self._done = {name: list(b[:MANIFEST_MAX]) for name, b in batches.items()}
+        self._recorded = {name: len(b) for name, b in batches.items()}
+        self._expected = _Expected(batches, step, why, where)
+        self._checks = {}
+        self._open()
+
+    def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
+        """Digest each batch ``pipe`` returns from ``outputs()`` and
+        ``share_outputs()`` (``run()`` and the iterators go through them)."""
+        if not self.track(name):
+            return
+        for method in ("outputs", "share_outputs"):
+            original = getattr(pipe, method)
+            setattr(pipe, method, self._wrapped(name, original, dynamic_executor))
+
+    def track(self, name: str, kind: str = "pipeline") -> bool:
+        """Digest the batches of stream ``name`` (handed in by :meth:`observe`
+        where the stream is not a pipeline; ``kind``: what a message calls it);
+        False when verification is off."""
+        if not self.on:
+            return False
+        self._kinds[name] = kind
+        self._count.setdefault(name, 0)
+        self._done.setdefault(name, [])
+        return True
+
+    def _wrapped(self, name: str, original: Callable[..., Any], deferred: bool) -> Callable:
+        def produce(*args: Any, **kwargs: Any) -> Any:
+            outputs = original(*args, **kwargs)
+            self._on_batch(name, outputs, deferred)
+            return outputs
+
+        return produce
+
+    def observe(self, name: str, batch: Sequence[Any],
+                digest_of: Callable[[Any], list[str]], deferred: bool = False) -> None:
+        """One batch of a tracked stream (``digest_of(batch)``: its digest),
+        compared when resuming, before it is used; else recorded, at once or,
+        ``deferred`` (the batch's arrays stay as they are while referenced:
+        a TensorFlow element's), on the digest thread."""
+        if not self.on:
+            return
+        try:
+            self._on_batch(name, batch, deferred, digest_of)
+        except BatchMismatchError as exc:
+            self.failure = exc
+            raise
+
+    def _on_batch(self, name: str, outputs: Any, deferred: bool,
+                  digest_of: Callable[[Any], list[str]] | None = None) -> None:
+        start = time.perf_counter()
+        try:
+            self._batch(name, outputs, deferred, digest if digest_of is None else digest_of)
+        finally:
+            self.costs.batches += 1
+            self.costs.caller_s += time.perf_counter() - start
+
+    def _batch(self, name: str, outputs: Any, deferred: bool,
+               digest_of: Callable[[Any], list[str]]) -> None:
+        # No batch is handed out before the digest of the one before it is
+        # written, past the limit too: a kill then loses at most the digest
+        # of the batch in flight, never one a later batch already followed.
+        self._settle()
+        index = self._count[name]
+        self._count[name] = index + 1
+        if self.log_id is None or (self.limit != ALL and index >= self.limit):
+            return
+        expected = self._expected.batches.get(name, []) if self._expected else []
+        if index < len(expected):
+            self._compare(name, index, expected, outputs, digest_of)
+        elif deferred and digest_of is digest:  # a GPU batch's kernels too, there
+            marks = mark(outputs)
+            self._in_background(name, index, lambda: digest_of(outputs, marks))
+        elif deferred:
+            self._in_background(name, index, lambda: digest_of(outputs))
+        else:
+            self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
+
+    def _compare(self, name: str, index: int, expected: list[list[str]], outputs: Any,
+                 digest_of: Callable[[Any], list[str]]) -> None:
+        """Resuming: batch ``index`` against its recorded digest, before it is used."""
+        try:
+            got = digest_of(outputs)
+        except Exception as exc:  # noqa: BLE001 (nothing told: not verified, said)
+            logger.debug("batch digest of %r failed: %r", name, exc)
+            got = failed_marker(exc)
+        found = check(expected[index], got)
+        self._check(name, index, found)
+        if self._expected is None:  # DVC_DALI_INEXACT=1: said; recorded from here on
+            return
+        self._checks.setdefault(name, []).append(found)
+        if found.outcome == NOT_VERIFIED and _failed(got) is None:
+            self._replace(name, index, got)
+        if index + 1 == len(expected):
+            self._say(name)
+
+    def _say(self, name: str) -> None:
+        """Said once for a stream, when its recorded digests run out (or at
+        the next save): which batches matched, which were not verified and
+        why; only where all matched, the proof."""
+        checks = self._checks.pop(name, [])
+        if not checks or self._expected is None:
+            return
+        proven, line = summary(self._kinds.get(name, "pipeline"), name,
+                               self._expected.step + 1, checks)
+        (logger.info if proven else logger.warning)("%s", line)
+
+    def _replace(self, name: str, index: int, value: list[str]) -> None:
+        """A batch not verified: the next checkpoint's manifest gets this
+        run's digest of it (the batch this run trained on), of the current
+        algorithm, in place of the one that could not be compared."""
+        with self._lock:
+            done = self._done.get(name, [])
+            if index < len(done):
+                done[index] = value
+
+    def _digest(self, name: str, index: int, compute: Callable[[], list[str]]) -> list[str]:
+        """A batch's digest while recording; one that raises is recorded as
+        failed (a resume says that batch is not verified), said once a stream."""
+        try:
+            return compute()
+        except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+            with self._lock:
+                first = name not in self._failures_said
+                self._failures_said.add(name)
+            if first:
+                logger.warning(
+                    "%s %r: the digest of batch %d after the last checkpoint failed (%s: %s); "
+                    "it is recorded as failed, so a resume from that checkpoint will say that "
+                    "batch is not verified (said once: later failures are recorded the same "
+                    "way)", self._kinds.get(name, "pipeline"), name, index + 1,
+                    type(exc).__name__, exc)
+            return failed_marker(exc)
+
+    def _check(self, name: str, index: int, found: Check) -> None:
+        if found.outcome != DIFFERS:
+            return
+        diff = list(found.lines)
+        exp = self._expected
+        step = exp.step + index + 1
+        changed = exp.why(name)
+        kind = self._kinds.get(name, "pipeline")
+        if self.inexact:
+            logger.warning("%s %r produced another batch %d after the checkpoint at step "
+                           "%d than the run it resumes (%s); continuing on purpose "
+                           "(DVC_DALI_INEXACT=1): this run is no longer exact", kind, name,
+                           index + 1, exp.step, "; ".join(diff))
+            self._expected = None  # said once; from here on the batches are recorded
+            return
+        raise BatchMismatchError(
+            f"{kind} {name!r}: the batch for step {step} (batch {index + 1} after the "
+            f"checkpoint at step {exp.step}, {exp.where}) differs from the one the run it "
+            f"resumes produced, so the training would not be exact; refused before it trains "
+            f"on it:\n  " + "\n  ".join(diff) + f"\n  since then: {changed}\n"
+            "Restore what changed (the data with `dvc checkout`, the DALI "
+            "version, the pipeline code) to resume, or start over with `dvc-dali reset`; to "
+            "continue on purpose, knowing the run is no longer exact, set DVC_DALI_INEXACT=1.")
+
+    def _settle(self) -> None:
+        """Wait for the digest in flight: at most one, so a kill loses at most
+        the last batch's, and the digests are appended in order."""
+        with self._busy:
+            pass
+
+    def _in_background(self, name: str, index: int, compute: Callable[[], list[str]]) -> None:
+        """Hand the batch's digest to the digest thread, once the previous one
+        is done (almost always already: a digest takes a fraction of a step)."""
+        self._busy.acquire()
+        try:
+            _digest_thread().submit(lambda: self._background(name, index, compute))
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def _background(self, name: str, index: int, compute: Callable[[], list[str]]) -> None:
+        start = time.thread_time()
+        try:
+            self._append(name, index, self._digest(name, index, compute))
+        finally:
+            self.costs.background += 1
+            self.costs.background_cpu_s += time.thread_time() - start
+            self._busy.release()
+
+    def _append(self, name: str, index: int, value: list[str]) -> None:
+        with self._lock:
+            if index != self._recorded.get(name, 0):
+                return  # out of order: never (one in flight, settled at each checkpoint)
+            self._recorded[name] = index + 1
+            done = self._done.setdefault(name, [])
+            if len(done) < MANIFEST_MAX:
+                done.append(value)
+            if self._log is not None:
+                line = json.dumps({"p": name, "i": index, "d": value}) + "\n"
+                try:
+                    _append_line(self._log, line.encode())
+                except OSError:
+                    self._log = None  # the manifest still gets them
+
+    def _open(self) -> None:
+        self._log = None
+        log = self.directory / f"{self.log_id}.jsonl"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _append_line(log, b"")  # the segment exists from its checkpoint on
+        except OSError as exc:
+            logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
+            return
+        self._log = log
+
+    def wait(self) -> None:
+        """Wait for the digest in flight (at a close)."""
+        self._settle()
+
+    def checkpoint(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """At a save: the digests since the previous checkpoint go into each
+        pipeline's manifest entry, and a new segment begins."""
+        if not self.on:
+            return entries
+        self._settle()
+        for name in list(self._checks):  # compared, the digests not run out: said now
+            self._say(name)
+        with self._lock:
+            new_id = _new_log_id()
+            for name, entry in entries.items():
+                if name in self._count:
+                    entry[KEY] = {"log": new_id, "previous": self.log_id,
+                                  "digests": self._done.get(name, [])
+                                  if self.log_id is not None else []}
+            self.log_id = new_id
+            self._done = {name: [] for name in self._count}
+            self._recorded = dict.fromkeys(self._count, 0)
+            self._count = dict.fromkeys(self._count, 0)
+            self._expected = None
+            self._open()
+        _prune(self.directory)
+        return entries
+
+
+def digest_dynamic(outputs: Sequence[Any]) -> list[str]:
+    """A dynamic-mode batch (dali_dynamic.digest_outputs): a host output, the
+    list of its samples' arrays, as :func:`digest_arrays` digests it; a GPU
+    output (a TensorListGPU) on the device, as :func:`digest` does."""
+    gpu = [o for o in outputs if _on_device(o)]
+    on_device = iter(begin(gpu)() if gpu else [])
+    on_host = iter(digest_arrays([o for o in outputs if not _on_device(o)]))
+    return [next(on_device) if _on_device(o) else next(on_host) for o in outputs]
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """One O_APPEND write, the descriptor closed at once: a Checkpointer left
+    to the garbage collector holds no file open, and a kill loses no line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
+                 data_lines: Iterable[str]) -> str:
+    """'DALI 2.4.0 -> 2.3.0; data ...', and where the data's listing cannot
+    tell, the causes that remain (a version change may not be the one)."""
+    saved, now = saved_versions.get("dali"), now_versions.get("dali")
+    parts = [f"DALI {saved} -> {now}"] if saved and saved != now else []
+    data = list(data_lines)
+    if not data:
+        unchanged = ("the data files' names and sizes and the pipeline's description are "
+                     "unchanged" if parts else "the DALI version, the data files' names and "
+                     "sizes and the pipeline's description are unchanged")
+        data = [f"{unchanged}; a file rewritten in place with its old size, a changed "
+                "external_source callable, plugin or custom operator, or another kind of "
+                "device would do this"]
+    return "; ".join(parts + data)

@@ -1,0 +1,212 @@
+"""Proof at runtime: the contents of the files a pipeline's readers read.
+
+A pipeline's description (dali_state) holds a digest of the names and sizes
+under each ``file_root`` (and of a ``file_list``'s own text), so a fresh
+checkout with new mtimes still resumes. A file rewritten in place with its old
+size is invisible to it, and, when its mtime is kept, to DVC too. Here, where
+a location's data (a file_root, a file_list's files, or files a reader names
+one by one: FILE_ARGS) is at most ``DVC_DALI_CONTENT_DIGEST_MAX`` bytes (default
+1 GB) and 10,000 files, a CRC-32 of every file's contents is computed on a
+thread started when the pipeline is registered; it goes into the manifest
+(the pipeline entry's optional ``contents``), joined by the first save that
+needs it, and a resume compares it with the data now before the first step,
+naming each file whose contents changed.
+
+Each location's record: ``{"files": N, "bytes": B, "crc32": "<8 hex digits
+per file>"}``, the files in the order of the walk the description's own
+digest uses (a file_root's) or of the list's lines (a file_list's): the
+description check, which runs first, proves the names and order equal, so
+the i-th CRC belongs to the same file before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from ..core.errors import PipelineMismatchError
+from ..core.log import logger
+from ..core.process_state import STATE
+
+KEY = "contents"  # the pipeline entry's manifest field
+LOCATION_ARGS = ("file_root", "file_list")
+# readers that name their files one by one (webdataset's paths, TFRecord's
+# path and index_path, numpy's files, COCO's annotations_file, ...)
+FILE_ARGS = ("files", "paths", "path", "index_paths", "index_path", "annotations_file")
+MAX_FILES = 10_000  # 8 hex digits a file in every manifest (80 KB at most); a resume
+# reads every file: 100,000 small files would cost seconds
+_CHUNK = 1 << 20
+_SHOWN = 5  # changed files named in a refusal
+
+
+def locations(description: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
+    """{"<operator>.<arg>": (path or paths, file_root of the same operator)}
+    of the readers' file_root, file_list and file-naming arguments."""
+    found: dict[str, tuple[Any, str | None]] = {}
+    for inst, op in sorted(description.get("operators", {}).items()):
+        args = op.get("args", {})
+        root = args.get("file_root")
+        root = root if isinstance(root, str) and root else None
+        for arg in LOCATION_ARGS + FILE_ARGS:
+            value = args.get(arg)
+            named = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+            if (isinstance(value, str) and value) or (arg in FILE_ARGS and named):
+                found[f"{inst}.{arg}"] = (value, root)
+    return found
+
+
+def _named(value: Any, root: str | None) -> list[tuple[str, str, int]]:
+    """The files an argument names one by one (relative ones under file_root)."""
+    out = []
+    for name in [value] if isinstance(value, str) else value:
+        path = os.path.join(root, name) if root and not os.path.isabs(name) else name
+        out.append((name, path, os.stat(path).st_size))
+    return out
+
+
+def _walk(top: str, rel: str = "") -> list[tuple[str, str, int]]:
+    """(relative name, path, size) below ``top``, in dali_state._digest_dir's
+    order: a directory's files by name, then its subdirectories by name."""
+    try:
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+    out = [(f"{rel}{e.name}", e.path, e.stat().st_size) for e in entries if not e.is_dir()]
+    for e in entries:
+        if e.is_dir() and not e.is_symlink():
+            out += _walk(e.path, f"{rel}{e.name}/")
+    return out
+
+
+def _listed(file_list: str, root: str | None) -> list[tuple[str, str, int]]:
+    """The files a DALI file_list names (``<path> <label>`` a line), relative
+    to file_root if given, else to the list's directory."""
+    base = root or os.path.dirname(file_list)
+    out = []
+    with open(file_list, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            name = line.strip().rsplit(None, 1)[0] if len(line.split()) > 1 else line.strip()
+            if name:
+                path = os.path.join(base, name)
+                out.append((name, path, os.stat(path).st_size))
+    return out
+
+
+def _crc(path: str) -> str:
+    from ..format.store import crc32_function  # ISA-L's where installed: the same CRC-32, faster
+
+    crc32, crc = crc32_function(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+class Contents:
+    """The content digests of one pipeline's data, computed on a thread of
+    its own from registration on; :meth:`result` joins it."""
+
+    def __init__(self, name: str, description: dict[str, Any], limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self._locations = locations(description) if limit > 0 else {}
+        self._records: dict[str, dict[str, Any]] = {}
+        self._files: dict[str, list[str]] = {}  # location -> names, for messages
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"dvc-dali-contents-{name}")
+        if self._locations:
+            self._thread.start()
+
+    def _run(self) -> None:
+        for where, (path, root) in self._locations.items():
+            try:
+                if where.endswith(".file_list"):
+                    files = _listed(path, root)
+                elif where.endswith(".file_root"):
+                    files = _walk(path)
+                else:
+                    files = _named(path, root if where.endswith(".files") else None)
+                total = sum(size for _, _, size in files)
+                if total > self.limit or len(files) > MAX_FILES:
+                    if (where, str(path)) not in STATE.said_digest_limit:  # once per process
+                        STATE.said_digest_limit.add((where, str(path)))
+                        logger.info(
+                            "pipeline %r: the data of %s (%s) is %s in %d files, over "
+                            "DVC_DALI_CONTENT_DIGEST_MAX=%d bytes (or %d files): a resume checks "
+                            "its files' names and sizes, not their contents",
+                            self.name, where, path, _size(total), len(files), self.limit,
+                            MAX_FILES)
+                    continue
+                crcs = "".join(_crc(p) for _, p, _ in files)
+            except OSError as exc:  # DALI's build names a missing file itself
+                logger.warning("pipeline %r: could not read the data of %s to digest its "
+                               "contents (%s); a resume will check names and sizes only",
+                               self.name, where, exc)
+                continue
+            self._records[where] = {"files": len(files), "bytes": total, "crc32": crcs}
+            self._files[where] = [rel for rel, _, _ in files]
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        """{location: record} of every location under the threshold."""
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        return self._records
+
+    def changed(self, saved: dict[str, Any]) -> list[str]:
+        """'<location> (<path>): changed a, b' for each location whose saved
+        record differs from the data now (one checked on both sides)."""
+        lines = []
+        now = self.result()
+        for where, old in sorted(saved.items()):
+            new = now.get(where)
+            if new is None or where not in self._locations:
+                continue
+            path = self._locations[where][0]
+            path = path if isinstance(path, str) else ", ".join(path[:3]) + (
+                ", ..." if len(path) > 3 else "")
+            if old["files"] != new["files"]:
+                lines.append(f"{where} ({path}): {old['files']} files -> {new['files']}")
+                continue
+            if old["crc32"] == new["crc32"]:
+                continue
+            names = [self._files[where][i] for i in range(new["files"])
+                     if old["crc32"][8 * i:8 * i + 8] != new["crc32"][8 * i:8 * i + 8]]
+            more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+            lines.append(f"{where} ({path}): changed {', '.join(names[:_SHOWN])}{more}")
+        return lines
+
+
+def start(name: str, description: dict[str, Any], limit: int) -> Contents:
+    """Begin digesting pipeline ``name``'s data (``limit``: the byte threshold)."""
+    return Contents(name, description, limit)
+
+
+def check(contents: Contents, saved_entry: dict[str, Any], manifest_path: str,
+          inexact: bool) -> None:
+    """Refuse (or, with DVC_DALI_INEXACT=1, say) data whose contents changed
+    since the checkpoint was written."""
+    saved = saved_entry.get(KEY)
+    if not saved:
+        return
+    lines = contents.changed(saved)
+    if not lines:
+        return
+    what = "\n  ".join(lines)
+    if inexact:
+        logger.warning("pipeline %r: the contents of its data changed since %s was written "
+                       "(%s); continuing on purpose (DVC_DALI_INEXACT=1): this run is no longer "
+                       "exact", contents.name, manifest_path, "; ".join(lines))
+        return
+    raise PipelineMismatchError(
+        f"{manifest_path}: pipeline {contents.name!r} reads files whose contents changed "
+        "since the checkpoint was written (same names and sizes), so DALI would resume on "
+        f"other data and produce other batches:\n  {what}\nRestore the data as it was (`dvc "
+        "checkout`, `git checkout`) to resume, or start over on the new data with `dvc-dali "
+        "reset` (or Checkpointer(..., resume=False)); to continue on purpose, knowing the run "
+        "is no longer exact, set DVC_DALI_INEXACT=1.")

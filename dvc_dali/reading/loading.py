@@ -1,0 +1,188 @@
+"""Read a checkpoint without resuming it: for evaluation, export and
+downstream stages. No lock, no writes, no DALI, no messages.
+
+    state = dvc_dali.load(rev="a-step40", names=["w"])
+    state = dvc_dali.load(rev=row)      # a row from dvc_dali.rows(), or its ref
+    state.step, state.arrays["w"], state.metadata, state.params, state.row
+
+A row (or any git revision, of this repository or another: ``repo``) is
+read through DVC's own filesystem (`dvc.api`), so its files come from the
+workspace, the local cache or the DVC remote, without `dvc exp apply`;
+only the files the chosen arrays need are fetched. Every check of a resume
+applies to what is read (store.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..format import store
+from ..core.errors import ConfigError, DvcDaliError
+
+if TYPE_CHECKING:
+    from .exp_refs import Row
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` read: a checkpoint, not resumed.
+
+    Attributes:
+        step: the checkpoint's step.
+        arrays: its arrays by name (as `Checkpointer.save` took them; the
+            random generators' ``~dvc_dali.rng`` too).
+        metadata: its JSON metadata.
+        params: the run's params as its `Checkpointer` recorded them.
+        row: the row name ``rev`` named, else None.
+        total_steps: the run's ``total_steps`` as recorded, else None.
+        path: where the checkpoint was read from.
+        manifest: its ``manifest.json`` (see the on-disk format).
+        ref: that row's full ref (``refs/exps/...``), else None.
+    """
+
+    step: int
+    arrays: dict[str, Any]
+    metadata: dict[str, Any]
+    params: dict[str, Any]  # the run's params as its Checkpointer recorded them
+    row: str | None  # the row name ``rev`` named, else None
+    total_steps: int | None = None
+    path: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict, repr=False)
+    ref: str | None = None  # that row's full ref (refs/exps/...), else None
+
+
+def _resolve(rev: str | Mapping[str, Any], repo: str | None
+             ) -> tuple[str, Row | None, str]:
+    """(git revision, row, repository to read): a row (a dict from
+    dvc_dali.rows()), a row's ref, sha or name is looked up among the
+    recorded rows (row_queries.rows_root: under `dvc exp run` DVC_ROOT's);
+    anything else is passed to git as is, in ``repo`` (default this one)."""
+    from .exp_refs import list_rows
+    from .row_queries import matching_rows, rows_root, the_row
+
+    root = rows_root(repo)
+    if isinstance(rev, Mapping):
+        if not isinstance(rev.get("sha"), str):
+            raise ConfigError(f"rev={dict(rev)!r}: a row needs its 'sha'; pass a row from "
+                              "dvc_dali.rows(), its ref or a git revision")
+        known = matching_rows(list_rows(root), dict(rev)) if os.path.isdir(root) else []
+        return rev["sha"], (known or [dict(rev)])[0], root  # a pruned row: its commit
+    if os.path.isdir(root):
+        named = matching_rows(list_rows(root), rev)
+        if len(named) > 1:
+            the_row(named, rev, f"rev={rev!r}", root)  # raises, naming each row's ref
+        if named:
+            return named[0]["sha"], named[0], root
+    return rev, None, repo or str(_here())
+
+
+def _label(rev: Any) -> str:
+    if isinstance(rev, Mapping):
+        return str(rev.get("ref") or rev.get("name") or rev.get("sha"))
+    return str(rev)
+
+
+def _here() -> Path:
+    from ..core.context import repo_root
+
+    return repo_root() or Path.cwd()
+
+
+def _fetch(fs: Any, src: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fs.get_file(src, str(dest))
+    except FileNotFoundError:
+        raise DvcDaliError(f"{src}: not in the revision read, nor in the cache or the DVC "
+                           "remote; is it the checkpoint output's path?") from None
+
+
+def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> None:
+    """LATEST, the manifests, and the files the chosen arrays need, from DVC's
+    filesystem into ``dest`` (which then reads as a local checkpoint)."""
+    _fetch(fs, f"{path}/{store.LATEST}", dest / store.LATEST)
+    lines = (dest / store.LATEST).read_text(errors="replace").split("\n")
+    snapshots = [line.split()[0] for line in lines if len(line.split()) == 2]
+    for rel in snapshots:
+        if ".." in rel.split("/") or rel.startswith("/"):
+            break  # store.latest refuses it, naming the file
+        _fetch(fs, f"{path}/{rel}/{store.MANIFEST}", dest / rel / store.MANIFEST)
+    entries = store.latest(dest)  # checks LATEST's form before anything else is used
+    if not entries:
+        return
+    rel, md5 = entries[0]
+    manifest = store.read_manifest(dest / rel, md5)
+    for member in store.needed_files(manifest, names):
+        _fetch(fs, f"{path}/{rel}/{member}", dest / rel / member)
+
+
+def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any] | None = None,
+         repo: str | os.PathLike | None = None, names: list[str] | None = None) -> Loaded:
+    """Read a checkpoint without resuming it.
+
+    No lock, no writes, no DALI import, no messages: of the workspace (also
+    while a training process holds it), or of ``rev`` in ``repo``. A row's
+    files come through DVC's own filesystem (``dvc.api.DVCFileSystem``):
+    from the local cache, or fetched from the DVC remote, with no
+    `dvc exp apply`; only ``LATEST``, the manifests and the files of the
+    arrays in ``names`` are read. Every check of a resume applies (see the
+    guarantees' "Security").
+
+    Args:
+        path: the stage's checkpoint output.
+        rev: a row (a dict from `rows` or `current_row`: never ambiguous),
+            its ref or sha, a row name (refused, naming each row's ref, when
+            a run name was used again on another commit), or any git
+            revision. Default: the workspace's checkpoint.
+        repo: a path or git URL (with ``rev``). Default: this repository;
+            in a stage under `dvc exp run`, the one it records into
+            (``DVC_ROOT``).
+        names: only these arrays (only their files are read); default all.
+
+    Returns:
+        The checkpoint's step, arrays, metadata, params and row.
+
+    Raises:
+        ConfigError: ``rev`` names no row or several, or a row without its
+            ``sha``.
+        DvcDaliError: a file neither in the revision read, nor in the cache
+            or the DVC remote.
+        CheckpointCorruptError: a file missing, truncated or edited.
+        CheckpointFormatError: a foreign or newer format.
+    """
+    from ..core.exit_hooks import install_hook
+
+    install_hook()  # a refusal that ends an evaluation script: one line
+    names = None if names is None else list(names)
+    repo_s = None if repo is None else os.fspath(repo)
+    if rev is None and repo_s is None:
+        return _loaded(store.read_arrays(Path(path), names), None)
+    from dvc.api import DVCFileSystem  # DVC's public API: rows, caches and remotes
+
+    git_rev, row, where = _resolve(rev, repo_s) if rev else ("HEAD", None, repo_s or
+                                                             str(_here()))
+    rel = os.fspath(path).strip("/")
+    with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
+        try:  # DVC opens the revision lazily: its errors come with the first file
+            _copy_needed(DVCFileSystem(where, rev=git_rev), rel, Path(tmp), names)
+        except DvcDaliError:
+            raise
+        except Exception as exc:
+            raise DvcDaliError(
+                f"cannot read {rel} at revision {_label(rev)!r} of {where}: {exc}. "
+                "`dvc-dali show` lists the rows; `dvc exp pull <remote> <row>` fetches one "
+                "from a remote.") from None
+        return _loaded(store.read_arrays(Path(tmp), names), row, f"{_label(rev)}:{rel}")
+
+
+def _loaded(snap: store.Snapshot, row: Row | None, where: str = "") -> Loaded:
+    manifest = snap.manifest
+    run = manifest.get("run") or {}
+    return Loaded(snap.step, dict(snap.arrays), dict(manifest.get("metadata") or {}),
+                  dict(run.get("params") or {}), row and row.get("name"),
+                  run.get("total_steps"), where or str(snap.path), manifest,
+                  row and row.get("ref"))

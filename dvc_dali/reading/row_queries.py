@@ -1,0 +1,317 @@
+"""The recorded rows as data: what `dvc-dali show` draws, for code.
+
+    rows = dvc_dali.rows("a")                       # every row named "a", any baseline
+    here = dvc_dali.current_row("checkpoint")       # the row the checkpoint output holds
+    best = dvc_dali.best_row(dvc_dali.rows(run=here), "train/acc:max")  # of its run
+    state = dvc_dali.load(rev=best)                 # the row itself: never ambiguous
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .best import best_row as _best_row
+from ..core.errors import DvcDaliError
+from .exp_refs import Row, exp_refs, git_dirs, list_rows, outs_digest
+from ..core.flat_keys import flat_keys
+from .gitcmd import read_blobs
+
+DEFAULT_METRICS = "dvclive/metrics.json"
+
+
+def flatten_metrics(node: object) -> dict[str, float]:
+    """{"train/acc": 0.9, ...}: a DVCLive metrics file's numbers but the step."""
+    return flat_keys(node, sep="/", empty_as_leaf=False,
+                     keep=lambda key, value: isinstance(value, (int, float)) and key != "step")
+
+
+def _safe_yaml(text: bytes | str | None) -> Any:
+    """A YAML file of a row (params.yaml, dvc.lock) as plain data; None when
+    there is none or it does not parse (the row is listed anyway)."""
+    if text is None:
+        return None
+    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
+
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception:  # not YAML, or not text
+        return None
+
+
+def _params(blob: bytes | None) -> dict[str, Any]:
+    return flat_keys(_safe_yaml(blob))
+
+
+def rows(exp: str | None = None, repo: str | Path | None = None,
+         metrics_file: str = DEFAULT_METRICS, params: bool = True, *,
+         run: Row | str | None = None) -> list[Row]:
+    """The recorded checkpoint rows (what `dvc-dali show` draws).
+
+    All, of experiment name ``exp``, or of one run. Each is a plain dict
+    (``row["step"]``) with the fields `Row` lists, metrics and params
+    included.
+
+    Args:
+        exp: only the rows of this experiment (run) name, on every baseline.
+        repo: the repository. Default: this one; in a stage under
+            `dvc exp run`, the one it records into (``DVC_ROOT``).
+        metrics_file: the DVCLive metrics file of each row's metrics.
+        params: ``False`` skips reading each row's params.
+        run: only the rows of one run (its experiment name on its commit,
+            and the commits it was resumed on): a row (from here or
+            `current_row`), its ref or sha, or a row name only one row has.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ConfigError: ``run`` names no recorded row, or several.
+        DvcDaliError: git cannot read the repository's experiment refs.
+    """
+    root = rows_root(repo)
+    # exp_refs refuses a repository git reads only in part (a broken ref); its
+    # git process runs beside list_rows' (two reads of refs/exps), its error first
+    got: dict[str, Any] = {}
+    reader = threading.Thread(target=_into, args=(got, exp_refs, root), daemon=True)
+    reader.start()
+    try:
+        found = list_rows(root, exp if run is None else None)
+    finally:
+        reader.join()
+        if "error" in got:
+            raise got["error"]
+    refs = got["value"]
+    if run is not None:
+        found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
+                 if exp is None or r["exp"] == exp]
+    files = (metrics_file, "params.yaml") if params else (metrics_file,)
+    specs = [f"{r['sha']}:{p}" for r in found for p in files]
+    theirs = _dvc_experiments(found, refs)
+    # one git process for the rows' files and the dvc.lock of DVC's own experiments
+    blobs = read_blobs(root, specs + [f"{sha}:dvc.lock" for _, sha in theirs])
+    for i, row in enumerate(found):
+        metrics = blobs[len(files) * i]
+        try:
+            row["metrics"] = flatten_metrics(json.loads(metrics)) if metrics is not None else {}
+        except ValueError:  # a metrics file cut short or not JSON: list the row anyway
+            row["metrics"] = {}
+        if params:
+            row["params"] = _params(blobs[len(files) * i + 1])
+    mark_dvc_duplicates(root, found, refs, blobs[len(specs):])
+    return found
+
+
+def _into(got: dict[str, Any], func: Callable[..., Any], *args: Any) -> None:
+    """func(*args) on a thread: its value or its exception into ``got``."""
+    try:
+        got["value"] = func(*args)
+    except BaseException as exc:  # handed to the caller's thread, raised there
+        got["error"] = exc
+
+
+def rows_root(repo: str | os.PathLike | None = None) -> str:
+    """Where the rows are: ``repo``; else, in a stage under `dvc exp run`,
+    the repository DVC records into (DVC_ROOT: for `--temp` and queued runs
+    not the run's own, which holds no rows); else the DVC repository around
+    the working directory."""
+    from ..core.context import repo_root
+
+    if repo is not None:
+        return os.fspath(repo)
+    env = os.environ.get("DVC_ROOT")
+    if env and os.path.isdir(os.path.join(env, ".dvc")):
+        return env
+    return str(repo_root() or Path.cwd())
+
+
+def _label(row: object) -> str:
+    return str(row.get("ref") or row.get("name")) if isinstance(row, dict) else repr(row)
+
+
+def matching_rows(found: list[Row], key: object) -> list[Row]:
+    """The rows ``key`` names: a row dict (by its sha), a full ref, a sha (7
+    hex digits at least) or a row name (which may repeat on other baselines)."""
+    if isinstance(key, dict):
+        return [r for r in found if r["sha"] == key.get("sha")]
+    if not isinstance(key, str) or not key:
+        return []
+    if key.startswith("refs/"):
+        return [r for r in found if r["ref"] == key]
+    named = [r for r in found if r["name"] == key]
+    return named or [r for r in found if len(key) >= 7 and r["sha"].startswith(key)]
+
+
+def the_row(found: list[Row], key: object, what: str, root: str) -> Row:
+    """The one row ``key`` names (see :func:`matching_rows`), else ConfigError."""
+    from ..core.errors import ConfigError
+
+    named = matching_rows(found, key)
+    if len(named) > 1:
+        raise ConfigError(
+            f"{what}: {len(named)} rows match it ({', '.join(r['ref'] for r in named)}: "
+            "a run name used again on another commit); pass the row from dvc_dali.rows() "
+            "or its full ref instead")
+    if not named:
+        raise ConfigError(f"{what}: no recorded row of {root} has this name, ref or sha; "
+                          "`dvc-dali show` lists them (a pruned row is gone)")
+    return named[0]
+
+
+def run_rows(found: list[Row], row: Row) -> list[Row]:
+    """The rows of ``row``'s run, as retention counts them: its experiment
+    name on its baseline, and on the other baselines the run went on to
+    when it was resumed there (rows linked by parent). Pure."""
+    by_sha = {r["sha"]: r for r in found}
+    same = [r for r in found if r["exp"] == row["exp"]]
+    links: dict[str, set[str]] = {}
+    for r in same:
+        parent = by_sha.get(r["parent"] or "")
+        if parent is not None and parent["exp"] == r["exp"]:
+            links.setdefault(r["baseline"], set()).add(parent["baseline"])
+            links.setdefault(parent["baseline"], set()).add(r["baseline"])
+    seen, todo = {row["baseline"]}, [row["baseline"]]
+    while todo:
+        for baseline in links.get(todo.pop(), set()) - seen:
+            seen.add(baseline)
+            todo.append(baseline)
+    return [r for r in same if r["baseline"] in seen]
+
+
+def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike | None = None
+                ) -> Row | None:
+    """The recorded row the checkpoint output at ``path`` holds.
+
+    The one whose ``dvc.lock`` gives that output the md5 the stage's
+    ``dvc.lock`` here gives it, at the step of the checkpoint's manifest
+    (the newest such row). ``rows(run=row)`` is then the run trained there.
+    The row has no ``metrics`` or ``params``: ``rows(run=row)`` reads them.
+
+    Args:
+        path: the stage's checkpoint output.
+        repo: where the rows are, as for `rows` (in a stage under
+            `dvc exp run`, ``--temp`` and queued runs too, ``DVC_ROOT``'s).
+
+    Returns:
+        The row, or None when the checkpoint is no recorded row (no
+        ``dvc.lock`` entry yet, or a checkpoint written since). Check it:
+        ``rows(run=None)`` is every row.
+    """
+    ckpt = Path(os.path.realpath(path))
+    entry = _lock_entry(ckpt)
+    if entry is None:
+        return None
+    lock, stage, out, md5 = entry
+    root, step = rows_root(repo), _checkpoint_step(ckpt)
+    found = [r for r in list_rows(root) if step is None or r["step"] == step]
+    rel = os.path.relpath(Path(root).resolve() / lock, git_dirs(root)[1])
+    blobs = read_blobs(root, [f"{r['sha']}:{rel}" for r in found])
+    hits = [r for r, blob in zip(found, blobs, strict=True)
+            if blob is not None and _out_md5(blob, stage, out) == md5]
+    return max(hits, key=lambda r: (r["time"], r["step"])) if hits else None
+
+
+def _checkpoint_step(ckpt: Path) -> int | None:
+    """The step of the checkpoint at ``ckpt``; None where none is readable."""
+    from ..format import store
+
+    try:
+        entries = store.latest(ckpt)
+        return store.read_manifest(ckpt / entries[0][0], entries[0][1])["step"] if entries \
+            else None
+    except (DvcDaliError, OSError, KeyError):
+        return None
+
+
+def _lock_yaml(text: bytes | str | None) -> dict[str, Any]:
+    """The stages of a dvc.lock; {} when it does not parse (no match)."""
+    data = _safe_yaml(text)
+    stages = data.get("stages") if isinstance(data, dict) else None
+    return stages if isinstance(stages, dict) else {}
+
+
+def _out_md5(text: bytes | str, stage: str, out: str) -> str | None:
+    """The md5 a dvc.lock gives output ``out`` of ``stage``."""
+    entry = _lock_yaml(text).get(stage)
+    for item in (entry.get("outs") or []) if isinstance(entry, dict) else []:
+        if isinstance(item, dict) and item.get("path") == out:
+            return item.get("md5")
+    return None
+
+
+def _lock_entry(ckpt: Path) -> tuple[str, str, str, str] | None:
+    """(dvc.lock relative to its DVC repository, stage, output path, md5) of
+    the stage whose outputs hold ``ckpt``, from the nearest dvc.lock above it."""
+    from ..core.context import repo_root
+
+    top = repo_root(ckpt.parent)
+    if top is None:
+        return None
+    for folder in (ckpt.parent, *ckpt.parent.parents):
+        lock = folder / "dvc.lock"
+        stages = _lock_yaml(lock.read_bytes()) if lock.is_file() else {}
+        for stage, entry in stages.items():
+            for item in (entry.get("outs") or []) if isinstance(entry, dict) else []:
+                if isinstance(item, dict) and isinstance(item.get("path"), str) and \
+                        Path(os.path.realpath(folder / item["path"])) == ckpt and \
+                        item.get("md5"):
+                    return (os.path.relpath(lock, top), stage, item["path"], item["md5"])
+        if folder == top:
+            break
+    return None
+
+
+def _lock_outs(blob: bytes | None) -> set[str]:
+    """The outs digests (as rows' lineage records them) of a dvc.lock's stages."""
+    return {outs_digest(entry) for entry in _lock_yaml(blob or None).values()
+            if isinstance(entry, dict) and entry.get("outs")}
+
+
+def _dvc_experiments(found: list[Row], refs: list[tuple[str, str]]
+                     ) -> list[tuple[str, str]]:
+    """The refs under refs/exps that are not rows (DVC's own experiments)."""
+    shas = {r["sha"] for r in found}
+    return [(ref, sha) for ref, sha in refs if sha not in shas]
+
+
+def mark_dvc_duplicates(root: str, found: list[Row],
+                        refs: list[tuple[str, str]],
+                        locks: list[bytes | None] | None = None) -> None:
+    """DVC's own experiment of an invocation (`dvc exp run -n NAME` commits it
+    when the run ends) holds the same outputs as the run's last row: name it
+    on that row ("dvc_experiments"), so the two are not taken for two states.
+    ``locks``: their dvc.lock files, already read (else read here)."""
+    theirs = _dvc_experiments(found, refs)
+    blobs = read_blobs(root, [f"{sha}:dvc.lock" for _, sha in theirs]) if locks is None \
+        else locks
+    by_outs: dict[str, list[str]] = {}
+    for (ref, _), blob in zip(theirs, blobs, strict=True):
+        for digest in _lock_outs(blob):
+            by_outs.setdefault(digest, []).append(ref.rsplit("/", 1)[-1])
+    for row in found:
+        row["dvc_experiments"] = sorted(set(by_outs.get(row.get("outs") or "", [])))
+
+
+def best_row(found: list[Row], spec: str) -> Row | None:
+    """The best row by a metric.
+
+    The row with the highest (``metric:max``) or lowest (``metric:min``)
+    metric; the later step on a tie; rows without the metric, or with NaN,
+    are no candidates. The one rule retention's ``keep_best`` and
+    `dvc-dali show --best` follow too (``dvc_dali/reading/best.py``).
+
+    Args:
+        found: rows from `rows`.
+        spec: ``"<metric>:max"`` or ``"<metric>:min"``, the metric as
+            `dvc-dali show` prints it (``train/acc``).
+
+    Returns:
+        The best row, or None when no row has the metric.
+
+    Raises:
+        ConfigError: a ``spec`` without ``:max`` or ``:min``.
+    """
+    return _best_row(found, spec)

@@ -1,0 +1,133 @@
+"""Asynchronous checkpoints across torch.distributed ranks: what each rank's
+background thread does with one captured checkpoint.
+
+Every rank writes its snapshot into ``rank-NNNNN/`` (durable: fsynced,
+renamed, its directory fsynced) and says so in torch.distributed's own
+store (``<seq>/durable/<rank>``: its step, snapshot and manifest md5). Rank
+0 waits for every rank's mark of that checkpoint (rank_commit.decide), then
+names them all in LATEST, removes what they superseded, records the row,
+and says ``<seq>/done``; every other rank waits for that before its
+checkpoint counts as finished (the next one's files must not appear while
+rank 0 hashes the directory). Nothing here runs on the training thread and
+nothing is a collective: a rank that ended (its directory lock released,
+dirlock.holder) is noticed while waiting, and its checkpoint fails with a
+message naming the rank and the step, never a partial row.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..format import dirlock, store
+from . import distributed, rank_commit
+from ..core.errors import CheckpointWriteError
+from ..core.log import logger
+
+LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for are alive
+
+
+class AsyncRanks:
+    """One Checkpointer's side of the protocol (one per rank)."""
+
+    def __init__(self, path: Path, rank: int, world_size: int, recording: bool = True) -> None:
+        self.path, self.rank, self.world_size = path, rank, world_size
+        self.recording = recording  # under `dvc exp run`: rank 0 records a row (for the log)
+        self.kv = distributed.KeyValue(f"dvc_dali/{os.path.realpath(path)}/")
+        self.kv.set(f"pid/{rank}", str(os.getpid()))  # after the directory lock is held
+        self.seq = 0
+        self.timings: dict[str, float] = {}
+
+    def job(self, captured: store.Capture,
+            record: Callable[[int, str], None]) -> Callable[[], None]:
+        """The background work for the next checkpoint: ``record(step, LATEST
+        text)`` records the row (called on rank 0 only)."""
+        self.seq += 1
+        seq = self.seq
+        return lambda: self._run(seq, captured, record)
+
+    def _run(self, seq: int, captured: store.Capture,
+             record: Callable[[int, str], None]) -> None:
+        t0 = time.perf_counter()
+        rank_dir = f"rank-{self.rank:05d}"
+        name, sha = store.write_capture(self.path / rank_dir, captured,
+                                        rank={"rank": self.rank, "world_size": self.world_size})
+        self.timings["save_s"] = time.perf_counter() - t0
+        logger.info("rank %d/%d saved step %d in %.1f ms (in the background)", self.rank,
+                    self.world_size, captured.step, self.timings["save_s"] * 1000)
+        mark = rank_commit.Durable(captured.step, f"{rank_dir}/{name}", sha)
+        self.kv.set(f"{seq}/durable/{self.rank}", rank_commit.format_durable(mark))
+        if self.rank == 0:
+            self._commit(seq, captured.step, record)
+        else:
+            self._await_done(seq, captured.step)
+
+    def _gone(self, rank: int) -> bool:
+        """Whether ``rank`` ended: it announced itself, and its lock is free."""
+        return (self.kv.get_now(f"pid/{rank}") is not None
+                and dirlock.holder(self.path, rank) is None)
+
+    def _commit(self, seq: int, step: int, record: Callable[[int, str], None]) -> None:
+        t0 = time.perf_counter()
+        decision = self._all_durable(seq, step)
+        self.timings["wait_ranks_s"] = time.perf_counter() - t0
+        done = f"{seq}/done"
+        if decision.action == rank_commit.FAIL:
+            self.kv.set(done, "error " + decision.message)
+            raise CheckpointWriteError(decision.message)
+        t1 = time.perf_counter()
+        try:
+            store.publish(self.path, list(decision.entries))
+            store.remove_leftovers(self.path, keep="")
+            for entry, _ in decision.entries:  # what each rank's new snapshot superseded
+                rank_dir, name = entry.split("/")
+                store.remove_leftovers(self.path / rank_dir, keep=name)
+            record(step, (self.path / store.LATEST).read_text(encoding="utf-8"))
+        except BaseException as exc:
+            self.kv.set(done, f"error step {step} was not recorded by rank 0: "
+                              f"{type(exc).__name__}: {exc}")
+            raise
+        self.timings["record_s"] = time.perf_counter() - t1
+        self.kv.set(done, "ok")
+        logger.info("rank 0/%d committed step %d: every rank's files durable %.1f ms after its "
+                    "own; LATEST written%s in %.1f ms", self.world_size, step,
+                    self.timings["wait_ranks_s"] * 1000,
+                    " and the row recorded" if self.recording else "",
+                    self.timings["record_s"] * 1000)
+
+    def _all_durable(self, seq: int, step: int) -> rank_commit.Decision:
+        """Rank 0 waits until every rank's files of checkpoint ``seq`` are
+        durable, or one rank ended before (rank_commit.decide)."""
+        marks: dict[int, rank_commit.Durable] = {}
+        while True:
+            # the dead first, then their marks: a rank that marked, then died, counts
+            dead = {r for r in range(self.world_size) if r not in marks and self._gone(r)}
+            for r in range(self.world_size):
+                if r not in marks:
+                    found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
+                    if found is not None:
+                        marks[r] = found
+            decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path))
+            if decision.action != rank_commit.WAIT:
+                if decision.action == rank_commit.FAIL:
+                    logger.error("%s", decision.message)
+                return decision
+            self.kv.wait(f"{seq}/durable/{decision.waiting_for[0]}", LIVENESS_S)
+
+    def _await_done(self, seq: int, step: int) -> None:
+        """A rank other than 0: until rank 0 recorded (or gave up) checkpoint ``seq``."""
+        t0 = time.perf_counter()
+        done = f"{seq}/done"
+        while not self.kv.wait(done, LIVENESS_S):
+            if self._gone(0):
+                if self.kv.get_now(done) is not None:
+                    break
+                message = rank_commit.rank_gone_message(step, self.world_size, str(self.path))
+                logger.error("%s", message)
+                raise CheckpointWriteError(message)
+        self.timings["wait_record_s"] = time.perf_counter() - t0
+        answer = self.kv.get_now(done) or ""
+        if answer != "ok":
+            raise CheckpointWriteError(answer.removeprefix("error "))

@@ -1,0 +1,986 @@
+"""The Checkpointer: build pipelines fresh or restored, save, resume.
+
+A facade: what a checkpoint restores is restorable's (one protocol for
+DALI pipelines, TF datasets and dynamic mode, behind which DALI is reached
+through dali_state, dali_iterators, dali_dynamic and dali_tf); the on-disk
+format is store's; what a rerun does
+with the checkpoint it finds is resume's; recording into DVC is
+signal_file's (and recording/pipeline.py's).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..format import arrays as arrays_mod
+from ..proof import batch_digests, data_contents
+from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
+from . import async_ranks, distributed, preemption, restorable, rng_state, signal_file
+from ..format import dirlock, store
+from ..core import exit_hooks
+from .._version import __version__
+from ..core.context import RunContext
+from ..core.errors import ConfigError, UnchangedCheckpointError
+from ..core.log import logger
+from ..core.process_state import STATE
+from ..core.record_request import RecordRequest
+from .restorable import Restorable
+from .resume import NOTHING, RESUME, ResumeDecision, decide
+
+
+def _array_module():
+    """CuPy when a GPU is usable, so GPU arrays come back on the GPU."""
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:  # noqa: BLE001 (no CuPy, no driver, no device: all mean NumPy)
+        return None
+
+
+class Checkpointer:
+    """Saves and restores the exact state of a training run.
+
+    On construction the latest complete checkpoint in ``path`` (if any) is
+    read and verified; `step`, `arrays` and `metadata` hand it back, and
+    `pipeline` builds each pipeline restored to its saved position. A
+    Checkpointer holds an exclusive lock on its directory (per rank) while it
+    lives: a second live writer, such as the training process a killed
+    `dvc exp run` leaves running, is refused instead of mixing two runs'
+    checkpoints; `close` lets another process write it.
+
+    What a rerun does with the checkpoint (resume, continue, start over) is
+    decided from ``params`` and ``total_steps``: see the guide "Resume
+    semantics" (`docs/guides/resume.md`).
+
+    Args:
+        path: the directory declared as the stage's checkpoint output.
+        resume: ``False`` ignores what is in ``path`` (it is replaced at the
+            next save).
+        params: the run's hyperparameters (JSON, without the step count).
+            Default: under `dvc exp run`, the stage's own ``params:`` as DVC
+            resolves them (``train.lr``, ``train.steps``...), read once when
+            the run starts; outside it, none. An unfinished run resumes even
+            with changed params (a changed *pipeline* is refused when it is
+            built); a finished run (step >= its ``total_steps``) continues only
+            with the same params and more ``total_steps``, otherwise a new run
+            starts from step 0.
+        total_steps: the run's total number of steps; required under
+            `dvc exp run` (without it a rerun after the end cannot tell a
+            changed parameter from more steps).
+        keep_last: keep only the run's last N checkpoint rows after each
+            recording (default: env ``DVC_DALI_KEEP_LAST``; unset keeps every
+            row). See the guide "Recording on DVC 3".
+        keep_best: with ``keep_last``, also keep the best row by a DVCLive
+            metric, ``"train/acc:max"`` or ``"loss:min"`` (default: env
+            ``DVC_DALI_KEEP_BEST``), the rule `best_row` follows.
+        asynchronous: ``True``: `make_checkpoint` returns once the state is
+            captured (DALI states read, arrays copied in memory); writing and
+            recording go on in a background thread, one at a time and in
+            order; the next call, `wait` and process exit (Ctrl-C included)
+            wait for it, so a checkpoint in flight is finished whole. Under
+            torch.distributed each rank writes its own files in the
+            background and rank 0 records the row once every rank's files of
+            that step are durable (guide "Many processes"). Default: env
+            ``DVC_DALI_ASYNC`` (off).
+        rng: save and restore the global random generators (Python's
+            ``random``, NumPy's legacy generator, torch's CPU and CUDA ones)
+            with each checkpoint, set back once a resumed loop first reads
+            `arrays` or `step` (default: env ``DVC_DALI_RNG``, on; the
+            argument wins). See the guide "Random generators".
+
+    Attributes:
+        path (Path): the checkpoint directory.
+        timings (dict[str, float]): ``restore_s`` (reading the checkpoint at
+            construction) and the last ``save_s``, in seconds, to log.
+        params (dict): the params given (``params=``).
+        total_steps (int | None): the ``total_steps`` given.
+        rank (int): this process's torch.distributed rank (0 alone).
+        world_size (int): the number of ranks (1 alone).
+
+    Raises:
+        ConfigError: a bad argument (``total_steps``, ``keep_last``,
+            ``keep_best``) or ``DVC_DALI_*`` variable; under `dvc exp run`, no
+            ``total_steps``, or a checkpoint stage without ``persist: true``
+            or ``always_changed: true`` (the message holds the fix).
+        CheckpointLockedError: another live process writes ``path`` (named
+            by its pid and command).
+        CheckpointCorruptError: a checkpoint file missing, truncated, empty,
+            garbage or edited.
+        CheckpointFormatError: a foreign or newer format, a DALI 1.x checkpoint.
+        RankMismatchError: another world size, or another rank's state.
+        UnchangedCheckpointError: under `dvc exp run`, a finished run rerun
+            with nothing changed, or an applied row whose run already went on
+            from it (``DVC_DALI_RETRAIN=1`` trains it again on purpose).
+        RecordError: under `dvc exp run`, a misconfigured auto-push remote,
+            or a checkpoint `dvc.lock` names whose data is neither in the
+            workspace nor the cache.
+    """
+
+    def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
+                 params: dict[str, Any] | None = None, total_steps: int | None = None,
+                 keep_last: int | None = None, keep_best: str | None = None,
+                 asynchronous: bool | None = None, rng: bool | None = None) -> None:
+        self.path = Path(path)
+        # The environment and the retention arguments are checked now, before
+        # any training step, not at the first checkpoint.
+        exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+        self._ctx = RunContext.from_environ()
+        # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
+        # process only: torchrun's agent uses it to stop the other ranks)
+        exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
+        self._retention = self._ctx.retention(keep_last, keep_best)
+        self.asynchronous = self._ctx.asynchronous if asynchronous is None else bool(asynchronous)
+        self._worker: _Background | None = None  # the one background save in flight
+        self.params = dict(params or {})
+        if total_steps is not None and (isinstance(total_steps, bool)
+                                        or not isinstance(total_steps, int) or total_steps < 0):
+            raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
+                              "run's total number of steps")
+        self.total_steps = total_steps
+        # everything the checkpoint restores (restorable.py), by (manifest part, name)
+        self._sources: dict[tuple[str, str], Restorable] = {}
+        # the dynamic-mode readers whose batches are digested: stream -> (its
+        # Checkpoint's name, its name there), for the manifest (batch_digests)
+        self._dynamic_readers: dict[str, tuple[str, str]] = {}
+        self.rank, self.world_size = distributed.world()
+        if self._ctx.mode == "record":
+            self._start_recorded_run(params, total_steps)
+        self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
+        # asynchronous across ranks: agreed through torch.distributed's store (async_ranks)
+        self._ranks = (async_ranks.AsyncRanks(self.path, self.rank, self.world_size,
+                                              self._ctx.mode != "off")
+                       if self.asynchronous and self.world_size > 1 else None)
+        self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
+        self.timings: dict[str, float] = {}
+        self._latest: str | None = None  # LATEST as this process last wrote it
+        self._pending_message = ""
+        self._branched = False  # a retrained row's rows form a run of their own
+        t0 = time.perf_counter()
+        snapshot = (store.read_snapshot(self.path, _array_module(), self.rank, self.world_size)
+                    if resume else None)
+        self.timings["restore_s"] = time.perf_counter() - t0
+        self._saved = self._resume_from(snapshot)
+        # proof at runtime: the batches after each checkpoint (batch_digests.py)
+        self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
+                                               self._ctx.verify_batches, self._ctx.inexact)
+        if self._saved is not None:
+            self._resume_batch_proof()
+        # the global random generators (rng_state): saved with each checkpoint;
+        # restored once, when the loop first reads the checkpoint (.step, .arrays)
+        self._rng = self._ctx.rng if rng is None else bool(rng)
+        self._rng_pending = self._rng and self._saved is not None
+
+    def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
+                            ) -> None:
+        """Under DVC 3's `dvc exp run`, before any training step: refuse a stage
+        DVC 3 cannot resume; the run's params default to the stage's `params:`
+        as DVC resolves them, taken now; and total_steps is required, else a
+        finished run could not tell more steps from other params."""
+        from ..recording import pipeline as recording
+
+        # One process only may bring a --temp run the workspace's checkpoint.
+        stage_params = recording.start_run(self._ctx, str(self.path),
+                                           before_reading=self.world_size == 1)
+        if params is None:
+            self.params = stage_params
+        if total_steps is None:
+            raise ConfigError(
+                f"Checkpointer({str(self.path)!r}): pass total_steps= (the run's total number "
+                "of steps) under `dvc exp run`: without it a rerun after the end cannot tell "
+                "a changed parameter (a new run from step 0) from more steps (train further), "
+                "and would record rows for training it did not do.")
+
+    def _resume_from(self, snapshot: store.Snapshot | None
+                     ) -> restorable.SavedCheckpoint | None:
+        """What to restore from the checkpoint read (see :mod:`dvc_dali.training.resume`):
+        None when fresh, or for a finished run that starts anew."""
+        if snapshot is None:
+            return None
+        if self.world_size > 1:
+            logger.info("rank %d/%d read step %d in %.1f ms", self.rank, self.world_size,
+                        snapshot.step, self.timings["restore_s"] * 1000)
+        decision = decide(snapshot.step, snapshot.manifest.get("run"), self.params,
+                          self.total_steps, checkpoint=str(self.path),
+                          manifest=str(snapshot.path / store.MANIFEST))
+        if decision.action == NOTHING:
+            if self._ctx.mode == "record":  # each rerun would add an experiment, training nothing
+                raise UnchangedCheckpointError(decision.message + ".")
+            decision = ResumeDecision(RESUME)  # a plain script: its loop has no step left
+        if decision.action != RESUME and decision.message:
+            logger.info(decision.message)
+        if decision.action == RESUME and not decision.changes:
+            self._refuse_unchanged_rerun(snapshot.step)
+        # "resuming ..." is said once the checkpoint proved usable (a pipeline
+        # restored, or a save), never before a refusal that contradicts it.
+        self._pending_message = decision.message if decision.action == RESUME else ""
+        if decision.action != RESUME:
+            return None
+        saved = restorable.SavedCheckpoint(snapshot, decision.changes, self._ctx.inexact)
+        if self._ctx.mode == "record":
+            ctx = self._ctx  # not self (a cycle would keep the directory lock)
+            saved.explain_data = lambda old, new: _data_changes(ctx, old, new)
+        return saved
+
+    def _resume_batch_proof(self) -> None:
+        """The digests of the batches the resumed checkpoint was followed by:
+        kept beside it, else (an applied row on another machine) in the row
+        its run recorded next."""
+        manifest = self._saved.snapshot.manifest
+        log_id = batch_digests.log_id_of(manifest)
+        if log_id is None or not self._batches.on:
+            return
+        found = batch_digests.read_companion(self._batches.directory, log_id)
+        if not found and self._ctx.mode == "record":
+            from ..recording import pipeline as recording
+
+            after = recording.row_after(self._saved.snapshot.step)
+            found = batch_digests.from_rows(str(self.path), [after], log_id) if after else {}
+        saved_versions = manifest.get("versions") or {}
+        sources = self._sources  # not self: a closure over self would keep this
+        # Checkpointer (and its directory lock) alive past its last reference
+
+        def why(name: str) -> str:
+            if name not in manifest["pipelines"]:  # a dynamic-mode reader: no description
+                return batch_digests.what_changed(saved_versions, _versions(),
+                                                  [batch_digests.UNDESCRIBED])
+            entry = manifest["pipelines"].get(name) or {}
+            source = sources.get((restorable.PIPELINES, name))
+            contents = getattr(source, "contents", None)
+            data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
+            return batch_digests.what_changed(saved_versions, _versions(), data)
+
+        self._batches.resume(log_id, found, self._saved.snapshot.step, why,
+                             str(self._saved.manifest_path))
+
+    def _refuse_unchanged_rerun(self, step: int) -> None:
+        """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
+        run already went on from, rerun with nothing changed, would train again
+        what the later rows hold, under new names."""
+        if self._ctx.mode != "record":
+            return
+        from ..recording import pipeline as recording
+
+        row, later = recording.superseding_rows(step)
+        # trained again on purpose: a run of its own, beside the one it left
+        self._branched = bool(later)
+        if later and not self._ctx.retrain:
+            raise UnchangedCheckpointError(
+                f"{self.path} is row {row} (step {step}), and its run went on from it: "
+                f"{', '.join(later)} already hold that training. Nothing to do for an "
+                f"unchanged checkpoint. Continue from the last with `dvc exp apply {later[-1]}`"
+                ", change a param (`dvc exp run -S ...`) to branch off, or train it again on "
+                "purpose with DVC_DALI_RETRAIN=1.")
+
+    def _announce(self) -> None:
+        if self._pending_message:
+            logger.info(self._pending_message)
+            self._pending_message = ""
+
+    def close(self) -> None:
+        """Wait for a checkpoint in flight and let another process write here.
+
+        Raises:
+            CheckpointWriteError: the checkpoint in flight could not be
+                written (as `wait`).
+        """
+        self.wait()
+        self._batches.wait()  # the last batch's digest, appended
+        self._lock.release()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+
+    # -- what was restored -------------------------------------------------
+    @property
+    def resumed(self) -> bool:
+        """True when a checkpoint was found and is being resumed (restored)."""
+        return self._saved is not None
+
+    @property
+    def step(self) -> int:
+        """The step saved in the checkpoint, 0 for a fresh start.
+
+        The first read of `step` or `arrays` (or `live`) sets the global
+        random generators back (see ``rng``): read it after building the
+        model, whose initialisation draws as in the uninterrupted run.
+        """
+        self._restore_rng()
+        return self._saved.snapshot.step if self._saved else 0
+
+    @property
+    def arrays(self) -> dict[str, Any]:
+        """The arrays saved with the checkpoint (empty for a fresh start).
+
+        They come back as they went in (see `save`): NumPy, CuPy (where a
+        GPU is usable), torch tensors or JAX arrays, or dicts/lists/tuples of
+        them and of plain numbers, such as a ``state_dict()``. The random
+        generators' array (``~dvc_dali.rng``) is not listed; `dvc_dali.load`
+        lists it. The first read sets the global random generators back (see
+        `step`).
+        """
+        self._restore_rng()
+        return ({k: v for k, v in self._saved.snapshot.arrays.items() if k != rng_state.KEY}
+                if self._saved else {})
+
+    def _restore_rng(self) -> None:
+        """The generators' saved states, set once, at the loop's first read of
+        the checkpoint: after the model's seeded initialisation, before step 1."""
+        if self._rng_pending:
+            self._rng_pending = False
+            saved = self._saved.snapshot.arrays.get(rng_state.KEY)
+            if saved is not None:
+                rng_state.restore(saved, str(self._saved.manifest_path))
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The JSON ``metadata`` saved with the checkpoint (empty for a fresh start)."""
+        return dict(self._saved.snapshot.manifest["metadata"]) if self._saved else {}
+
+    # -- what is saved -----------------------------------------------------
+    def pipeline(self, name: str, source: Any, **kwargs: Any) -> Any:
+        """Build pipeline ``name``, restored to its saved position when resuming.
+
+        Several named pipelines (train and validation) go in one checkpoint.
+        From each checkpoint on, the batches it hands out (``pipe.run()`` and
+        the iterators of `iterator`) are digested, and a resume compares the
+        re-produced ones with them (guide "Proof at runtime").
+
+        Args:
+            name: the pipeline's name in the checkpoint.
+            source: a ``@pipeline_def`` function (called with ``kwargs``) or
+                an unbuilt ``Pipeline``.
+            **kwargs: ``batch_size``, ``num_threads``, ``device_id``,
+                ``seed`` and the function's own arguments.
+
+        Returns:
+            The built DALI pipeline.
+
+        Raises:
+            ValueError: a pipeline ``name`` is already registered.
+            PipelineMismatchError: resuming with another pipeline (batch
+                size, seed, shuffle flag, ``file_root``, file list or data,
+                shard, operator) or data whose contents changed, naming what
+                differs, old -> new (``DVC_DALI_INEXACT=1`` continues on
+                purpose after a content change).
+            UnsupportedPipelineError: an ``external_source`` DALI cannot
+                restore.
+
+        Warns:
+            UnnamedOperatorWarning: a stateful operator without ``name=``.
+        """
+        pipe, description, contents = self._prepare(name, source, kwargs)
+        self._register(restorable.DaliPipeline(name, pipe, description, contents))
+        self._batches.watch(name, pipe, dali_state.keeps_outputs(pipe))
+        dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
+        return pipe
+
+    def _prepare(self, name: str, source: Any, kwargs: dict[str, Any]
+                 ) -> tuple[Any, dict[str, Any], data_contents.Contents]:
+        """An unbuilt pipeline, its description, and its data's contents
+        being digested on a thread (proof at runtime, data_contents.py)."""
+        if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
+            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
+        pipe = dali_state.prepare(source, kwargs)
+        dali_state.check_restorable(pipe, name)
+        description = dali_state.describe(pipe)
+        return pipe, description, data_contents.start(name, description,
+                                                      self._ctx.content_digest_max)
+
+    def _register(self, source: Restorable) -> None:
+        """The one restore path: built from the checkpoint being resumed (or
+        fresh), then captured at every save."""
+        source.restore(self._saved)
+        self._sources[(source.section, source.name)] = source
+        self._announce()
+
+    def _of_kind(self, kind: type) -> list[Any]:
+        return [s for s in self._sources.values() if isinstance(s, kind)]
+
+    @property
+    def tf_datasets(self) -> dict[str, bool]:
+        """The `tf_dataset` datasets by name, each ``True`` once an iterator
+        was made from it (the Keras callback checks that fit got them)."""
+        return {s.name: s.iterated for s in self._of_kind(restorable.TfDataset)}
+
+    def tf_dataset(self, name: str, source: Any, *, output_dtypes: Any,
+                   output_shapes: Any = None, transform: Any = None, **kwargs: Any) -> Any:
+        """A TensorFlow ``DALIDataset`` over pipeline ``name``, restored from
+        the checkpoint when resuming and saved with it.
+
+        Its position is saved with the checkpoint and restored when resuming,
+        with the same checks as a pipeline (another seed, batch size or data
+        is refused). ``DALIDataset`` ignores DALI's own
+        ``Pipeline(checkpoint=...)``: the state is taken from the TensorFlow
+        iterator (``tf.train.Checkpoint``) and stored as one file. Every
+        iterator made from the returned dataset continues where the previous
+        one stopped, the first at the saved position, in a fresh run as in a
+        resumed one (Keras makes one per ``fit`` call). Its elements, as the
+        training step gets them (after ``transform``), are batch-digested
+        like a pipeline's batches (guide "Proof at runtime"). Needs the
+        ``tf`` extra and DALI's TF plugin (guide "Keras and TensorFlow").
+
+        Args:
+            name: the pipeline's name in the checkpoint.
+            source: as for `pipeline`.
+            output_dtypes: as for ``DALIDataset``.
+            output_shapes: as for ``DALIDataset``.
+            transform: the steps after DALI, ``lambda ds: ds.map(...)``,
+                applied inside, so the returned dataset is still the one whose
+                position is saved: feed it to ``model.fit`` or ``iter()`` as
+                it is. A dataset made from the returned one afterwards is a
+                new dataset whose position dvc-dali cannot see (the Keras
+                callback refuses it).
+            **kwargs: as for `pipeline`; the pipeline's ``batch_size``,
+                ``num_threads``, ``device_id`` and queue depths are passed to
+                the dataset, whose own defaults would override them.
+
+        Returns:
+            The ``tf.data.Dataset``.
+
+        Raises:
+            ValueError: a pipeline ``name`` is already registered.
+            PipelineMismatchError: as for `pipeline`. A batch that differs on
+                resume is raised inside TensorFlow, which hands it on as an
+                error of its own: the dataset's iterators and the Keras
+                callback raise the ``BatchMismatchError`` (a
+                `PipelineMismatchError`) instead; see `batch_failure`.
+        """
+        pipe, description, contents = self._prepare(name, source, kwargs)
+        source_ = restorable.TfDataset(name, pipe, description, contents)
+        self._register(source_)
+        batches = self._batches  # not self: TensorFlow keeps the check function
+        check = None
+        if not source_.check_node:
+            logger.info("pipeline %r: its TensorFlow state was saved without dvc-dali's "
+                        "batch check, so this run does not digest its batches", name)
+        elif batches.track(name):
+            def check(arrays: list[Any]) -> None:  # each element, as training takes it
+                # recording: digested on the digest thread (TensorFlow's
+                # tensors are not written again while an array views them)
+                batches.observe(name, arrays, batch_digests.digest_arrays, deferred=True)
+        return dali_tf.dataset(pipe, source_.stream.started, output_dtypes, output_shapes,
+                               transform, check, lambda: batches.failure, source_.check_node)
+
+    @property
+    def batch_failure(self) -> Exception | None:
+        """The ``BatchMismatchError`` a `tf_dataset` raised inside TensorFlow,
+        which hands it on as an error of its own (the dataset's iterators and
+        the Keras callback raise this one instead); else ``None``."""
+        return self._batches.failure
+
+    def iterator(self, iterator_class: Any, pipelines: Any, *args: Any, **kwargs: Any) -> Any:
+        """A framework iterator over pipelines built with `pipeline`, saved
+        through ``iterator.checkpoints()`` so its epoch counters come back too.
+
+        When resuming, ``prepare_first_batch=False`` is passed: with DALI's
+        default, a checkpoint taken after an epoch's last batch restores into
+        an iterator that skips the end of that epoch.
+
+        Args:
+            iterator_class: PyTorch's ``DALIGenericIterator`` or
+                ``DALIClassificationIterator``, or JAX's ``DALIGenericIterator``.
+            pipelines: a pipeline, or a list of them, each from `pipeline`.
+            *args: the iterator's own arguments (output names...).
+            **kwargs: the iterator's own keyword arguments (``reader_name``,
+                ``auto_reset``, ``last_batch_policy``...).
+
+        Returns:
+            The iterator.
+
+        Raises:
+            ValueError: a pipeline not built with `pipeline`.
+        """
+        pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
+        known = {id(s.pipe): s for s in self._of_kind(restorable.DaliPipeline)}
+        if any(id(p) not in known for p in pipes):
+            raise ValueError("build the iterator's pipelines with Checkpointer.pipeline() "
+                             "first, so they are restored and saved")
+        it = dali_iterators.create(iterator_class, pipes, args, kwargs, self.resumed)
+        for p in pipes:
+            known[id(p)].iterator = it  # saved through it from now on
+        return it
+
+    def dynamic(self, name: str = "dynamic") -> Any:
+        """A DALI dynamic-mode (``nvidia.dali.experimental.dynamic``)
+        ``checkpoint.Checkpoint`` saved with this checkpoint.
+
+        Register dynamic-mode readers and RNGs on it
+        (``register(reader, "reader")``, ``register(rng, "rng")``); when
+        resuming, each gets its saved state at registration. Each batch a
+        registered reader's ``next_epoch`` yields is digested as stream
+        ``"<name>/<reader name>"`` and compared on resume (guide "Proof at
+        runtime"); RNGs yield no batches.
+
+        Args:
+            name: its name in the checkpoint; the same name returns the
+                same object.
+
+        Returns:
+            The dynamic-mode ``Checkpoint``.
+
+        Raises:
+            ValueError: a registered reader's stream has the name of a
+                pipeline.
+        """
+        key = (restorable.DYNAMIC, name)
+        if key not in self._sources:
+            self._register(restorable.DynamicMode(name))
+            dali_dynamic.on_readers(self._sources[key].checkpoint, _reader_digests(
+                self._batches, self._sources, self._dynamic_readers, name))
+        return self._sources[key].checkpoint
+
+    def keras_callback(self, every: int, live: Any = None,
+                       on_checkpoint: Any = None) -> Any:
+        """A Keras 3 callback that checkpoints ``model.fit`` every ``every``
+        steps, at the end of training and at once on preemption (`should_save`).
+
+        It saves the model's variables (the seed generators' states too:
+        dropout draws the same numbers) and the optimizer's as arrays, no
+        pickle, with the positions of the `tf_dataset` datasets. On resume it
+        restores them and starts at the saved epoch. The learning rate is the
+        compiled optimizer's, so a changed ``lr`` param applies (a rate
+        changed during training by a callback is not restored). Train with
+        its `fit <dvc_dali.integrations.keras_callback.DaliCheckpoint.fit>`
+        (``cb.fit(model, ds, epochs=E, steps_per_epoch=S)``), which also
+        resumes in the middle of an epoch; ``model.fit(ds, callbacks=[cb])``
+        works too, but refuses a checkpoint in the middle of an epoch, naming
+        ``cb.fit``. The epoch-level means Keras reports for the interrupted
+        epoch cover only the steps after the resume; weights and every later
+        epoch are exact.
+
+        Args:
+            every: checkpoint every this many steps.
+            live: a `live` ``dvclive.Live``; it gets the step's Keras logs as
+                ``train/<name>`` before each checkpoint.
+            on_checkpoint: ``on_checkpoint(step, logs)``, called then too (to
+                write a model file the stage outputs).
+
+        Returns:
+            The callback, a `dvc_dali.integrations.keras_callback.DaliCheckpoint`.
+
+        Raises:
+            ConfigError: Keras 3 is not installed (the ``tf`` extra).
+        """
+        try:
+            from ..integrations.keras_callback import DaliCheckpoint
+        except ImportError as exc:
+            raise ConfigError(f"Checkpointer.keras_callback() needs Keras 3 ({exc}): install "
+                              "the tf extra, pip install \"dvc-dali[tf]\".") from None
+
+        return DaliCheckpoint(self, every, live, on_checkpoint)
+
+    def lightning_callback(self, every: int, live: Any = None,
+                           on_checkpoint: Any = None) -> Any:
+        """A PyTorch Lightning callback that checkpoints ``Trainer.fit`` every
+        ``every`` optimizer steps, at the end, and at once on preemption:
+        model, optimizers, LR schedulers, loop progress and callbacks' states
+        as arrays and JSON (no pickle), with the DALI pipelines' positions.
+
+        Train with ``cb.fit(trainer, model, iterator)`` (``iterator`` from
+        `iterator`), which resumes mid-epoch from the checkpoint; or
+        ``trainer.fit(model, cb.loader(iterator), ckpt_path=cb.ckpt_path)``.
+        The guide "PyTorch Lightning" says what is saved and how it relates
+        to Lightning's own checkpoints. Needs the ``lightning`` extra
+        (Lightning >= 2.2); one process only.
+
+        Args:
+            every: checkpoint every this many optimizer steps.
+            live: a `live` ``dvclive.Live``; it gets the metrics the module
+                logs (``self.log``) at each checkpoint.
+            on_checkpoint: ``on_checkpoint(step, metrics)``, called then too
+                (to write a model file the stage outputs).
+
+        Returns:
+            The callback, a `dvc_dali.integrations.lightning_callback.DaliCheckpoint`.
+
+        Raises:
+            ConfigError: PyTorch Lightning is not installed.
+        """
+        try:
+            from ..integrations.lightning_callback import DaliCheckpoint as LightningCheckpoint
+        except ImportError as exc:
+            raise ConfigError(f"Checkpointer.lightning_callback() needs PyTorch Lightning ({exc})"
+                              ": install the lightning extra, pip install "
+                              "\"dvc-dali[lightning]\".") from None
+
+        return LightningCheckpoint(self, every, live, on_checkpoint)
+
+    def live(self, dir: str = "dvclive", **kwargs: Any) -> Any:
+        """A ``dvclive.Live`` resumed in step with this checkpoint.
+
+        Its history is trimmed to `step` and its ``step`` is `step`, so a
+        resumed run has no repeated or stray rows after a kill.
+
+        Args:
+            dir: the DVCLive directory.
+            **kwargs: passed to ``dvclive.Live``.
+
+        Returns:
+            The ``dvclive.Live``.
+        """
+        from ..integrations.live import resume_live
+
+        return resume_live(self.step, self.resumed, dir, **kwargs)
+
+    # -- saving ------------------------------------------------------------
+    def save(self, step: int, arrays: dict[str, Any] | None = None,
+             metadata: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint (no DVC): every registered pipeline, iterator,
+        dataset and dynamic-mode state, the global random generators (see
+        ``rng``), ``arrays`` and ``metadata``.
+
+        Arrays are NumPy, CuPy (where a GPU is usable), torch tensors or JAX
+        arrays, or dicts/lists/tuples of them and of plain numbers, such as a
+        model's and an optimizer's ``state_dict()`` (int keys and bfloat16
+        kept): they come back as they went in, from ``.npy`` files and a JSON
+        tree, never through pickle. Preserved exactly: NumPy arrays (dtype,
+        shape, order of bytes) and NumPy scalars (``np.float64(1.5)`` comes
+        back a scalar), torch tensors (dtype, bfloat16/float8 by their bits;
+        on the CPU), CuPy arrays (on the GPU where one is usable), JAX
+        arrays, ``dict`` (str and int keys, in order), ``OrderedDict``,
+        ``list``, ``tuple``, and Python ``None``, ``bool``, ``int``,
+        ``float`` (nan and inf included) and ``str``. A save is atomic: a
+        crash at any instant leaves the previous checkpoint.
+
+        Args:
+            step: the step this checkpoint is of.
+            arrays: the arrays to save, by name (names starting with
+                ``~dvc_dali`` are reserved).
+            metadata: JSON-serialisable metadata.
+
+        Returns:
+            The snapshot directory.
+
+        Raises:
+            TypeError: a value in ``arrays`` that cannot be saved exactly
+                (a namedtuple, a ``defaultdict`` or another subclass, which
+                would come back as its plain base type), naming where it is.
+            ValueError: a reserved array name.
+            CheckpointWriteError: the disk is full or not writable; the
+                previous checkpoint stands.
+        """
+        self.wait()
+        return self._write(self._capture(step, arrays, metadata))
+
+    def make_checkpoint(self, step: int, arrays: dict[str, Any] | None = None,
+                        metadata: dict[str, Any] | None = None) -> Path | None:
+        """`save`, then signal DVC and wait until the checkpoint is recorded
+        as a row (see `dvc_dali.make_checkpoint`).
+
+        With ``asynchronous=True`` it returns ``None`` once the state is
+        captured (DALI states read, arrays copied in memory); writing and
+        recording go on in a background thread, one at a time and in order.
+        Under torch.distributed each rank writes its own files in the
+        background and rank 0 records the row once every rank's files of
+        that step are durable; no collective call is made (guide "Many
+        processes"). After a preemption signal (`should_save`) it records
+        the checkpoint, then ends the process with status 128 + the
+        signal's number.
+
+        Args:
+            step: the step this checkpoint is of; the row is
+                ``<run>-step<step>``.
+            arrays: as for `save`.
+            metadata: as for `save`.
+
+        Returns:
+            The snapshot directory, or ``None`` when asynchronous.
+
+        Raises:
+            TypeError: as for `save`.
+            CheckpointWriteError: as for `save` (asynchronous: from the next
+                call or `wait`; across ranks also when a rank ended before
+                its files of that step were durable, naming the rank and
+                the step).
+            RecordError: the checkpoint could not be recorded; its files are
+                intact.
+            SignalError: DVC 2 or `dvc-dali run` never answered the signal
+                file (``DVC_DALI_SIGNAL_TIMEOUT``).
+            SystemExit: after the checkpoint of a preempted step.
+        """
+        if self._ranks is not None:
+            return self._make_rank_checkpoint(step, arrays, metadata)
+        if not self.asynchronous or preemption.FLAG.signum is not None:
+            path = self.save(step, arrays, metadata)
+            self._signal(step)
+            self._exit_if_preempted(step)
+            return path
+        self.wait()  # at most one in flight: checkpoints are recorded in order
+        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step)
+        return None
+
+    def _make_rank_checkpoint(self, step: int, arrays: dict[str, Any] | None,
+                              metadata: dict[str, Any] | None) -> None:
+        """Asynchronous under torch.distributed: capture, hand the write (and on
+        rank 0 the recording) to the background (async_ranks); no collective.
+        A preempted step (as every rank agreed in `should_save`) is waited
+        for, then the process exits."""
+        self.wait()  # at most one in flight: checkpoints are recorded in order
+        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        self._worker = _Background(self._ranks.job(captured, self._record_ranks), step)
+        if self._agreed_signal is not None:
+            self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
+        return None
+
+    def _record_ranks(self, step: int, latest: str) -> None:
+        """Rank 0's background thread, once every rank's files are durable."""
+        self._latest = latest
+        self._signal(step, barrier=False)
+        for key, value in self._ranks.timings.items():
+            self.timings[key] = value
+
+
+    # -- preemption --------------------------------------------------------
+    def should_save(self, step: int, every: int) -> bool:
+        """Whether to checkpoint at ``step``.
+
+        True when ``step % every == 0``, and at the first step after this
+        process received SIGTERM or SIGUSR1 (see `preempted`). The
+        `make_checkpoint` of such a step records the checkpoint, pushes it
+        when auto-push is on, then ends the process with status 128 + the
+        signal's number (guide "Preemption and remotes"). The signal
+        handlers are installed at the first call. With torch.distributed
+        every rank answers the same (any rank's signal).
+
+        Args:
+            step: the step just trained.
+            every: the checkpoint interval in steps.
+
+        Returns:
+            Whether to call `make_checkpoint` now.
+        """
+        preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
+        sig = self.preempted
+        self._agreed_signal = None if sig is None else sig.value
+        return preemption.due(step, every, sig is not None)
+
+    @property
+    def preempted(self) -> signal.Signals | None:
+        """The preemption signal received (``signal.Signals``: SIGTERM or
+        SIGUSR1), else None; with torch.distributed, any rank's (every rank
+        then saves at the same step)."""
+        mine = preemption.FLAG.signum
+        if self.world_size > 1:
+            mine = max(distributed.all_gather(mine or 0)) or None
+        return None if mine is None else signal.Signals(mine)
+
+    def _exit_if_preempted(self, step: int, sig: signal.Signals | None = None) -> None:
+        """After the checkpoint of a preempted step: one line, then the exit
+        status the signal would have given (``sig``: the one all ranks agreed
+        on already, else asked now)."""
+        sig = sig or self.preempted
+        if sig is None:
+            return
+        self.wait()
+        if self._ctx.mode == "record":
+            from ..recording import auto_push
+
+            pushed = auto_push.settle(self._ctx.push_grace) if self.rank == 0 else ""
+            logger.warning(exit_hooks.interruption_line(f"preempted ({sig.name})",
+                                                        exit_hooks.last_kept(), pushed))
+        else:
+            logger.warning("preempted (%s): step %d is saved in %s; run again to resume from it",
+                           sig.name, step, self.path)
+        raise SystemExit(128 + sig.value)
+
+    def wait(self) -> None:
+        """Wait for the background checkpoint in flight (if any): written
+        and, under `dvc exp run`, recorded (with torch.distributed: every
+        rank's files durable and the row recorded). When it was still in
+        flight, how long it waited is logged and kept in
+        ``timings["wait_s"]``.
+
+        Raises:
+            CheckpointWriteError: the checkpoint in flight could not be
+                written; with torch.distributed, a rank ended before its
+                files of that step were durable (the message names the rank
+                and the step); or any other error it raised (`RecordError`...).
+        """
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        t0 = time.perf_counter()
+        busy = not worker.done()
+        worker.join()
+        if self._ranks is not None:
+            self.timings.update(self._ranks.timings)
+        self.timings["wait_s"] = waited = time.perf_counter() - t0
+        if busy:
+            logger.info("%swaited %.1f ms for step %d's checkpoint to be %s (one in flight "
+                        "at a time)",
+                        f"rank {self.rank}/{self.world_size}: " if self.world_size > 1 else "",
+                        waited * 1000, worker.step,
+                        "recorded" if self._ctx.mode == "record" else "written")
+
+    def _capture(self, step: int, arrays: dict[str, Any] | None,
+                 metadata: dict[str, Any] | None) -> store.Capture:
+        """Everything a snapshot needs: DALI states read now, arrays referenced."""
+        self._announce()
+        pipelines = self._captured(restorable.PIPELINES)
+        dynamic = {name: {"state": text}
+                   for name, text in self._captured(restorable.DYNAMIC).items()}
+        batch_digests.into_manifest(self._batches, pipelines, dynamic, self._dynamic_readers)
+        return store.Capture(
+            step=step,
+            pipelines=pipelines,
+            arrays=_with_rng(arrays, self._rng),
+            metadata=dict(metadata or {}),
+            versions=_versions(),
+            run={"params": self.params, "total_steps": self.total_steps},
+            dynamic=dynamic,
+            # md5 is what DVC caches by: computed while writing, it is handed to
+            # DVC when this process records; elsewhere the cheaper crc32 serves
+            digest="md5" if self._ctx.mode == "record" else "crc32",
+        )
+
+    def _captured(self, section: str) -> dict[str, Any]:
+        """Each registered source's state now, for one part of the manifest."""
+        return {name: source.capture() for (part, name), source in self._sources.items()
+                if part == section}
+
+    def _write(self, captured: store.Capture) -> Path:
+        """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""
+        t0 = time.perf_counter()
+        if self.world_size == 1:
+            written = _publish_one(self.path, captured)
+        else:
+            written = _publish_ranks(self.path, captured, self.rank, self.world_size)
+        if self.rank == 0:  # what the recording must find there (see signal_file)
+            self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
+        self.timings["save_s"] = time.perf_counter() - t0
+        if self.world_size > 1:
+            logger.info("rank %d/%d saved step %d in %.1f ms", self.rank, self.world_size,
+                        captured.step, self.timings["save_s"] * 1000)
+        return written
+
+    def _signal(self, step: int, barrier: bool = True) -> None:
+        """Rank 0 signals once every rank has written; all wait for the record
+        (asynchronous across ranks: async_ranks has them wait, ``barrier`` off)."""
+        if self.rank == 0:
+            branched = self._branched or bool(self._saved and self._saved.param_changes)
+            signal_file.signal_checkpoint(self._ctx, RecordRequest(
+                step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
+                branched=branched), self._retention)
+        if barrier:
+            distributed.barrier()
+
+
+def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, str], Any],
+                    readers: dict[str, tuple[str, str]], dname: str) -> Any:
+    """The hook that digests each reader registered on dynamic-mode
+    Checkpoint ``dname``. It holds the recorder and the dicts, never the
+    Checkpointer: DALI's Checkpoint keeps it, and a Checkpointer dropped
+    without close() must free its directory lock at once."""
+    def watch(key: str, reader: Any) -> None:
+        stream = batch_digests.dynamic_stream(dname, key)
+        if (restorable.PIPELINES, stream) in sources:  # one stream, two sources' digests
+            raise ValueError(f"dynamic-mode reader {stream!r} has the name of a pipeline "
+                             "registered with this Checkpointer; register it under another")
+        if not recorder.track(stream, "dynamic-mode reader"):
+            return  # verification off: the reader is left as it is, at no cost
+        readers[stream] = (dname, key)
+        dali_dynamic.observe_batches(
+            reader, lambda batch: recorder.observe(stream, batch, _dynamic_digest))
+
+    return watch
+
+
+def _dynamic_digest(batch: Any) -> list[str]:
+    """A dynamic-mode reader's batch, digested: its CPU outputs on the host,
+    its GPU outputs on the device."""
+    return batch_digests.digest_dynamic(dali_dynamic.digest_outputs(batch))
+
+
+def _data_changes(ctx: RunContext, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'<dir>: added ..., changed ...' for each data location whose digest
+    changed, as far as the recorded rows tell."""
+    from ..recording import pipeline as recording
+
+    lines = []
+    for key, digest in (new.get("data") or {}).items():
+        if (old.get("data") or {}).get(key) == digest:
+            continue
+        op, _, arg = key.rpartition(".")
+        value = new["operators"].get(op, {}).get("args", {}).get(arg)
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, str) and os.path.isdir(path):
+                found = recording.data_changes(ctx, path)
+                if found:
+                    lines.append(f"{key} ({path}): " + ", ".join(found))
+    return lines
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "dvc_dali": __version__,
+        "dali": dali_state.dali_version(),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _with_rng(arrays: dict[str, Any] | None, rng: bool) -> dict[str, Any]:
+    """The user's arrays, and the global generators' states under rng_state.KEY."""
+    out = dict(arrays or {})
+    rng_state.check_names(out)
+    if rng:
+        out[rng_state.KEY] = rng_state.capture()
+    return out
+
+
+def _publish_one(path: Path, captured: store.Capture) -> Path:
+    name, sha = store.write_capture(path, captured)
+    store.publish(path, [(name, sha)])
+    store.remove_leftovers(path, keep=name)
+    return path / name
+
+
+def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int) -> Path:
+    """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
+    in LATEST once every rank has written, so LATEST never mixes steps."""
+    rank_dir = f"rank-{rank:05d}"
+    name, sha = store.write_capture(path / rank_dir, captured,
+                                    rank={"rank": rank, "world_size": world_size})
+    entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
+    if rank == 0:
+        store.publish(path, [tuple(e) for e in entries])
+        store.remove_leftovers(path, keep="")
+    distributed.barrier()
+    store.remove_leftovers(path / rank_dir, keep=name)
+    # Rank 0 records next, hashing every rank's directory: none may still be
+    # deleting its old snapshot then (the row's .dir would list files gone).
+    distributed.barrier()
+    return path / rank_dir / name
+
+
+class _Background:
+    """One background save, run by the single worker thread of all
+    Checkpointers (one at a time, in order). concurrent.futures joins its
+    workers at interpreter exit, so a checkpoint in flight is finished whole
+    (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that).
+    The worker is process_state's: a forked child gets its own."""
+
+    def __init__(self, work, step: int) -> None:
+        self.step = step
+        if STATE.background_pool is None:
+            STATE.background_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
+        self._future = STATE.background_pool.submit(work)
+
+    def join(self) -> None:
+        self._future.result()  # re-raises the background error in the training thread
+
+    def done(self) -> bool:
+        return self._future.done()

@@ -1,0 +1,189 @@
+"""The global random generators a Python training loop draws from, as arrays.
+
+Saved with every checkpoint (unless turned off: ``Checkpointer(rng=False)``
+or ``DVC_DALI_RNG=0``) and restored when a resumed loop first reads the
+checkpoint (``ck.arrays`` or ``ck.step``), so its next draw is the one the
+uninterrupted run made:
+
+- Python's ``random``: the Mersenne Twister's 625 words (624 and the
+  position) and ``gauss_next``;
+- NumPy's legacy global generator (``np.random.seed``/``np.random.rand``);
+- torch's CPU generator (dropout, ``torch.rand``) and, where CUDA is
+  initialised, every CUDA device's.
+
+Nothing is pickled: the states are one byte array (one file) and plain
+numbers, in the checkpoint's arrays under the reserved name :data:`KEY`
+(user array names starting with ``~dvc_dali`` are refused; the ``~`` sorts
+it after the user's arrays, whose files keep their numbers). A framework is
+only touched when it is already imported (``sys.modules``), never imported
+for this.
+Not saved: generators the user creates (``np.random.default_rng``,
+``torch.Generator``, a ``jax.random`` key: the user's arrays), and CuPy's
+global generator (cuRAND does not expose its position).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import CheckpointCorruptError
+from ..core.log import logger
+
+#: The checkpoint array holding the generators' states.
+KEY = "~dvc_dali.rng"
+RESERVED = "~dvc_dali"
+_MT_WORDS = 625  # random.getstate()[1]: 624 words and the position
+_NP_WORDS = 624
+
+
+def check_names(arrays: dict[str, Any]) -> None:
+    """Refuse user arrays in dvc-dali's own namespace."""
+    taken = sorted(n for n in arrays if isinstance(n, str) and n.startswith(RESERVED))
+    if taken:
+        raise ValueError(f"array names starting with {RESERVED!r} are dvc-dali's own "
+                         f"({KEY!r} holds the random generators' states); rename {taken}")
+
+
+def _torch_cuda(torch: Any) -> list[np.ndarray] | None:
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+        return None
+    return [state.cpu().numpy() for state in cuda.get_rng_state_all()]
+
+
+def _words(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype="<u4")
+
+
+def capture() -> dict[str, Any]:
+    """The states of the global generators of the frameworks loaded now: one
+    byte array (one file in the checkpoint) and the numbers that go with it."""
+    version, words, gauss_next = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)
+    parts: list[tuple[str, np.ndarray]] = [("python", _words(words)),
+                                           ("numpy", _words(numpy_state["state"]["key"]))]
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        parts.append(("torch", torch.get_rng_state().numpy()))
+        for i, state in enumerate(_torch_cuda(torch) or ()):
+            parts.append((f"torch_cuda{i}", state))
+    return {
+        "blob": np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                                for _, a in parts]),
+        "parts": [[name, a.dtype.str, int(a.size)] for name, a in parts],
+        "python": {"version": version, "gauss_next": gauss_next},
+        "numpy": {"bit_generator": numpy_state["bit_generator"],
+                  "pos": int(numpy_state["state"]["pos"]),
+                  "has_gauss": int(numpy_state["has_gauss"]),
+                  "gauss": float(numpy_state["gauss"])}}
+
+
+def _bad(where: str, field: str, what: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"{where}: {KEY}.{field} {what}; start over with `dvc-dali "
+                                  "reset`, or resume with Checkpointer(rng=False) / "
+                                  "DVC_DALI_RNG=0")
+
+
+def _split(saved: dict[str, Any], where: str) -> dict[str, np.ndarray]:
+    """The blob cut into its named parts, each checked."""
+    blob, parts = saved.get("blob"), saved.get("parts")
+    if not (isinstance(blob, np.ndarray) and blob.dtype == np.uint8 and blob.ndim == 1):
+        raise _bad(where, "blob", "is not a uint8 array")
+    if not isinstance(parts, list):
+        raise _bad(where, "parts", "is not a list")
+    out, offset = {}, 0
+    for i, part in enumerate(parts):
+        if not (isinstance(part, list) and len(part) == 3 and isinstance(part[0], str)
+                and part[1] in ("<u4", "|u1") and type(part[2]) is int and part[2] >= 0):
+            raise _bad(where, f"parts[{i}]", "is not [name, '<u4' or '|u1', count]")
+        name, dtype, count = part
+        size = count * np.dtype(dtype).itemsize
+        if offset + size > blob.size:
+            raise _bad(where, f"parts[{i}]", f"runs past the blob's {blob.size} bytes")
+        out[name] = blob[offset:offset + size].view(dtype).copy()
+        offset += size
+    if offset != blob.size:
+        raise _bad(where, "parts", f"cover {offset} of the blob's {blob.size} bytes")
+    return out
+
+
+def _number(value: Any, kind: type, field: str, where: str) -> Any:
+    if type(value) is not kind and not (kind is float and type(value) is int):
+        raise _bad(where, field, f"is {str(value)[:40]!r}, expected a {kind.__name__}")
+    return value
+
+
+def _words_of(parts: dict[str, np.ndarray], name: str, count: int, where: str) -> np.ndarray:
+    words = parts.get(name)
+    if words is None or words.dtype != np.dtype("<u4") or words.size != count:
+        raise _bad(where, "parts", f"hold no {count} uint32 words for {name!r}")
+    return words
+
+
+def _restore_python(saved: dict[str, Any], words: np.ndarray, where: str) -> None:
+    info = saved.get("python")
+    if not isinstance(info, dict):
+        raise _bad(where, "python", "is not a mapping")
+    gauss = info.get("gauss_next")
+    if gauss is not None:
+        _number(gauss, float, "python.gauss_next", where)
+    version = _number(info.get("version"), int, "python.version", where)
+    try:
+        random.setstate((version, tuple(int(w) for w in words), gauss))
+    except (ValueError, TypeError) as exc:
+        raise _bad(where, "python", f"is not a state of Python's random ({exc})") from None
+
+
+def _restore_numpy(saved: dict[str, Any], key: np.ndarray, where: str) -> None:
+    info = saved.get("numpy")
+    if not isinstance(info, dict):
+        raise _bad(where, "numpy", "is not a mapping")
+    state = {"bit_generator": info.get("bit_generator"),
+             "state": {"key": key.astype(np.uint32),
+                       "pos": _number(info.get("pos"), int, "numpy.pos", where)},
+             "has_gauss": _number(info.get("has_gauss"), int, "numpy.has_gauss", where),
+             "gauss": _number(info.get("gauss"), float, "numpy.gauss", where)}
+    try:
+        np.random.set_state(state)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise _bad(where, "numpy", f"is not a state of NumPy's global generator ({exc})"
+                   ) from None
+
+
+def _restore_torch(parts: dict[str, np.ndarray], where: str) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "set_rng_state"):
+        logger.debug("%s: torch is not imported; its saved generator state is not restored",
+                     where)
+        return
+    try:
+        torch.set_rng_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
+    except RuntimeError as exc:
+        raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})") from None
+    cuda = [parts[f"torch_cuda{i}"].astype(np.uint8) for i in range(len(parts))
+            if f"torch_cuda{i}" in parts]
+    if not cuda:
+        return
+    if not torch.cuda.is_available() or torch.cuda.device_count() != len(cuda):
+        logger.warning("%s: the run saved %d CUDA generator state(s), this process sees %s "
+                       "CUDA device(s): CUDA random draws (dropout on the GPU) will differ "
+                       "from the uninterrupted run's", where, len(cuda),
+                       torch.cuda.device_count() if torch.cuda.is_available() else "no")
+        return
+    torch.cuda.set_rng_state_all([torch.from_numpy(state) for state in cuda])
+
+
+def restore(saved: Any, where: str) -> None:
+    """Set the global generators to ``saved`` (what :func:`capture` returned,
+    read back). ``where`` (the manifest) starts every error message."""
+    if not isinstance(saved, dict):
+        raise _bad(where, "", "is not a mapping of generator states")
+    parts = _split(saved, where)
+    _restore_python(saved, _words_of(parts, "python", _MT_WORDS, where), where)
+    _restore_numpy(saved, _words_of(parts, "numpy", _NP_WORDS, where), where)
+    if "torch" in parts:
+        _restore_torch(parts, where)
