@@ -173,7 +173,7 @@ def test_stage_start_names_the_signal_as_context_does():
 
 
 def test_stage_start_imports_only_the_standard_library_at_its_top():
-    source = (REPO / "dvc_dali" / "stage_start.py").read_text()
+    source = (REPO / "dvc_dali" / "training" / "stage_start.py").read_text()
     top = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert top == ["from __future__ import annotations", "import os", "import sys",
                    "from typing import Any, Mapping, Optional"], textwrap.shorten(str(top), 200)
