@@ -23,16 +23,15 @@ from typing import Optional
 from .context import RunContext, debug_requested
 from .errors import DvcDaliError
 from .log import logger
+from . import run
 from .process_state import STATE
 
 
-def kept(step: int, row: str) -> None:
-    """Remember the latest recorded checkpoint, for the interruption line."""
-    STATE.kept = (step, row)
-
-
 def last_kept() -> Optional[tuple[int, str]]:
-    return STATE.kept
+    """(step, row) the run of this process recorded last (run.py), for the
+    interruption line."""
+    current = run.current()
+    return current.kept if current is not None else None
 
 
 def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "") -> str:
@@ -52,7 +51,7 @@ def _hook(previous):
         if not ours or debug_requested():
             previous(kind, exc, tb)
         if ours and issubclass(kind, KeyboardInterrupt):
-            logger.warning(interruption_line("interrupted (Ctrl-C)", STATE.kept))
+            logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()))
         elif ours:
             logger.error("%s: %s", kind.__name__, exc)
     return excepthook
@@ -69,7 +68,7 @@ def install_hook() -> None:
 
 
 def on_sigterm(signum: int, _frame) -> None:
-    logger.warning(interruption_line("terminated (SIGTERM)", STATE.kept))
+    logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     # SystemExit unwinds the training loop, so a checkpoint in flight is
     # finished (asynchronous mode) or abandoned whole (its writes are atomic).
     raise SystemExit(128 + signum)

@@ -1,6 +1,8 @@
 """Everything one process keeps between calls, in one object: ``STATE``.
 
-Lookups reused between checkpoints, handles, the background pusher and
+Caches and pools only: what belongs to the run the process trains (its
+params, its lineage tips, the row it kept) is run.py's. Lookups reused
+between checkpoints, handles, the background pusher and
 thread pools, what was said once, which hooks are installed. ``reset()``
 puts every field back to its initial value, as in a new process (tests call
 it); in a child made by ``os.fork()`` the fields that do not survive a fork
@@ -15,8 +17,8 @@ fails drops them all (``forget_files``), so the next one looks everything up
 afresh. Handles (DVC repos, git dirs) and the lineage tips this process
 published are kept for its lifetime.
 
-Plain data: this module imports no other dvc_dali module, not even for
-types (it is the lowest layer; the recorder's types are named in comments).
+Plain data: this module imports no other dvc_dali module but run.py (in
+``reset``), not even for types (the recorder's types are named in comments).
 """
 
 from __future__ import annotations
@@ -59,13 +61,6 @@ class ProcessState:
     dvc_repos: dict[str, Any] = field(default_factory=dict, metadata=_FORK_RESET)  # root -> Repo
     git_dirs: dict[str, tuple[str, str]] = field(default_factory=dict)  # -> (git dir, top)
     main_cache_dirs: dict[str, str] = field(default_factory=dict)  # DVC_ROOT -> cache dir
-    # the lineage tip per (main git dir, DVC_EXP_NAME, stage): (commit sha, step, run name)
-    tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(
-        default_factory=dict)
-    run_start: Optional[Any] = None  # recording.run_start.RunStart: the params this run trains with
-    # the run started (before its first row, once): start_bare_run's answer,
-    # whether its rows branch off; False after a Checkpointer's start_run
-    run_started: Optional[bool] = None
     untracked_outs: set[str] = field(default_factory=set)  # outputs found not tracked by git
     # git work tree -> row_tree.Seen: the tracked paths that may differ from the
     # index (changed at the first row, or named by inotify since); its watcher's
@@ -99,7 +94,6 @@ class ProcessState:
     # -- exit hooks, and what was said once -----------------------------------
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
-    kept: Optional[tuple[int, str]] = None  # (step, row) this process recorded last
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
@@ -148,8 +142,12 @@ def _restart(names: list[str]) -> None:
 def reset() -> None:
     """Every field back to its initial value, as in a new process: caches,
     the pusher (its thread is left to finish), thread pools, hooks flags,
-    what was said once; held checkpoint-directory locks are released."""
+    what was said once; held checkpoint-directory locks are released; and
+    the run this process trained (run.py) is forgotten."""
+    from . import run
+
     _restart([f.name for f in fields(ProcessState)])
+    run.forget()
 
 
 def _after_fork_in_child() -> None:

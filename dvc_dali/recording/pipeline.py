@@ -16,7 +16,7 @@ into one row of ``dvc exp show``, in named steps:
 
 without touching the user's HEAD, index or files other than dvc.lock. All of
 DVC's internals are behind dvc_door.py; per-process lookups live in
-process_state.py (STATE).
+process_state.py (STATE), and what belongs to the run in its Run (core/run.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from ..core.errors import RecordError
 from ..reading.exp_refs import LINEAGE_KEY, list_rows
 from ..core.log import logger
 from ..core.record_request import RecordRequest, Retention
+from ..core import run as runs
 from ..core.process_state import STATE
+from ..core.run import Run
 from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
@@ -51,15 +53,17 @@ def _dvc_exp_name(ctx: RunContext) -> str:
     return ctx.dvc_exp_name or f"exp-{ctx.baseline_rev[:7]}"
 
 
-def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False
-              ) -> dict[str, Any]:
+def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False) -> Run:
     """Check the stage and take the params the run trains with, before its
-    first step; returns them flattened ("train.lr": 0.1). ``before_reading``:
-    called before the checkpoint is read (a Checkpointer), so a --temp or
-    queued run can get the workspace's checkpoint first."""
+    first step (``run.start.params``, flattened: "train.lr": 0.1); returns
+    the run. ``before_reading``: called before the checkpoint is read (a
+    Checkpointer), so a --temp or queued run can get the workspace's
+    checkpoint first."""
     check_stage(ctx, out)
     auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
-    return dict(run_start.capture(ctx, out, carry_checkpoint=before_reading).params)
+    run = runs.of(ctx)
+    run_start.capture(ctx, run, out, carry_checkpoint=before_reading)
+    return run
 
 
 def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> bool:
@@ -71,9 +75,10 @@ def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> b
     again on purpose, DVC_DALI_RETRAIN=1). ``late``: called at the first
     make_checkpoint(), the script having read its state already (a stage
     without `checkpoint: true`, where `import dvc_dali` did not start it)."""
-    if STATE.run_started is None:
-        STATE.run_started = _start_bare_run(ctx, out, late)
-    return STATE.run_started
+    run = runs.of(ctx)
+    if run.branched is None:
+        run.branched = _start_bare_run(ctx, run, out, late)
+    return run.branched
 
 
 def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> bool:
@@ -84,18 +89,19 @@ def start_before_first_row(ctx: RunContext, out: Optional[str], bare: bool) -> b
     as a run of their own (see start_bare_run)."""
     if bare:
         return start_bare_run(ctx, out, late=True)
-    if STATE.run_started is None:
+    run = runs.of(ctx)
+    if run.branched is None:
         start_run(ctx, out)
-        STATE.run_started = False
+        run.branched = False
     return False
 
 
-def _start_bare_run(ctx: RunContext, out: Optional[str], late: bool) -> bool:
+def _start_bare_run(ctx: RunContext, run: Run, out: Optional[str], late: bool) -> bool:
     from ..core.errors import UnchangedCheckpointError
 
     check_stage(ctx, out)
     auto_push.start(ctx.dvc_root, _dvc_exp_name(ctx))
-    start = run_start.capture(ctx, out, carry_checkpoint="late" if late else True)
+    start = run_start.capture(ctx, run, out, carry_checkpoint="late" if late else True)
     if late and start.carried:  # it trained from step 0 though there was one to resume
         raise RecordError(
             "this --temp/queued run started without the workspace's checkpoint (DVC does not "
@@ -137,21 +143,22 @@ def data_changes(ctx: RunContext, data_path: str) -> list[str]:
         return []
 
 
-def superseding_rows(step: int) -> tuple[Optional[str], list[str]]:
-    """When the run resumes a recorded row at ``step`` (after `dvc exp apply`)
+def superseding_rows(run: Run, step: int) -> tuple[Optional[str], list[str]]:
+    """When ``run`` resumes a recorded row at ``step`` (after `dvc exp apply`)
     that its run went on from: (that row's name, the later rows' names)."""
-    start = STATE.run_start
+    start = run.start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step:
         return None, []
     return row["name"], [r["name"] for r in start.later_rows]
 
 
-def row_after(step: int) -> Optional[dict]:
-    """The row its run recorded after the resumed applied row (at ``step``):
-    its commit holds the batch digests of the batches after it (None if none;
-    batch_digests.from_rows reads them: the proof is not the recorder's)."""
-    start = STATE.run_start
+def row_after(run: Run, step: int) -> Optional[dict]:
+    """The row its run recorded after the row ``run`` resumes (applied, at
+    ``step``): its commit holds the batch digests of the batches after it
+    (None if none; batch_digests.from_rows reads them: the proof is not the
+    recorder's)."""
+    start = run.start
     row = start.resumed_row if start is not None else None
     if row is None or row["step"] != step or not start.later_rows:
         return None
@@ -189,6 +196,7 @@ class _Where:
     main_git_dir: str
     workspace: bool
     repo: Any  # dvc Repo of this run's repo
+    run: Run  # the run this process trains
 
 
 def _locate(ctx: RunContext) -> _Where:
@@ -204,7 +212,7 @@ def _locate(ctx: RunContext) -> _Where:
     main_git_dir, _ = exp_refs.git_dirs(ctx.dvc_root)
     where = _Where(ctx.dvc_root, ctx.baseline_rev, _dvc_exp_name(ctx),
                    git_dir, toplevel, main_git_dir, os.path.samefile(git_dir, main_git_dir),
-                   repo_at(root))
+                   repo_at(root), runs.of(ctx))
     if not where.workspace:
         _check_shared_cache(where)
     return where
@@ -268,7 +276,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
     """Where the row hangs: after this process's previous row, else after the
     recorded row whose outputs this run resumed from, in that row's run."""
     key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
-    if key not in STATE.tips:
+    if key not in where.run.tips:
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
@@ -276,8 +284,8 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
         if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
-        STATE.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
-    parent, last_step, run = STATE.tips[key]
+        where.run.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
+    parent, last_step, run = where.run.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry))
 
@@ -299,7 +307,7 @@ def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
     outputs as they are now (the checkpoint just written)."""
     with phases.timed("save"):
         outputs.seed_digests(where.repo, stage)
-        dvc_door.save_stage(stage, run_start.known_deps(), STATE.untracked_outs)
+        dvc_door.save_stage(stage, run_start.known_deps(where.run), STATE.untracked_outs)
         outputs.require_persisted(stage)
 
 
@@ -310,7 +318,7 @@ def _prepare(where: _Where, ctx: RunContext, request: RecordRequest, phases: _Ph
     stg, stage_paths = _find(where, request.stage or ctx.stage, request.out, ctx.stage, phases)
     if request.expect_latest is not None:
         outputs.require_latest(stg, request.out, request.expect_latest)
-    if run_start.known_deps():  # else params.yaml is read, which DVC may be rewriting
+    if run_start.known_deps(where.run):  # else params.yaml is read, which DVC may be rewriting
         _save_stage(where, stg, phases)
     return stg, stage_paths
 
@@ -324,9 +332,9 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     old_entry = lockfile.stage_entry(lock_data, stg.name)
     if lockfile.replaced(lock_path, stg.name, old_entry):
         _refuse_replaced(where, stg, request)
-    if not run_start.known_deps():
+    if not run_start.known_deps(where.run):
         _save_stage(where, stg, phases)
-    pinned = run_start.pin(where.toplevel)
+    pinned = run_start.pin(where.run, where.toplevel)
     with phases.timed("cache"):
         outputs.cache_outputs(stg)
     with phases.timed("lockfile"):
@@ -345,7 +353,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
-    STATE.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
+    where.run.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.run)
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
@@ -357,8 +365,8 @@ def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     """dvc.lock was rewritten by another command since this run's last row:
     the outputs were checked out with it, and DVCLive's files (which DVCLive
     appends to) are another row's now; no row may hold them."""
-    run_start.note_replaced()
-    tip = STATE.tips.get((os.path.realpath(where.main_git_dir), where.dvc_exp_name,
+    run_start.note_replaced(where.run)
+    tip = where.run.tips.get((os.path.realpath(where.main_git_dir), where.dvc_exp_name,
                           rows.stage_address(where.repo.root_dir, stg)))
     last = rows.row_name(tip[2], tip[1]) if tip and tip[0] else None
     step = f"step {request.step}" if request.step is not None else "this checkpoint"
@@ -433,6 +441,7 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
                      keep: Retention = Retention()) -> RecordResult:
     """Record one row, log it, then apply retention to its run's rows."""
     result = record_request(ctx, request)
+    runs.of(ctx).kept = (result.step, result.name)  # for an interruption's last line
     logger.info("recorded %s (step %d, %.0f ms)", result.name, result.step,
                 result.duration_s * 1000)
     logger.debug("recording %s: %s", result.name,

@@ -32,7 +32,7 @@ from ..core.context import RunContext
 from ..reading.exp_refs import Row
 from ..core.flat_keys import flat_keys
 from ..core.log import logger
-from ..core.process_state import STATE
+from ..core.run import Run
 from . import cut_short, dvc_door
 from .carry import carry, missed
 from .stage import find_stage, output_at
@@ -60,16 +60,16 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
-def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = False
-            ) -> RunStart:
+def capture(ctx: RunContext, run: Run, out: Optional[str],
+            carry_checkpoint: bool | str = False) -> RunStart:
     """Read the stage's params now (once per process); the flattened values
     are the run's params (keys of files other than params.yaml are
     prefixed '<file>:'). ``carry_checkpoint`` "late": the script read its
     state already, only note the checkpoint it missed (carry.missed);
     true: before the checkpoint is read,
     bring the workspace's into a --temp/queued run (see carry.py)."""
-    if STATE.run_start is not None:
-        return STATE.run_start
+    if run.start is not None:
+        return run.start
     from .maintenance import repo_at
 
     cut_short.at_run_start(ctx)  # rows a killed run left half-published
@@ -98,21 +98,22 @@ def capture(ctx: RunContext, out: Optional[str], carry_checkpoint: bool | str = 
             start.params.update(flat_keys(values, prefix))
     finally:
         dvc_door.unlock_repo(repo)
-    STATE.run_start = start
-    atexit.register(_put_params_back, repo.root_dir, ctx.lock_timeout)
+    run.start = start
+    atexit.register(_put_params_back, start, repo.root_dir, ctx.lock_timeout)
     return start
 
 
-def pin(toplevel: str) -> dict[str, bytes]:
+def pin(run: Run, toplevel: str) -> dict[str, bytes]:
     """The params files changed since the run started (their values in the
     row are the start's already: see known_deps), as {path relative to
     toplevel: bytes at the start}, for the row's commit."""
-    start = STATE.run_start
+    start = run.start
     if start is None:
         return {}
     changed = {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
     if changed and not start.warned:
         _warn_changed(changed)
+        start.warned = True
     top = os.path.realpath(toplevel)
     return {os.path.relpath(os.path.realpath(p), top): b for p, b in changed.items()}
 
@@ -136,9 +137,9 @@ def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[Row],
     return row, rows.superseded_by(listed, row)
 
 
-def known_deps() -> dict[str, Any]:
-    """The deps' hashes as the run started ({} before start_run)."""
-    return STATE.run_start.deps if STATE.run_start is not None else {}
+def known_deps(run: Run) -> dict[str, Any]:
+    """The deps' hashes as ``run`` started ({} before start_run)."""
+    return run.start.deps if run.start is not None else {}
 
 
 def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dict]:
@@ -179,22 +180,20 @@ def _warn_changed(changed: dict[str, bytes]) -> None:
                    "params this run started with, and the file gets them back when training "
                    "ends (for DVC's own experiment of this run)",
                    ", ".join(os.path.relpath(p) for p in changed))
-    STATE.run_start.warned = True
 
 
-def note_replaced() -> None:
+def note_replaced(run: Run) -> None:
     """Another command checked another experiment out into the workspace:
     its params stay when this run stops (nothing is put back)."""
-    if STATE.run_start is not None:
-        STATE.run_start.replaced = True
+    if run.start is not None:
+        run.start.replaced = True
 
 
-def _put_params_back(root: str, lock_timeout: float) -> None:
+def _put_params_back(start: RunStart, root: str, lock_timeout: float) -> None:
     """At the end of training: the params files as the run started, so DVC's
     own final commit and dvc.lock of the run record the params it trained
     with, not those another command wrote meanwhile."""
-    start = STATE.run_start
-    if start is None or start.replaced:
+    if start.replaced:
         return
     from .maintenance import repo_at
 

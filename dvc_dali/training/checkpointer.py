@@ -32,6 +32,7 @@ from ..core.errors import ConfigError, UnchangedCheckpointError
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
+from ..core.run import Run
 from .restorable import Restorable
 from .resume import NOTHING, RESUME, ResumeDecision, decide
 
@@ -153,6 +154,7 @@ class Checkpointer:
         # Checkpoint's name, its name there), for the manifest (batch_digests)
         self._dynamic_readers: dict[str, tuple[str, str]] = {}
         self.rank, self.world_size = distributed.world()
+        self._run: Run | None = None  # under `dvc exp run`: the run this process trains
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
         self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
@@ -189,10 +191,10 @@ class Checkpointer:
         from ..recording import pipeline as recording
 
         # One process only may bring a --temp run the workspace's checkpoint.
-        stage_params = recording.start_run(self._ctx, str(self.path),
-                                           before_reading=self.world_size == 1)
+        self._run = recording.start_run(self._ctx, str(self.path),
+                                        before_reading=self.world_size == 1)
         if params is None:
-            self.params = stage_params
+            self.params = dict(self._run.start.params)
         if total_steps is None:
             raise ConfigError(
                 f"Checkpointer({str(self.path)!r}): pass total_steps= (the run's total number "
@@ -243,7 +245,7 @@ class Checkpointer:
         if not found and self._ctx.mode == "record":
             from ..recording import pipeline as recording
 
-            after = recording.row_after(self._saved.snapshot.step)
+            after = recording.row_after(self._run, self._saved.snapshot.step)
             found = batch_digests.from_rows(str(self.path), [after], log_id) if after else {}
         saved_versions = manifest.get("versions") or {}
         sources = self._sources  # not self: a closure over self would keep this
@@ -270,7 +272,7 @@ class Checkpointer:
             return
         from ..recording import pipeline as recording
 
-        row, later = recording.superseding_rows(step)
+        row, later = recording.superseding_rows(self._run, step)
         # trained again on purpose: a run of its own, beside the one it left
         self._branched = bool(later)
         if later and not self._ctx.retrain:

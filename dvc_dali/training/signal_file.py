@@ -148,7 +148,6 @@ def signal_checkpoint(ctx: RunContext, request: RecordRequest, keep: Retention) 
     remove_stale(path)
     write_signal(path)
     try:
-        result = recording.record_and_prune(ctx, request, keep)
-        exit_hooks.kept(result.step, result.name)
+        recording.record_and_prune(ctx, request, keep)
     finally:
         path.unlink(missing_ok=True)

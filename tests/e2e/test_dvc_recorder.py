@@ -24,7 +24,8 @@ from dvc_dali.core.errors import RecordError
 from tests.helpers import REPO
 from tests.helpers.dvc_project import make_project, queue_report, wait_queue
 from tests.helpers.rows import exp_rows
-from dvc_dali.core.process_state import STATE, reset
+from dvc_dali.core import run as runs
+from dvc_dali.core.process_state import reset
 
 TRAIN_PY = textwrap.dedent(
     """\
@@ -372,7 +373,7 @@ def test_direct_call_leaves_head_and_index_alone(repo, stage_env):
     res4 = rec.record()
     assert (res4.step, res4.name, res4.parent) == (3, "direct-step3", res3.sha)
     # ... also in a new process, found from the outputs in dvc.lock
-    STATE.tips.clear()
+    runs.current().tips.clear()
     (repo / "ckpt" / "state.txt").write_text("4 direct")
     res5 = rec.record()
     assert (res5.step, res5.parent) == (4, res4.sha)
