@@ -4,8 +4,9 @@ not to the process (process_state.py keeps the caches and pools).
 One stage command trains one run, so a process has at most one: made at the
 run's start (the Checkpointer's or a bare script's) or at its first
 recording, by :func:`of`, and handed to whoever needs it. A second run in
-the same process (another DVC repository, experiment name or stage) is
-refused rather than mixed with the first: its rows would carry the first's
+the same process (another DVC repository, experiment name or stage) once
+the first has begun (a start taken, a row recorded) is refused rather than
+mixed with the first: its rows would carry the first's
 params and continue its lineage. ``process_state.reset()`` forgets it, as a
 new process would; a forked child inherits it (the run it was forked in).
 
@@ -39,6 +40,12 @@ class Run:
     tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(
         default_factory=dict)
 
+    def begun(self) -> bool:
+        """Whether it holds anything yet (a start, a row): a run asked for
+        and refused before either (a stage not found) claims nothing."""
+        return (self.start is not None or self.branched is not None or self.kept is not None
+                or bool(self.tips))
+
     def describe(self) -> str:
         return (f"experiment {self.dvc_exp_name or '(unnamed)'} of stage {self.stage or '?'} "
                 f"in {self.dvc_root}")
@@ -55,7 +62,7 @@ def of(ctx: RunContext) -> Run:
     """
     global _current
     identity = (ctx.dvc_root or "", ctx.dvc_exp_name, ctx.stage)
-    if _current is None:
+    if _current is None or not _current.begun():
         _current = Run(*identity)
     elif (_current.dvc_root, _current.dvc_exp_name, _current.stage) != identity:
         other = Run(*identity)

@@ -318,7 +318,9 @@ def test_queued_runs_in_parallel_do_not_mix(repo, env, tmp_path):
 
 @pytest.fixture
 def stage_env(repo, monkeypatch):
-    """Be the stage command of a workspace run: env set, cwd in the repo."""
+    """Be the stage command of a workspace run: env set, cwd in the repo, and
+    this process as new (one run a process: core/run.py)."""
+    reset()
     baseline = git(repo, "rev-parse", "HEAD")
     for k in ("KILL_AT",):
         monkeypatch.delenv(k, raising=False)
@@ -330,7 +332,8 @@ def stage_env(repo, monkeypatch):
     monkeypatch.chdir(repo)
     (repo / "ckpt").mkdir()
     (repo / "ckpt" / "state.txt").write_text("1 direct")
-    return baseline
+    yield baseline
+    reset()
 
 
 def test_direct_call_leaves_head_and_index_alone(repo, stage_env):

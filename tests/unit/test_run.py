@@ -32,9 +32,18 @@ def test_one_run_a_process_the_same_on_every_call():
 @pytest.mark.parametrize("other", [
     _ctx(root="/elsewhere"), _ctx(name="exp-b"), _ctx(stage="eval"), _ctx(name=None)])
 def test_a_second_run_in_the_same_process_is_refused(other):
-    run.of(_ctx())
+    run.of(_ctx()).tips[("git", "exp-a", "dvc.yaml:train")] = ("a" * 40, 1, "exp-a")
     with pytest.raises(RecordError, match="one process trains one run"):
         run.of(other)
+
+
+def test_a_run_that_began_nothing_claims_nothing():
+    first = run.of(_ctx(stage="nope"))  # its recording refused: no such stage
+    second = run.of(_ctx())
+    assert second is not first and run.current() is second
+    second.kept = (1, "exp-a-step1")
+    with pytest.raises(RecordError, match="one process trains one run"):
+        run.of(_ctx(stage="nope"))
 
 
 def test_reset_forgets_the_run():
