@@ -210,6 +210,13 @@ def check(saved: Any, where: str) -> Staged:
     if not isinstance(saved, dict):
         raise _bad(where, "", "is not a mapping of generator states")
     parts = _split(saved, where)
+    torch = sys.modules.get("torch")
+    if "torch" in parts and torch is not None and hasattr(torch, "Generator"):
+        try:  # on a generator of its own; where torch is imported later, as it is set
+            torch.Generator().set_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
+        except RuntimeError as exc:
+            raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})"
+                       ) from None
     return Staged(_python_state(saved, _words_of(parts, "python", _MT_WORDS, where), where),
                   _numpy_state(saved, _words_of(parts, "numpy", _NP_WORDS, where), where),
                   parts, where)

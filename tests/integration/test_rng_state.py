@@ -162,3 +162,24 @@ def test_a_damaged_state_is_refused_naming_the_field(damage, says):
     damage(saved)
     with pytest.raises(dvc_dali.CheckpointCorruptError, match=says):
         rng_state.restore(saved, "manifest.json")
+
+
+def test_checking_a_state_touches_no_generator():
+    """rng_state.check (a Checkpointer's construction) reads and checks only:
+    a damaged torch part is refused naming it, and nothing is set."""
+    torch = pytest.importorskip("torch")
+    saved = rng_state.capture()
+    random.random(), np.random.rand(), torch.rand(1)
+    before = _generator_states()
+    rng_state.check(saved, "manifest.json")
+    assert _generator_states() == before
+    names = [p[0] for p in saved["parts"]]
+    i = names.index("torch")
+    offset = sum(count * np.dtype(dtype).itemsize for _, dtype, count in saved["parts"][:i])
+    size = saved["parts"][i][2]
+    saved["blob"] = np.concatenate([saved["blob"][:offset + size - 8],
+                                    saved["blob"][offset + size:]])
+    saved["parts"][i][2] = size - 8
+    with pytest.raises(dvc_dali.CheckpointCorruptError, match="torch is not a state"):
+        rng_state.check(saved, "manifest.json")
+    assert _generator_states() == before
