@@ -59,7 +59,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"dvc-dali init: {', '.join(str(dest / n) for n in existing)} already exist; "
               "nothing written. Use --force to overwrite them.", file=sys.stderr)
         return 1
-    source = Path(__file__).with_name("templates")
+    source = Path(__file__).parent.parent / "templates"  # dvc_dali/templates
     dest.mkdir(parents=True, exist_ok=True)
     for name in TEMPLATES:
         shutil.copyfile(source / name, dest / name)
