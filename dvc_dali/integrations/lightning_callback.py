@@ -159,9 +159,12 @@ class DaliCheckpoint(pl.Callback):
                               "(Lightning writes checkpoints on rank 0 only); train with one")
         self._ck, self._every = ck, every
         self._live, self._on_checkpoint = live, on_checkpoint
-        # A resumed run's step is set when Lightning reads the checkpoint (read()):
-        # reading ck.step now would set the random generators back before
-        # Lightning builds the model (configure_model), not after.
+        # A resumed run's step is set when Lightning reads the checkpoint (read()),
+        # which is the Checkpointer's documented resume point (its first read of
+        # ck.step or ck.arrays sets the random generators back): reading ck.step
+        # now would put it before Lightning builds the model (configure_model).
+        # Only ck.resumed, ck.path and the like are read before then: they
+        # change nothing.
         self._saved_step = self.step = 0
         self._metrics: dict[str, float] = {}
         self.loaded = False  # the resumed checkpoint was read through our CheckpointIO

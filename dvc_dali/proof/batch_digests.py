@@ -41,7 +41,8 @@ Where they go:
   the id of the checkpoint they follow and the first MANIFEST_MAX digests,
   so a long interval does not grow every manifest; a dynamic-mode reader's
   in its Checkpoint's entry of the manifest's ``dynamic`` part, ``batches``
-  by reader name: :func:`into_manifest`), so a resume of an earlier row
+  by reader name: :func:`records`, which the Checkpointer merges into the
+  manifest through restorable.BatchProof), so a resume of an earlier row
   (after `dvc exp apply`, on another machine after `dvc exp pull`) finds
   them in the row that came next.
 
@@ -573,20 +574,40 @@ def log_id_of(manifest: dict[str, Any]) -> str | None:
     return None
 
 
+def records(recorder: Recorder, pipelines: Iterable[str],
+            readers: dict[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """At a save (one :meth:`Recorder.checkpoint`: one new segment), the
+    ``batches`` field of each manifest entry it annotates, by manifest part
+    and entry: ``{"pipelines": {pipeline: record}, "dynamic": {Checkpoint
+    name: {reader name: record}}}``. A pipeline's record goes in its own
+    entry; a dynamic-mode reader's (``readers``: stream -> (Checkpoint name,
+    reader name)) in its Checkpoint's entry, by reader name: the manifest's
+    ``dynamic`` part holds what is saved of dynamic mode, and a reader is no
+    pipeline. Only streams tracked get one."""
+    entries: dict[str, dict[str, Any]] = {name: {} for name in pipelines}
+    streams: dict[str, dict[str, Any]] = {stream: {} for stream in readers}
+    recorder.checkpoint({**entries, **streams})
+    out: dict[str, dict[str, Any]] = {
+        "pipelines": {name: entry[KEY] for name, entry in entries.items() if KEY in entry},
+        "dynamic": {}}
+    for stream, entry in streams.items():
+        if KEY in entry:
+            dname, reader = readers[stream]
+            out["dynamic"].setdefault(dname, {})[reader] = entry[KEY]
+    return out
+
+
 def into_manifest(recorder: Recorder, pipelines: dict[str, dict[str, Any]],
                   dynamic: dict[str, dict[str, Any]],
                   readers: dict[str, tuple[str, str]]) -> None:
-    """At a save (one :meth:`Recorder.checkpoint`: one new segment): each
-    pipeline's digests into its entry, each dynamic-mode reader's (``readers``:
-    stream -> (Checkpoint name, reader name)) into its Checkpoint's entry,
-    ``batches`` by reader name: the manifest's ``dynamic`` part holds what is
-    saved of dynamic mode, and a reader is no pipeline."""
-    streams: dict[str, dict[str, Any]] = {stream: {} for stream in readers}
-    recorder.checkpoint({**pipelines, **streams})
-    for stream, entry in streams.items():
-        dname, reader = readers[stream]
-        if KEY in entry and dname in dynamic:
-            dynamic[dname].setdefault(KEY, {})[reader] = entry[KEY]
+    """:func:`records` set into the entries given, as the Checkpointer's
+    manifest gets them (restorable.assemble: the field ``batches`` of each
+    entry a record is for; an entry not given gets none)."""
+    found = records(recorder, list(pipelines), readers)
+    for part, entries in (("pipelines", pipelines), ("dynamic", dynamic)):
+        for name, value in found[part].items():
+            if name in entries:
+                entries[name][KEY] = value
 
 
 def _new_log_id() -> str:

@@ -1,8 +1,10 @@
 """The Checkpointer: build pipelines fresh or restored, save, resume.
 
 A facade: what a checkpoint restores is restorable's (one protocol for
-DALI pipelines, TF datasets and dynamic mode, behind which DALI is reached
-through dali_state, dali_iterators, dali_dynamic and dali_tf); the on-disk
+DALI pipelines, TF datasets, dynamic mode, the random generators and the
+batch proof, behind which DALI is reached through dali_state,
+dali_iterators, dali_dynamic and dali_tf; the manifest is assembled from
+their captures); the on-disk
 format is store's; what a rerun does
 with the checkpoint it finds is resume's; recording into DVC is
 signal_file's (and recording/pipeline.py's).
@@ -16,7 +18,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -95,9 +97,12 @@ class Checkpointer:
             ``DVC_DALI_ASYNC`` (off).
         rng: save and restore the global random generators (Python's
             ``random``, NumPy's legacy generator, torch's CPU and CUDA ones)
-            with each checkpoint, set back once a resumed loop first reads
-            `arrays` or `step` (default: env ``DVC_DALI_RNG``, on; the
-            argument wins). See the guide "Random generators".
+            with each checkpoint. A damaged saved state is refused at
+            construction; it is set back at the loop's resume point, its
+            first read of the checkpoint's contents (`step`, `arrays` or
+            `live`), once; reading any other property or attribute changes
+            nothing (default: env ``DVC_DALI_RNG``, on; the argument wins).
+            See the guide "Random generators".
 
     Attributes:
         path (Path): the checkpoint directory.
@@ -151,8 +156,9 @@ class Checkpointer:
         # everything the checkpoint restores (restorable.py), by (manifest part, name)
         self._sources: dict[tuple[str, str], Restorable] = {}
         # the dynamic-mode readers whose batches are digested: stream -> (its
-        # Checkpoint's name, its name there), for the manifest (batch_digests)
+        # Checkpoint's name, its name there), for the manifest (BatchProof)
         self._dynamic_readers: dict[str, tuple[str, str]] = {}
+        self._generators: restorable.RandomGenerators | None = None
         self.rank, self.world_size = distributed.world()
         self._run: Run | None = None  # under `dvc exp run`: the run this process trains
         if self._ctx.mode == "record":
@@ -175,12 +181,15 @@ class Checkpointer:
         # proof at runtime: the batches after each checkpoint (batch_digests.py)
         self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
                                                self._ctx.verify_batches, self._ctx.inexact)
-        if self._saved is not None:
-            self._resume_batch_proof()
-        # the global random generators (rng_state): saved with each checkpoint;
-        # restored once, when the loop first reads the checkpoint (.step, .arrays)
-        self._rng = self._ctx.rng if rng is None else bool(rng)
-        self._rng_pending = self._rng and self._saved is not None
+        self._register(restorable.BatchProof(
+            self._batches, self._sources, self._dynamic_readers, _versions,
+            _row_digests(str(self.path), self._run) if self._run is not None else None),
+            announce=False)
+        # the global random generators (rng_state): checked now, saved with each
+        # checkpoint, set back at the resume point (_resume_point)
+        if self._ctx.rng if rng is None else bool(rng):
+            self._generators = restorable.RandomGenerators()
+            self._register(self._generators, announce=False)
 
     def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
                             ) -> None:
@@ -233,37 +242,6 @@ class Checkpointer:
             saved.explain_data = lambda old, new: _data_changes(ctx, old, new)
         return saved
 
-    def _resume_batch_proof(self) -> None:
-        """The digests of the batches the resumed checkpoint was followed by:
-        kept beside it, else (an applied row on another machine) in the row
-        its run recorded next."""
-        manifest = self._saved.snapshot.manifest
-        log_id = batch_digests.log_id_of(manifest)
-        if log_id is None or not self._batches.on:
-            return
-        found = batch_digests.read_companion(self._batches.directory, log_id)
-        if not found and self._ctx.mode == "record":
-            from ..recording import pipeline as recording
-
-            after = recording.row_after(self._run, self._saved.snapshot.step)
-            found = batch_digests.from_rows(str(self.path), [after], log_id) if after else {}
-        saved_versions = manifest.get("versions") or {}
-        sources = self._sources  # not self: a closure over self would keep this
-        # Checkpointer (and its directory lock) alive past its last reference
-
-        def why(name: str) -> str:
-            if name not in manifest["pipelines"]:  # a dynamic-mode reader: no description
-                return batch_digests.what_changed(saved_versions, _versions(),
-                                                  [batch_digests.UNDESCRIBED])
-            entry = manifest["pipelines"].get(name) or {}
-            source = sources.get((restorable.PIPELINES, name))
-            contents = getattr(source, "contents", None)
-            data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
-            return batch_digests.what_changed(saved_versions, _versions(), data)
-
-        self._batches.resume(log_id, found, self._saved.snapshot.step, why,
-                             str(self._saved.manifest_path))
-
     def _refuse_unchanged_rerun(self, step: int) -> None:
         """DVC 2's "Nothing to do for unchanged checkpoint": an applied row its
         run already went on from, rerun with nothing changed, would train again
@@ -307,18 +285,21 @@ class Checkpointer:
     # -- what was restored -------------------------------------------------
     @property
     def resumed(self) -> bool:
-        """True when a checkpoint was found and is being resumed (restored)."""
+        """True when a checkpoint was found and is being resumed (restored).
+        Reading it changes nothing (unlike `step` and `arrays`)."""
         return self._saved is not None
 
     @property
     def step(self) -> int:
         """The step saved in the checkpoint, 0 for a fresh start.
 
-        The first read of `step` or `arrays` (or `live`) sets the global
-        random generators back (see ``rng``): read it after building the
-        model, whose initialisation draws as in the uninterrupted run.
+        The loop's resume point: the first read of the checkpoint's
+        contents (`step`, `arrays` or `live`) sets the global random
+        generators back (see ``rng``), once; no other property or attribute
+        does. Read it after building the model, whose seeded initialisation
+        draws as in the uninterrupted run.
         """
-        self._restore_rng()
+        self._resume_point()
         return self._saved.snapshot.step if self._saved else 0
 
     @property
@@ -329,21 +310,19 @@ class Checkpointer:
         GPU is usable), torch tensors or JAX arrays, or dicts/lists/tuples of
         them and of plain numbers, such as a ``state_dict()``. The random
         generators' array (``~dvc_dali.rng``) is not listed; `dvc_dali.load`
-        lists it. The first read sets the global random generators back (see
-        `step`).
+        lists it. Its first read, as the first of `step`, is the resume
+        point: it sets the global random generators back (see `step`).
         """
-        self._restore_rng()
+        self._resume_point()
         return ({k: v for k, v in self._saved.snapshot.arrays.items() if k != rng_state.KEY}
                 if self._saved else {})
 
-    def _restore_rng(self) -> None:
-        """The generators' saved states, set once, at the loop's first read of
-        the checkpoint: after the model's seeded initialisation, before step 1."""
-        if self._rng_pending:
-            self._rng_pending = False
-            saved = self._saved.snapshot.arrays.get(rng_state.KEY)
-            if saved is not None:
-                rng_state.restore(saved, str(self._saved.manifest_path))
+    def _resume_point(self) -> None:
+        """The loop's first read of the checkpoint's contents: after the
+        model's seeded initialisation, before step 1. The generators' state,
+        checked at construction, is set back here, once."""
+        if self._generators is not None:
+            self._generators.set_back()
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -400,12 +379,14 @@ class Checkpointer:
         return pipe, description, data_contents.start(name, description,
                                                       self._ctx.content_digest_max)
 
-    def _register(self, source: Restorable) -> None:
+    def _register(self, source: Restorable, announce: bool = True) -> None:
         """The one restore path: built from the checkpoint being resumed (or
-        fresh), then captured at every save."""
+        fresh), then captured at every save (``announce``: a pipeline's
+        restore proves the checkpoint usable, so "resuming ..." is said)."""
         source.restore(self._saved)
         self._sources[(source.section, source.name)] = source
-        self._announce()
+        if announce:
+            self._announce()
 
     def _of_kind(self, kind: type) -> list[Any]:
         return [s for s in self._sources.values() if isinstance(s, kind)]
@@ -831,27 +812,21 @@ class Checkpointer:
                  metadata: dict[str, Any] | None) -> store.Capture:
         """Everything a snapshot needs: DALI states read now, arrays referenced."""
         self._announce()
-        pipelines = self._captured(restorable.PIPELINES)
-        dynamic = {name: {"state": text}
-                   for name, text in self._captured(restorable.DYNAMIC).items()}
-        batch_digests.into_manifest(self._batches, pipelines, dynamic, self._dynamic_readers)
+        user_arrays = dict(arrays or {})
+        rng_state.check_names(user_arrays)  # before anything is captured
+        parts = restorable.assemble(self._sources.values())
         return store.Capture(
             step=step,
-            pipelines=pipelines,
-            arrays=_with_rng(arrays, self._rng),
+            pipelines=parts[restorable.PIPELINES],
+            arrays={**user_arrays, **parts[restorable.ARRAYS]},
             metadata=dict(metadata or {}),
             versions=_versions(),
             run={"params": self.params, "total_steps": self.total_steps},
-            dynamic=dynamic,
+            dynamic=parts[restorable.DYNAMIC],
             # md5 is what DVC caches by: computed while writing, it is handed to
             # DVC when this process records; elsewhere the cheaper crc32 serves
             digest="md5" if self._ctx.mode == "record" else "crc32",
         )
-
-    def _captured(self, section: str) -> dict[str, Any]:
-        """Each registered source's state now, for one part of the manifest."""
-        return {name: source.capture() for (part, name), source in self._sources.items()
-                if part == section}
 
     def _write(self, captured: store.Capture) -> Path:
         """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""
@@ -934,13 +909,17 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _with_rng(arrays: dict[str, Any] | None, rng: bool) -> dict[str, Any]:
-    """The user's arrays, and the global generators' states under rng_state.KEY."""
-    out = dict(arrays or {})
-    rng_state.check_names(out)
-    if rng:
-        out[rng_state.KEY] = rng_state.capture()
-    return out
+def _row_digests(path: str, run: Run) -> Callable[[int, str], dict[str, list[list[str]]]]:
+    """Under `dvc exp run`: the batch digests after checkpoint ``log_id``
+    (step ``step``) from the row ``run`` recorded next (an applied row on
+    another machine, whose companion file is elsewhere)."""
+    def found(step: int, log_id: str) -> dict[str, list[list[str]]]:
+        from ..recording import pipeline as recording
+
+        after = recording.row_after(run, step)
+        return batch_digests.from_rows(path, [after], log_id) if after else {}
+
+    return found
 
 
 def _publish_one(path: Path, captured: store.Capture) -> Path:

@@ -1,15 +1,32 @@
 """Everything a checkpoint restores, behind one protocol (as torchdata's
 ``Stateful``): a :class:`Restorable` is registered with the Checkpointer
 once, restored there from the checkpoint being resumed (or built fresh),
-and captured at every save into its part of the manifest.
+and captured at every save into its part of the manifest; the manifest's
+parts are assembled from the captures (:func:`assemble`), by one rule.
 
 The kinds: a DALI pipeline (:class:`DaliPipeline`, saved through the
 framework iterator over it when there is one, so the iterator's counters
 come back too), a TensorFlow ``DALIDataset`` (:class:`TfDataset`, its
-iterators seen as one stream), DALI dynamic mode (:class:`DynamicMode`).
-The global random generators are arrays of the checkpoint instead
-(rng_state.py): they are set back at the loop's first read, after the
-model's seeded initialisation.
+iterators seen as one stream), DALI dynamic mode (:class:`DynamicMode`),
+the global random generators (:class:`RandomGenerators`, an array of the
+checkpoint: restore reads and checks them, and they are set back at the
+loop's resume point, its first read of the checkpoint, after the model's
+seeded initialisation), and the batch proof (:class:`BatchProof`, the
+digests of the batches after the checkpoint resumed, recorded into the
+next).
+
+The batch proof stores no entry of its own: its digests are a field,
+``batches``, of the entries of the streams they are of (a pipeline's entry,
+a dynamic-mode Checkpoint's by reader name), where the format has always
+kept them. So it is an *annotation* (section :data:`ANNOTATION`, named by
+the field it writes): its capture is ``{part: {entry: value}}`` and
+:func:`assemble` sets ``manifest[part][entry][name] = value`` in the
+entries the other Restorables captured. Chosen over a typed
+``Captured(entry, annotations)`` return so that capture stays one kind of
+value for every Restorable (what the manifest stores at its place), and
+over letting the proof write into the other entries (what it did): no
+Restorable touches another's capture, and the merge is one documented
+rule, which refuses a field two of them write.
 
 :class:`SavedCheckpoint` hands each saved state out only to what is built
 the same way: DALI restores silently into a different pipeline.
@@ -19,18 +36,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Iterable, Protocol
 
 from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
-from ..proof import data_contents
+from ..proof import batch_digests, data_contents
 from ..format import store
 from ..core.errors import CheckpointCorruptError, PipelineMismatchError
+from . import rng_state
 
-PIPELINES, DYNAMIC = "pipelines", "dynamic"  # the manifest's parts
+# the manifest's parts a capture goes to; ANNOTATION: fields of other parts' entries
+PIPELINES, DYNAMIC, ARRAYS, ANNOTATION = "pipelines", "dynamic", "arrays", "annotation"
 
 
 class Restorable(Protocol):
-    """One thing whose state a checkpoint holds."""
+    """One thing whose state a checkpoint holds.
+
+    ``capture()`` returns the JSON value the manifest stores under
+    ``manifest[section][name]``, with what goes to the snapshot's member
+    files in place: a ``"state"`` field (bytes or text: the entry's
+    ``file``) in ``pipelines`` and ``dynamic``; arrays in ``arrays`` (each a
+    ``.npy`` file). A Restorable of section :data:`ANNOTATION` stores fields
+    of other entries instead: its capture is ``{part: {entry: value}}``,
+    stored as ``manifest[part][entry][name]`` (:func:`assemble`).
+    ``restore(saved)`` builds or checks it from the checkpoint being resumed
+    (``None``: fresh), refusing a state it cannot use; it sets nothing global.
+    """
 
     section: ClassVar[str]  # the manifest part its capture goes to
     name: str
@@ -38,8 +68,34 @@ class Restorable(Protocol):
     def restore(self, saved: SavedCheckpoint | None) -> None:
         """Build it from ``saved`` (None: fresh), refusing a state it cannot use."""
 
-    def capture(self) -> Any:
-        """Its state now, as the manifest entry (with the bytes to write)."""
+    def capture(self) -> dict[str, Any]:
+        """Its state now: the manifest's value at its place (see the class)."""
+
+
+_LAST = {ANNOTATION: 1, ARRAYS: 2}  # captured after the entries they annotate; the
+# generators last, after anything else this process does at a save
+
+
+def assemble(sources: Iterable[Restorable]) -> dict[str, dict[str, Any]]:
+    """The manifest's parts, ``{section: {name: capture}}``, from every
+    source's capture (entries first, then annotations, then arrays); each
+    annotation's fields set into the entries captured (an entry not captured
+    gets none). A field already there is refused: no two Restorables write
+    one place."""
+    parts: dict[str, dict[str, Any]] = {PIPELINES: {}, DYNAMIC: {}, ARRAYS: {}}
+    for source in sorted(sources, key=lambda s: _LAST.get(s.section, 0)):
+        if source.section != ANNOTATION:
+            parts.setdefault(source.section, {})[source.name] = source.capture()
+            continue
+        for part, values in source.capture().items():
+            for entry, value in values.items():
+                target = parts.get(part, {}).get(entry)
+                if target is None:
+                    continue
+                if source.name in target:
+                    raise ValueError(f"manifest {part}.{entry}.{source.name}: written twice")
+                target[source.name] = value
+    return parts
 
 
 class SavedCheckpoint:
@@ -212,5 +268,94 @@ class DynamicMode:
         where = str(saved.snapshot.path) if saved is not None else ""
         self.checkpoint = dali_dynamic.checkpoint(self.name, state, where)
 
-    def capture(self) -> str:
-        return dali_dynamic.serialize(self.checkpoint)
+    def capture(self) -> dict[str, Any]:
+        return {"state": dali_dynamic.serialize(self.checkpoint)}
+
+
+@dataclass(eq=False)
+class RandomGenerators:
+    """The global random generators (rng_state), an array of the checkpoint.
+
+    :meth:`restore` only reads and checks the saved state (a damaged one is
+    refused, naming its field) and stages it; :meth:`set_back` sets them at
+    the loop's resume point (the Checkpointer's first read of its contents),
+    once."""
+
+    section: ClassVar[str] = ARRAYS
+    name: str = rng_state.KEY
+    staged: rng_state.Staged | None = None  # set back at the resume point, then None
+
+    def restore(self, saved: SavedCheckpoint | None) -> None:
+        state = saved.snapshot.arrays.get(self.name) if saved is not None else None
+        self.staged = (rng_state.check(state, str(saved.manifest_path))
+                       if state is not None else None)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the resume point is still ahead (a state staged, not set)."""
+        return self.staged is not None
+
+    def set_back(self) -> None:
+        """The resume point: the staged state set, once."""
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            staged.apply()
+
+    def capture(self) -> dict[str, Any]:
+        return rng_state.capture()
+
+
+@dataclass(eq=False)
+class BatchProof:
+    """The batch digests (batch_digests.Recorder) of the streams registered
+    with a Checkpointer: :meth:`restore` has the recorder compare the
+    batches after the resumed checkpoint with the digests its run recorded;
+    :meth:`capture` annotates each stream's entry with its digests since the
+    last save (an :data:`ANNOTATION` named ``batches``)."""
+
+    section: ClassVar[str] = ANNOTATION
+    name: str = field(default=batch_digests.KEY, init=False)
+    recorder: batch_digests.Recorder
+    sources: dict[tuple[str, str], Any]  # the Checkpointer's registry: the pipelines' data
+    readers: dict[str, tuple[str, str]]  # dynamic-mode stream -> (Checkpoint, reader)
+    versions: Callable[[], dict[str, str]]  # the packages' versions now
+    # the digests after checkpoint ``log id`` from the row its run recorded
+    # after step ``step`` (under `dvc exp run`; else None)
+    from_rows: Callable[[int, str], dict[str, list[list[str]]]] | None = None
+
+    def restore(self, saved: SavedCheckpoint | None) -> None:
+        """The digests of the batches the resumed checkpoint was followed by:
+        kept beside it, else (an applied row on another machine) in the row
+        its run recorded next."""
+        if saved is None:
+            return
+        manifest = saved.snapshot.manifest
+        log_id = batch_digests.log_id_of(manifest)
+        if log_id is None or not self.recorder.on:
+            return
+        found = batch_digests.read_companion(self.recorder.directory, log_id)
+        if not found and self.from_rows is not None:
+            found = self.from_rows(saved.snapshot.step, log_id)
+        self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
+                             str(saved.manifest_path))
+
+    def _why(self, manifest: dict[str, Any]) -> Callable[[str], str]:
+        """What changed since the checkpoint, for a stream's mismatch message
+        (it holds the registry, not the Checkpointer)."""
+        saved_versions = manifest.get("versions") or {}
+        sources, versions = self.sources, self.versions
+
+        def why(name: str) -> str:
+            if name not in manifest[PIPELINES]:  # a dynamic-mode reader: no description
+                return batch_digests.what_changed(saved_versions, versions(),
+                                                  [batch_digests.UNDESCRIBED])
+            entry = manifest[PIPELINES].get(name) or {}
+            contents = getattr(sources.get((PIPELINES, name)), "contents", None)
+            data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
+            return batch_digests.what_changed(saved_versions, versions(), data)
+
+        return why
+
+    def capture(self) -> dict[str, Any]:
+        pipelines = [name for part, name in self.sources if part == PIPELINES]
+        return batch_digests.records(self.recorder, pipelines, self.readers)

@@ -1,8 +1,11 @@
 """The global random generators a Python training loop draws from, as arrays.
 
 Saved with every checkpoint (unless turned off: ``Checkpointer(rng=False)``
-or ``DVC_DALI_RNG=0``) and restored when a resumed loop first reads the
-checkpoint (``ck.arrays`` or ``ck.step``), so its next draw is the one the
+or ``DVC_DALI_RNG=0``): a Restorable (restorable.RandomGenerators) whose
+restore only reads and checks the saved state (:func:`check`, at the
+Checkpointer's construction), which is set (:meth:`Staged.apply`) at the
+loop's resume point, its first read of the checkpoint (``ck.step``,
+``ck.arrays``, ``ck.live()``), so its next draw is the one the
 uninterrupted run made:
 
 - Python's ``random``: the Mersenne Twister's 625 words (624 and the
@@ -124,7 +127,9 @@ def _words_of(parts: dict[str, np.ndarray], name: str, count: int, where: str) -
     return words
 
 
-def _restore_python(saved: dict[str, Any], words: np.ndarray, where: str) -> None:
+def _python_state(saved: dict[str, Any], words: np.ndarray, where: str) -> tuple:
+    """Python's ``random`` state, checked on a generator of its own (the
+    global one is not touched)."""
     info = saved.get("python")
     if not isinstance(info, dict):
         raise _bad(where, "python", "is not a mapping")
@@ -132,13 +137,17 @@ def _restore_python(saved: dict[str, Any], words: np.ndarray, where: str) -> Non
     if gauss is not None:
         _number(gauss, float, "python.gauss_next", where)
     version = _number(info.get("version"), int, "python.version", where)
+    state = (version, tuple(int(w) for w in words), gauss)
     try:
-        random.setstate((version, tuple(int(w) for w in words), gauss))
+        random.Random().setstate(state)
     except (ValueError, TypeError) as exc:
         raise _bad(where, "python", f"is not a state of Python's random ({exc})") from None
+    return state
 
 
-def _restore_numpy(saved: dict[str, Any], key: np.ndarray, where: str) -> None:
+def _numpy_state(saved: dict[str, Any], key: np.ndarray, where: str) -> dict[str, Any]:
+    """NumPy's legacy global generator's state, checked on a RandomState of
+    its own (the global one is not touched)."""
     info = saved.get("numpy")
     if not isinstance(info, dict):
         raise _bad(where, "numpy", "is not a mapping")
@@ -148,10 +157,11 @@ def _restore_numpy(saved: dict[str, Any], key: np.ndarray, where: str) -> None:
              "has_gauss": _number(info.get("has_gauss"), int, "numpy.has_gauss", where),
              "gauss": _number(info.get("gauss"), float, "numpy.gauss", where)}
     try:
-        np.random.set_state(state)
+        np.random.RandomState().set_state(state)
     except (ValueError, TypeError, KeyError) as exc:
         raise _bad(where, "numpy", f"is not a state of NumPy's global generator ({exc})"
                    ) from None
+    return state
 
 
 def _restore_torch(parts: dict[str, np.ndarray], where: str) -> None:
@@ -177,13 +187,42 @@ def _restore_torch(parts: dict[str, np.ndarray], where: str) -> None:
     torch.cuda.set_rng_state_all([torch.from_numpy(state) for state in cuda])
 
 
-def restore(saved: Any, where: str) -> None:
-    """Set the global generators to ``saved`` (what :func:`capture` returned,
-    read back). ``where`` (the manifest) starts every error message."""
+class Staged:
+    """A saved state, read and checked (:func:`check`), not yet set: :meth:`apply` sets it."""
+
+    def __init__(self, python: tuple, numpy: dict[str, Any], parts: dict[str, np.ndarray],
+                 where: str) -> None:
+        self.python, self.numpy, self.parts, self.where = python, numpy, parts, where
+
+    def apply(self) -> None:
+        """Set the global generators to it (torch's where torch is imported
+        now; its state is checked as it is set)."""
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        if "torch" in self.parts:
+            _restore_torch(self.parts, self.where)
+
+
+def check(saved: Any, where: str) -> Staged:
+    """``saved`` (what :func:`capture` returned, read back) read and checked,
+    touching no generator: a damaged state is refused naming its field.
+    ``where`` (the manifest) starts every error message."""
     if not isinstance(saved, dict):
         raise _bad(where, "", "is not a mapping of generator states")
     parts = _split(saved, where)
-    _restore_python(saved, _words_of(parts, "python", _MT_WORDS, where), where)
-    _restore_numpy(saved, _words_of(parts, "numpy", _NP_WORDS, where), where)
-    if "torch" in parts:
-        _restore_torch(parts, where)
+    torch = sys.modules.get("torch")
+    if "torch" in parts and torch is not None and hasattr(torch, "Generator"):
+        try:  # on a generator of its own; where torch is imported later, as it is set
+            torch.Generator().set_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
+        except RuntimeError as exc:
+            raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})"
+                       ) from None
+    return Staged(_python_state(saved, _words_of(parts, "python", _MT_WORDS, where), where),
+                  _numpy_state(saved, _words_of(parts, "numpy", _NP_WORDS, where), where),
+                  parts, where)
+
+
+def restore(saved: Any, where: str) -> None:
+    """Set the global generators to ``saved`` at once: :func:`check`, then
+    :meth:`Staged.apply`."""
+    check(saved, where).apply()

@@ -98,6 +98,35 @@ def test_restored_once_at_the_first_read(tmp_path):
     assert [first, random.random(), random.random()] == expected
 
 
+def _generator_states():
+    torch = pytest.importorskip("torch")
+    return (random.getstate(), np.random.get_state(legacy=False)["state"]["key"].tobytes(),
+            torch.get_rng_state().numpy().tobytes())
+
+
+def test_only_the_resume_point_sets_the_generators_back(tmp_path):
+    """Reading any property or attribute but the checkpoint's contents
+    (step, arrays, live()) leaves random, NumPy's and torch's generators as
+    they are, and the resume point pending: the next ck.step sets them back."""
+    torch = pytest.importorskip("torch")
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    ck = dvc_dali.Checkpointer(tmp_path / "p")
+    ck.save(4, arrays={"w": np.ones(2)}, metadata={"m": 1})
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    ck.close()
+    random.seed(7), np.random.seed(8), torch.manual_seed(9)
+    ck = dvc_dali.Checkpointer(tmp_path / "p", params={"lr": 0.1})
+    before = _generator_states()
+    seen = (ck.resumed, ck.metadata, ck.path, ck.tf_datasets, ck.preempted, ck.timings,
+            ck.params, ck.rank, ck.world_size, ck.total_steps, ck.asynchronous,
+            ck.batch_failure)
+    assert seen[0] is True and seen[1] == {"m": 1} and seen[7] == 0
+    assert _generator_states() == before  # untouched
+    assert ck.step == 4  # the resume point: still pending, set back now
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+    ck.close()
+
+
 def test_a_bad_switch_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("DVC_DALI_RNG", "no")
     with pytest.raises(dvc_dali.ConfigError, match="DVC_DALI_RNG='no'"):
@@ -133,3 +162,24 @@ def test_a_damaged_state_is_refused_naming_the_field(damage, says):
     damage(saved)
     with pytest.raises(dvc_dali.CheckpointCorruptError, match=says):
         rng_state.restore(saved, "manifest.json")
+
+
+def test_checking_a_state_touches_no_generator():
+    """rng_state.check (a Checkpointer's construction) reads and checks only:
+    a damaged torch part is refused naming it, and nothing is set."""
+    torch = pytest.importorskip("torch")
+    saved = rng_state.capture()
+    random.random(), np.random.rand(), torch.rand(1)
+    before = _generator_states()
+    rng_state.check(saved, "manifest.json")
+    assert _generator_states() == before
+    names = [p[0] for p in saved["parts"]]
+    i = names.index("torch")
+    offset = sum(count * np.dtype(dtype).itemsize for _, dtype, count in saved["parts"][:i])
+    size = saved["parts"][i][2]
+    saved["blob"] = np.concatenate([saved["blob"][:offset + size - 8],
+                                    saved["blob"][offset + size:]])
+    saved["parts"][i][2] = size - 8
+    with pytest.raises(dvc_dali.CheckpointCorruptError, match="torch is not a state"):
+        rng_state.check(saved, "manifest.json")
+    assert _generator_states() == before
