@@ -597,19 +597,6 @@ def records(recorder: Recorder, pipelines: Iterable[str],
     return out
 
 
-def into_manifest(recorder: Recorder, pipelines: dict[str, dict[str, Any]],
-                  dynamic: dict[str, dict[str, Any]],
-                  readers: dict[str, tuple[str, str]]) -> None:
-    """:func:`records` set into the entries given, as the Checkpointer's
-    manifest gets them (restorable.assemble: the field ``batches`` of each
-    entry a record is for; an entry not given gets none)."""
-    found = records(recorder, list(pipelines), readers)
-    for part, entries in (("pipelines", pipelines), ("dynamic", dynamic)):
-        for name, value in found[part].items():
-            if name in entries:
-                entries[name][KEY] = value
-
-
 def _new_log_id() -> str:
     """32 hex digits: the time (ns) first, so names sort in creation order."""
     return f"{time.time_ns():016x}{uuid.uuid4().hex[:16]}"

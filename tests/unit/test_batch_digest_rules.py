@@ -257,6 +257,17 @@ def test_a_dali_batch_digest_tells_sample_order_shapes_and_bytes():
     assert bd.differences(of(a, a), of(a, a, a)) == ["output 0: sample shapes differ"]
 
 
+def _into_manifest(recorder, pipelines, dynamic, readers):
+    """bd.records set into the entries given, as the Checkpointer's manifest
+    gets them (restorable.assemble: the field of each entry a record is for;
+    an entry not given gets none)."""
+    found = bd.records(recorder, list(pipelines), readers)
+    for part, entries in (("pipelines", pipelines), ("dynamic", dynamic)):
+        for name, value in found[part].items():
+            if name in entries:
+                entries[name][bd.KEY] = value
+
+
 def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path):
     """A dynamic-mode reader is no pipeline: its digests go to the manifest's
     dynamic part, under its Checkpoint's entry by reader name, and are found
@@ -265,13 +276,13 @@ def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path
     stream, readers = bd.dynamic_stream("dyn", "reader"), {"dyn/reader": ("dyn", "reader")}
     assert stream == "dyn/reader" and rec.track(stream, "dynamic-mode reader")
     dynamic = {"dyn": {"state": "{}"}}
-    bd.into_manifest(rec, {"train": {}}, dynamic, readers)
+    _into_manifest(rec, {"train": {}}, dynamic, readers)
     first = dynamic["dyn"][bd.KEY]["reader"]
     assert first["previous"] is None and first["digests"] == []
     batch = [np.arange(6, dtype=np.uint8).reshape(2, 3), [np.zeros(2), np.zeros(3)]]
     rec.observe(stream, batch, bd.digest_arrays)
     pipelines, dynamic = {"train": {}}, {"dyn": {"state": "{}"}}
-    bd.into_manifest(rec, pipelines, dynamic, readers)
+    _into_manifest(rec, pipelines, dynamic, readers)
     assert pipelines == {"train": {}}  # not tracked: nothing added
     manifest = {"pipelines": pipelines, "dynamic": dynamic}
     assert bd.from_manifest(manifest, first["log"]) == {stream: [bd.digest_arrays(batch)]}
