@@ -18,7 +18,7 @@ import pytest
 import dvc_dali
 from dvc_dali.training import signal_file as dvc_signal
 
-from tests.helpers import REPO
+from tests.helpers import REPO, child_env
 from tests.helpers.dvc_project import make_project, run
 from tests.helpers.rows import exp_rows
 
@@ -67,7 +67,7 @@ except dvc_dali.CheckpointWriteError as exc:
 
 def test_file_size_limit_during_save_keeps_the_previous_checkpoint(tmp_path):
     out = subprocess.run([sys.executable, "-c", SAVE_BIG, str(tmp_path / "c")], text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         capture_output=True, env=child_env())
     assert "cannot write the checkpoint (File too large)" in out.stdout, out.stderr
     assert "The previous checkpoint in" in out.stdout and "is intact" in out.stdout
     back = dvc_dali.Checkpointer(tmp_path / "c")
@@ -184,7 +184,7 @@ def _clean_env(**extra: str) -> dict:
     """This interpreter's environment without any DVC or dvc-dali variable
     (the suite may itself run in a DVC stage), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
-    return {**env, "PYTHONPATH": str(REPO), **extra}
+    return child_env(extra, base=env)
 
 
 def _the_line(proc: subprocess.CompletedProcess, name: str) -> str:

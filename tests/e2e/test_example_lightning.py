@@ -7,7 +7,6 @@ restored by dvc-dali)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import child_env
 from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
 from tests.helpers.rows import exp_rows
 
@@ -66,7 +65,7 @@ def test_lightning_preempted_saves_at_once_and_resumes_exactly(project, uninterr
     run([sys.executable, "examples/prepare.py", "data/digits"], project)
     (project / "lightning.yaml").write_text("train:\n  framework: lightning\n")
     cmd = [sys.executable, "examples/train.py", "--params", "lightning.yaml"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     seen = []

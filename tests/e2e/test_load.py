@@ -16,9 +16,10 @@ import pytest
 import dvc_dali
 from dvc_dali import CheckpointCorruptError, ConfigError, DvcDaliError
 
-from tests.helpers.dvc_project import REPO, run, template_project
+from tests.helpers.dvc_project import run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready
 from tests.helpers.remotes import with_remotes
+from tests.helpers import child_env
 
 
 def listing(path: Path) -> dict[str, float]:
@@ -47,7 +48,7 @@ def test_load_imports_no_dali_and_prints_nothing(tmp_path):
     code = ("import sys, dvc_dali; s = dvc_dali.load(); "
             "print(s.step, 'nvidia.dali' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+                         text=True, env=child_env(), check=True)
     assert out.stdout.split() == ["20", "False"] and out.stderr == "", out.stderr
 
 

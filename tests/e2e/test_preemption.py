@@ -14,9 +14,10 @@ import sys
 
 import pytest
 
-from tests.helpers.dvc_project import REPO, run, template_project
+from tests.helpers.dvc_project import run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.rows import exp_rows
+from tests.helpers import child_env
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
@@ -72,7 +73,7 @@ def test_outside_dvc_the_signal_saves_and_exits(tmp_path, uninterrupted):
     (project / "params.yaml").write_text(
         (project / "params.yaml").read_text().replace("checkpoint_every: 10",
                                                       "checkpoint_every: 1000"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PREEMPT_AT": "11"}
+    env = child_env({"PREEMPT_AT": "11"})
     proc = subprocess.Popen([sys.executable, "train.py"], cwd=project, text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     os.kill(trainer_ready(project, proc), signal.SIGTERM)

@@ -35,7 +35,7 @@ import dvc_dali
 from dvc_dali.format import store
 from dvc_dali.core.errors import CheckpointCorruptError
 
-from tests.helpers import REPO, pipelines
+from tests.helpers import child_env, pipelines
 from tests.helpers.hostile import (HUGE, SETTINGS, SWAPS, DaliCase, Deep, apply_edit,
                                    apply_swaps, as_host, copy_of, draw_edits, dumps,
                                    field_path, huge_header_npy, ld, load_manifest, npy_bytes,
@@ -315,7 +315,7 @@ def test_huge_inputs_under_rlimit_as(ckpt, case):
     else:
         with open(root / store.LATEST, "r+b") as fh:
             fh.truncate(HUGE)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", CHILD, str(root)], capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]

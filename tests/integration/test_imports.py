@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, child_env
 
 HEAVY = ("dvc", "numpy", "nvidia")
 
@@ -78,7 +78,7 @@ def _env(**stage: str) -> dict:
     """This interpreter's environment without DVC's variables (the suite may
     run in a stage), plus ``stage``'s."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
-    return {**env, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", **stage}
+    return child_env({"PYTHONWARNINGS": "ignore", **stage}, base=env)
 
 
 def _stage_env(project, stage: str) -> dict:

@@ -6,7 +6,6 @@ bit; with DVC_DALI_RNG=0 it does not (the comparison can fail)."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 import dvc_dali
 from dvc_dali.training import rng_state
 
-from tests.helpers import HELPERS, REPO
+from tests.helpers import HELPERS, child_env
 
 TOTAL, KILL_AT = 10, 6  # an epoch is 6 steps: the kill lands on its end, the rest in the next
 
@@ -30,7 +29,7 @@ def _run(data, ckpt, out, until, env=None, kill_at=0, fresh=False):
     if fresh:
         args.append("--fresh")
     proc = subprocess.run(args, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          env=child_env(env))
     if kill_at:
         assert proc.returncode == -9, proc.stderr[-3000:]
         return None

@@ -6,7 +6,6 @@ worker, a multiprocessing rank) gets a pool of its own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import dvc_dali
 from dvc_dali.format import store
 
-from tests.helpers import REPO
+from tests.helpers import child_env
 # several files, 4 MB or more in all: the threaded path
 BIG = {"a": np.arange(7, dtype=np.int16), "w": np.linspace(0, 1, 600_000),
        "b": np.full((500, 1000), 3, dtype=np.float32), "opt": {"m": [np.ones(300_000)]}}
@@ -65,7 +64,7 @@ print("fds", fds, len(os.listdir("/proc/self/fd")))
 
 def test_a_threaded_save_that_cannot_write_keeps_the_previous_checkpoint(tmp_path):
     out = subprocess.run([sys.executable, "-c", SAVE_TOO_BIG, str(tmp_path / "c")], text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         capture_output=True, env=child_env())
     assert out.stdout.count("cannot write the checkpoint (File too large)") == 3, out.stderr
     before, after = out.stdout.split("fds ")[1].split()
     assert after == before, out.stdout  # every file of the failed saves was closed
@@ -97,7 +96,7 @@ def test_a_forked_child_saves_with_its_own_writer_threads(tmp_path):
     """In a fresh interpreter (a fork of pytest, which has other tests'
     threads, is not what a user's training script is)."""
     out = subprocess.run([sys.executable, "-c", FORK_AND_SAVE, str(tmp_path)], text=True,
-                         capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         capture_output=True, env=child_env())
     assert "child 0" in out.stdout, out.stderr
     back = dvc_dali.Checkpointer(tmp_path / "child")
     assert back.step == 5 and np.array_equal(back.arrays["b"], BIG["b"])

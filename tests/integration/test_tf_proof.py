@@ -7,7 +7,6 @@ TensorFlow, Keras 3 and DALI's TF plugin (the tf extra)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ pytest.importorskip("nvidia.dali.plugin.tf", reason="install nvidia-dali-tf-plug
 from dvc_dali.dali import dali_tf  # noqa: E402
 from dvc_dali.core.errors import CheckpointCorruptError  # noqa: E402
 
-from tests.helpers import REPO
+from tests.helpers import REPO, child_env
 from tests.helpers.tf_cases import runner, same_from
 
 
@@ -289,7 +288,7 @@ def test_no_tf_extra_needed_to_import_dvc_dali(tmp_path):
     code = ("import sys; sys.modules['tensorflow'] = None; sys.modules['keras'] = None; "
             "import dvc_dali; dvc_dali.Checkpointer")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path,
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
+                   env=child_env())
 
 
 def test_without_tensorflow_tf_dataset_says_what_to_install(data_dir, tmp_path):
@@ -302,6 +301,6 @@ def test_without_tensorflow_tf_dataset_says_what_to_install(data_dir, tmp_path):
             "except dvc_dali.ConfigError as exc:\n"
             "    print(exc)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=child_env())
     assert "tf_dataset() needs TensorFlow" in out.stdout and "no-build-isolation" in out.stdout, \
         out.stdout + out.stderr
