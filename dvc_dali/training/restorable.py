@@ -290,11 +290,6 @@ class RandomGenerators:
         self.staged = (rng_state.check(state, str(saved.manifest_path))
                        if state is not None else None)
 
-    @property
-    def pending(self) -> bool:
-        """Whether the resume point is still ahead (a state staged, not set)."""
-        return self.staged is not None
-
     def set_back(self) -> None:
         """The resume point: the staged state set, once."""
         staged, self.staged = self.staged, None

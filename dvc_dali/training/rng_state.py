@@ -170,10 +170,7 @@ def _restore_torch(parts: dict[str, np.ndarray], where: str) -> None:
         logger.debug("%s: torch is not imported; its saved generator state is not restored",
                      where)
         return
-    try:
-        torch.set_rng_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
-    except RuntimeError as exc:
-        raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})") from None
+    _set_torch_cpu(torch, torch.set_rng_state, parts, where)
     cuda = [parts[f"torch_cuda{i}"].astype(np.uint8) for i in range(len(parts))
             if f"torch_cuda{i}" in parts]
     if not cuda:
@@ -185,6 +182,16 @@ def _restore_torch(parts: dict[str, np.ndarray], where: str) -> None:
                        torch.cuda.device_count() if torch.cuda.is_available() else "no")
         return
     torch.cuda.set_rng_state_all([torch.from_numpy(state) for state in cuda])
+
+
+def _set_torch_cpu(torch: Any, set_state: Any, parts: dict[str, np.ndarray], where: str
+                   ) -> None:
+    """``set_state`` (torch's global setter, or a Generator's of its own)
+    given the saved CPU state; one torch refuses is refused naming it."""
+    try:
+        set_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
+    except RuntimeError as exc:
+        raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})") from None
 
 
 class Staged:
@@ -212,17 +219,9 @@ def check(saved: Any, where: str) -> Staged:
     parts = _split(saved, where)
     torch = sys.modules.get("torch")
     if "torch" in parts and torch is not None and hasattr(torch, "Generator"):
-        try:  # on a generator of its own; where torch is imported later, as it is set
-            torch.Generator().set_state(torch.from_numpy(parts["torch"].astype(np.uint8)))
-        except RuntimeError as exc:
-            raise _bad(where, "torch", f"is not a state of torch's CPU generator ({exc})"
-                       ) from None
+        # on a generator of its own; where torch is imported later, as it is set
+        _set_torch_cpu(torch, torch.Generator().set_state, parts, where)
     return Staged(_python_state(saved, _words_of(parts, "python", _MT_WORDS, where), where),
                   _numpy_state(saved, _words_of(parts, "numpy", _NP_WORDS, where), where),
                   parts, where)
 
-
-def restore(saved: Any, where: str) -> None:
-    """Set the global generators to ``saved`` at once: :func:`check`, then
-    :meth:`Staged.apply`."""
-    check(saved, where).apply()

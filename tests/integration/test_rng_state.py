@@ -160,7 +160,7 @@ def test_a_damaged_state_is_refused_naming_the_field(damage, says):
     saved = rng_state.capture()
     damage(saved)
     with pytest.raises(dvc_dali.CheckpointCorruptError, match=says):
-        rng_state.restore(saved, "manifest.json")
+        rng_state.check(saved, "manifest.json").apply()
 
 
 def test_checking_a_state_touches_no_generator():

@@ -184,8 +184,8 @@ def layer_name(rel: str) -> str | None:
     return top if top in LAYERS else None
 
 
-def _layer_of() -> dict[str, int]:
-    return {module: LAYERS.index(layer_name(module)) for module in _graph()
+def _layer_of(graph: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {module: LAYERS.index(layer_name(module)) for module in graph
             if module != API and layer_name(module) is not None}
 
 
@@ -297,7 +297,8 @@ def test_every_module_is_in_a_layer_folder():
 
 
 def test_no_module_imports_from_a_higher_layer():
-    found = upward_imports(_graph(), _layer_of())
+    graph = _graph()
+    found = upward_imports(graph, _layer_of(graph))
     assert not found, ("a lower layer imports a higher one (lowest first: "
                        + " < ".join(LAYERS) + "):\n  " + "\n  ".join(found))
 
