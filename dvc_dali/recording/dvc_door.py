@@ -537,17 +537,44 @@ def _exp_lock_parts(tmp_dir: str, hardlink: bool):
     return path, localfs, WORKSPACE_STASH
 
 
-def workspace_run_pid(repo: Any) -> int | None:
-    """The pid of the workspace `dvc exp run` that runs this stage, as DVC
-    recorded it (.dvc/tmp/exps/run/workspace/workspace.json); None if none."""
+def workspace_run_info(repo: Any) -> str:
+    """The file where DVC records the pid of the workspace `dvc exp run`
+    while it runs one queue entry (.dvc/tmp/exps/run/workspace/workspace.json):
+    written before the entry's stage runs, removed after DVC's final commit
+    of that entry, before it takes the next stashed entry."""
+    queue = repo.experiments.workspace_queue
+    return queue._proc_info_path(queue._EXEC_NAME)  # noqa: SLF001
+
+
+def run_info_pid(path: str) -> int | None:
+    """The pid that file names; None if it is absent or unreadable."""
     import json
 
     try:
-        queue = repo.experiments.workspace_queue
-        with open(queue._proc_info_path(queue._EXEC_NAME), encoding="utf-8") as fh:  # noqa: SLF001
+        with open(path, encoding="utf-8") as fh:
             return int(json.load(fh)["pid"])
     except Exception:
         return None
+
+
+def wait_for_entry_end(pid: int, info_path: str, poll_s: float = 0.25) -> None:
+    """Return once the workspace `dvc exp run` ``pid`` is done with the entry
+    it runs now: the process ended, or its run info no longer names it (DVC
+    removed it after that entry's final commit and may go on with another
+    entry a killed run left stashed, for which it takes the lock itself)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        while True:
+            try:
+                proc.wait(timeout=poll_s)
+                return
+            except psutil.TimeoutExpired:
+                if run_info_pid(info_path) != pid:
+                    return
+    except psutil.Error:
+        return
 
 
 def exp_lock_args(repo: Any) -> tuple[str, bool]:

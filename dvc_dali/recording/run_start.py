@@ -2,7 +2,7 @@
 kept the run's while it trains.
 
 A workspace run holds DVC's experiment lock on the workspace stash queue
-until its `dvc exp run` ends (guard_workspace): DVC then refuses a second
+until its `dvc exp run` is done with it (guard_workspace): DVC then refuses a second
 workspace (or `--temp`) `dvc exp run` before it touches anything. Without
 that, the second one stashed the workspace, wrote its -S into params.yaml,
 moved refs/exps/exec/*, checked out the outputs dvc.lock named over the
@@ -217,31 +217,31 @@ def _put_params_back(start: RunStart, root: str, lock_timeout: float) -> None:
 
 _GUARD_CMD = ("`dvc exp run` training in this workspace (dvc-dali keeps the workspace its own "
               "until that run ends); wait for it, or queue more with `dvc exp run --queue`")
-# Waits for the `dvc exp run` to end, then releases its hold (argv: tmp dir,
-# hardlink, pid, cmd, where dvc_dali is); psutil.wait polls a non-child.
+# Waits for the `dvc exp run` to be done with this entry (it ended, or moved
+# on to another stashed entry), then releases its hold (argv: tmp dir,
+# hardlink, pid, cmd, where dvc_dali is, DVC's run info file).
 _RELEASER = """import sys
-import psutil
 sys.path.insert(0, sys.argv[5])
-from dvc_dali.recording.dvc_door import release_exp_lock
+from dvc_dali.recording.dvc_door import release_exp_lock, wait_for_entry_end
 import dvc.fs, dvc.repo.experiments.refs, dvc.repo.experiments.utils, dvc.rwlock
-try:
-    psutil.Process(int(sys.argv[3])).wait()
-except psutil.Error:
-    pass
+wait_for_entry_end(int(sys.argv[3]), sys.argv[6])
 release_exp_lock(sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4])
 """
 
 
 def guard_workspace(ctx: RunContext, repo: Any) -> None:
     """Hold DVC's experiment lock on the workspace stash queue for the
-    workspace `dvc exp run` that runs this stage, until that process ends (a
-    small process releases it then): DVC's own final commit of the run comes
-    after training. Not for --temp and queued runs (their own repo)."""
+    workspace `dvc exp run` that runs this stage, until DVC is done with this
+    run (a small process releases it then): DVC's own final commit of the run
+    comes after training. Released before DVC goes on with an entry a killed
+    `dvc exp run` left stashed, else DVC waits on our hold for 3 minutes and
+    fails. Not for --temp and queued runs (their own repo)."""
     import psutil
 
     if not ctx.under_exp_run or not os.path.samefile(repo.root_dir, ctx.dvc_root):
         return
-    pid = dvc_door.workspace_run_pid(repo)
+    info_path = dvc_door.workspace_run_info(repo)
+    pid = dvc_door.run_info_pid(info_path)
     try:
         ours = pid is not None and pid in {p.pid for p in psutil.Process().parents()}
     except psutil.Error:
@@ -260,7 +260,7 @@ def guard_workspace(ctx: RunContext, repo: Any) -> None:
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         subprocess.Popen([sys.executable, "-c", _RELEASER, tmp_dir, "1" if hardlink else "0",
-                          str(pid), _GUARD_CMD, src], stdin=subprocess.DEVNULL,
+                          str(pid), _GUARD_CMD, src, info_path], stdin=subprocess.DEVNULL,
                          # not a stage process: importing dvc_dali does nothing there
                          env={k: v for k, v in os.environ.items() if k != "DVC_STAGE"},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

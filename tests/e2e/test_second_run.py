@@ -13,6 +13,8 @@ stops with one line saying so, recording nothing wrong.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -222,3 +224,47 @@ def test_dvc_exp_apply_meanwhile_stops_the_run_cleanly(project):
     assert len(said) == 1 and f"dvc exp apply {name}-step20" in said[0], out[-3000:]
     assert "Traceback" not in out
     check_rows(project, name, [10, 20])
+
+
+# What a `dvc exp run` killed between stashing the workspace and taking its
+# entry back leaves: an entry on DVC's workspace stash queue. DVC's own call.
+LEAVE_ENTRY = '''\
+import sys
+from dvc.repo import Repo
+
+Repo(".").experiments.workspace_queue.put(
+    params={"params.yaml": sys.argv[1:]}, name="leftover")
+'''
+
+
+def test_an_entry_a_killed_run_left_stashed_runs_after_this_one(project, reference):
+    """DVC's next workspace `dvc exp run` runs its own entry, then the one a
+    killed run left stashed. Our hold on the workspace (the refusal above)
+    used to last until the `dvc exp run` process ended, so DVC waited on it
+    for 3 minutes to take that entry and failed ("'refs/exps/stash' is busy
+    ... training in this workspace"), after training (kill fuzz, CI). Now the
+    hold ends with DVC's final commit of the run: both experiments are
+    recorded, each with the params it trained with, and nothing is held."""
+    name = "before-leftover"
+    reset(project)
+    run([sys.executable, "-c", LEAVE_ENTRY, f"train.lr={LR}", f"train.steps={STEPS + EVERY}"],
+        project)
+    done = run(["dvc", "exp", "run", "-n", name, "-S", f"train.lr={LR}"], project,
+               check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-4000:]
+    assert "is busy" not in said and "Traceback" not in said, said[-4000:]
+    # the left entry resumed this run's last checkpoint and trained on to its
+    # steps: one more row in the same lineage, with its own steps
+    assert f"train: resuming from step {STEPS}" in said, said[-4000:]
+    check_rows(project, name, list(range(EVERY, STEPS + EVERY + 1, EVERY)))
+    assert lr_of(project, exp_sha(project, name)) == (LR, LR)
+    assert final_model(project, name) == reference
+    for row, steps in ((f"{name}-step{STEPS}", STEPS), (f"{name}-step{STEPS + EVERY}",
+                                                         STEPS + EVERY),
+                       ("leftover", STEPS + EVERY)):
+        got = yaml.safe_load(show(project, exp_sha(project, row), "params.yaml"))
+        assert got["train"]["steps"] == steps, (row, got)
+    assert git(project, "for-each-ref", "refs/exps/stash").strip() == ""
+    held = json.loads((project / ".dvc" / "tmp" / "exps" / "rwlock").read_text())
+    assert not held.get("read"), held
