@@ -537,7 +537,7 @@ def _exp_lock_parts(tmp_dir: str, hardlink: bool):
     return path, localfs, WORKSPACE_STASH
 
 
-def workspace_run_info(repo: Any) -> str:
+def workspace_run_info(repo: Any) -> str | None:
     """The file where DVC records the pid of the workspace `dvc exp run`
     while it runs one queue entry (.dvc/tmp/exps/run/workspace/workspace.json):
     written before the entry's stage runs, removed after DVC's final commit
@@ -546,10 +546,12 @@ def workspace_run_info(repo: Any) -> str:
     return queue._proc_info_path(queue._EXEC_NAME)  # noqa: SLF001
 
 
-def run_info_pid(path: str) -> int | None:
+def run_info_pid(path: str | None) -> int | None:
     """The pid that file names; None if it is absent or unreadable."""
     import json
 
+    if path is None:
+        return None
     try:
         with open(path, encoding="utf-8") as fh:
             return int(json.load(fh)["pid"])
