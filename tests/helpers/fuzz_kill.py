@@ -73,10 +73,12 @@ RESUMING = re.compile(r"train: resuming from step (\d+)")
 STARTING = "train: starting on"
 INDEX_LOCKED = "the index is locked"
 STASH_CONFLICT = "Stash apply resulted in merge conflicts"
-# a lock git (or dulwich, DVC's git) leaves when killed between making it and
-# renaming it over the file: "File exists: b'<lock>'" (dulwich), "Unable to
-# create '<lock>': File exists." (git)
-GIT_LOCK_LEFT = re.compile(r"(?:File exists: b?'|Unable to create ')([^']+/\.git/[^']+\.lock)'")
+# a lock git (or dulwich or libgit2, DVC's gits) leaves when killed between
+# making it and renaming it over the file: "File exists: b'<lock>'" (dulwich),
+# "Unable to create '<lock>': File exists." (git), "failed to lock file
+# '<lock>' for writing" (libgit2: DVC's stash of the workspace, refs/stash.lock)
+GIT_LOCK_LEFT = re.compile(r"(?:File exists: b?'|Unable to create '|failed to lock file ')"
+                           r"([^']+/\.git/[^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
 RUN_INFO_CORRUPT = re.compile(r"unable to read: '([^']+\.run)', JSON file structure is corrupted")
 
