@@ -541,9 +541,13 @@ def workspace_run_info(repo: Any) -> str | None:
     """The file where DVC records the pid of the workspace `dvc exp run`
     while it runs one queue entry (.dvc/tmp/exps/run/workspace/workspace.json):
     written before the entry's stage runs, removed after DVC's final commit
-    of that entry, before it takes the next stashed entry."""
-    queue = repo.experiments.workspace_queue
-    return queue._proc_info_path(queue._EXEC_NAME)  # noqa: SLF001
+    of that entry, before it takes the next stashed entry. None where this
+    DVC has none (then nothing is held)."""
+    try:
+        queue = repo.experiments.workspace_queue
+        return queue._proc_info_path(queue._EXEC_NAME)  # noqa: SLF001
+    except Exception:
+        return None
 
 
 def run_info_pid(path: str | None) -> int | None:
