@@ -14,7 +14,6 @@ stops with one line saying so, recording nothing wrong.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import yaml
 
 from dvc_dali.reading.exp_refs import list_rows as list_checkpoint_rows
 
-from tests.helpers.dvc_project import make_project, run
+from tests.helpers.dvc_project import leave_stashed_entry, make_project, run
 from tests.helpers.fuzz_harness import (ExpRun, cached_checkpoint_step, check_row_data, git,
                                         reset, show)
 from tests.helpers.fuzz_kill import model_md5_in_row
@@ -226,17 +225,6 @@ def test_dvc_exp_apply_meanwhile_stops_the_run_cleanly(project):
     check_rows(project, name, [10, 20])
 
 
-# What a `dvc exp run` killed between stashing the workspace and taking its
-# entry back leaves: an entry on DVC's workspace stash queue. DVC's own call.
-LEAVE_ENTRY = '''\
-import sys
-from dvc.repo import Repo
-
-Repo(".").experiments.workspace_queue.put(
-    params={"params.yaml": sys.argv[1:]}, name="leftover")
-'''
-
-
 def test_an_entry_a_killed_run_left_stashed_runs_after_this_one(project, reference):
     """DVC's next workspace `dvc exp run` runs its own entry, then the one a
     killed run left stashed. Our hold on the workspace (the refusal above)
@@ -247,8 +235,7 @@ def test_an_entry_a_killed_run_left_stashed_runs_after_this_one(project, referen
     recorded, each with the params it trained with, and nothing is held."""
     name = "before-leftover"
     reset(project)
-    run([sys.executable, "-c", LEAVE_ENTRY, f"train.lr={LR}", f"train.steps={STEPS + EVERY}"],
-        project)
+    leave_stashed_entry(project, "leftover", f"train.lr={LR}", f"train.steps={STEPS + EVERY}")
     done = run(["dvc", "exp", "run", "-n", name, "-S", f"train.lr={LR}"], project,
                check=False)
     said = done.stdout + done.stderr

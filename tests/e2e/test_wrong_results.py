@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import make_project, run, template_project
+from tests.helpers.dvc_project import leave_stashed_entry, make_project, run, template_project
 from tests.helpers.rows import exp_refs
 
 BARE_TRAIN = textwrap.dedent("""\
@@ -264,6 +264,29 @@ def test_temp_and_queued_runs_resume_an_applied_row(tmp_path, how):
 
     rows = {r["name"]: r for r in list_rows(str(project))}
     assert rows["tmp-step20"]["parent"] == rows["a-step10"]["sha"]
+
+
+def test_a_bare_make_checkpoint_run_then_an_entry_a_killed_run_left_stashed(tmp_path):
+    """The workspace lock a bare make_checkpoint() run holds ends with DVC's
+    final commit of the run: the experiment a killed `dvc exp run` left
+    stashed runs after it (DVC waited 3 minutes on the lock and failed), and
+    continues it with its own params."""
+    project = bare_project(tmp_path, RESUMABLE)
+    (project / "params.yaml").write_text("steps: 2\n")
+    run(["git", "commit", "-qam", "2 steps"], project)
+    leave_stashed_entry(project, "left", "steps=3")
+    done = run(["dvc", "exp", "run", "-n", "first"], project, check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "is busy" not in said, said[-3000:]
+    assert "Ran experiment(s): first, left" in said, said[-3000:]
+    assert (project / "checkpoint" / "state.txt").read_text() == "3"
+    refs = dict((ref.rsplit("/", 1)[-1], sha) for sha, ref in exp_refs(project))
+    third = [name for name in refs if name.endswith("-step3")]
+    assert {"first", "first-step1", "first-step2", "left"} <= set(refs) and len(third) == 1, refs
+    for name, steps in (("first-step2", 2), (third[0], 3), ("left", 3)):
+        shown = run(["git", "show", f"{refs[name]}:params.yaml"], project).stdout
+        assert shown == f"steps: {steps}\n", (name, shown)
+    assert run(["git", "for-each-ref", "refs/exps/stash"], project).stdout == ""
 
 
 def test_reset_starts_a_bare_make_checkpoint_port_over(tmp_path):

@@ -52,6 +52,24 @@ def commit_all(path: Path, message: str = "init", env: dict | None = None) -> No
     run(["git", "commit", "-q", "-m", message], path, env=env)
 
 
+# What a `dvc exp run` killed between stashing the workspace and taking its
+# entry back leaves: an entry on DVC's workspace stash queue (refs/exps/stash),
+# which the next `dvc exp run` runs after its own. Made by DVC's own call.
+_LEAVE_ENTRY = """\
+import sys
+from dvc.repo import Repo
+
+Repo(".").experiments.workspace_queue.put(
+    params={"params.yaml": sys.argv[2:]}, name=sys.argv[1])
+"""
+
+
+def leave_stashed_entry(project: Path, name: str, *params: str) -> None:
+    """An experiment ``name`` (``params``: DVC's -S values) left on the
+    workspace queue, as a `dvc exp run` killed right after its stash leaves it."""
+    run([sys.executable, "-c", _LEAVE_ENTRY, name, *params], project)
+
+
 def example_on_two_ranks(path: Path, script: str, message: str,
                          files: dict[str, str | bytes | Path] | None = None) -> Path:
     """The example project whose train stage runs ``script`` on 2 processes
