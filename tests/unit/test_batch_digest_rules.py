@@ -4,6 +4,7 @@ forged, which manifest holds the digests after a checkpoint, the setting."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from dvc_dali.proof import batch_digests as bd
+from dvc_dali.training import restorable as rs
 from dvc_dali.core.context import RunContext
 from dvc_dali.core.errors import ConfigError
 
@@ -257,15 +259,29 @@ def test_a_dali_batch_digest_tells_sample_order_shapes_and_bytes():
     assert bd.differences(of(a, a), of(a, a, a)) == ["output 0: sample shapes differ"]
 
 
+@dataclasses.dataclass
+class _Entry:
+    """A manifest entry as its Restorable captures it (a pipeline's, a
+    dynamic-mode Checkpoint's): what the proof annotates."""
+
+    section: str
+    name: str
+    value: dict
+
+    def capture(self) -> dict:
+        return dict(self.value)
+
+
 def _into_manifest(recorder, pipelines, dynamic, readers):
-    """bd.records set into the entries given, as the Checkpointer's manifest
-    gets them (restorable.assemble: the field of each entry a record is for;
-    an entry not given gets none)."""
-    found = bd.records(recorder, list(pipelines), readers)
-    for part, entries in (("pipelines", pipelines), ("dynamic", dynamic)):
-        for name, value in found[part].items():
-            if name in entries:
-                entries[name][bd.KEY] = value
+    """The entries given with the proof's records, through the Checkpointer's
+    own path (restorable.BatchProof into restorable.assemble); returns
+    (pipelines, dynamic) as the manifest gets them."""
+    entries = [_Entry(rs.PIPELINES, name, value) for name, value in pipelines.items()]
+    entries += [_Entry(rs.DYNAMIC, name, value) for name, value in dynamic.items()]
+    proof = rs.BatchProof(recorder=recorder, readers=readers, versions=dict,
+                          sources={(e.section, e.name): None for e in entries})
+    parts = rs.assemble([*entries, proof])
+    return parts[rs.PIPELINES], parts[rs.DYNAMIC]
 
 
 def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path):
@@ -275,14 +291,12 @@ def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path
     rec = bd.Recorder(tmp_path, bd.ALL, False)
     stream, readers = bd.dynamic_stream("dyn", "reader"), {"dyn/reader": ("dyn", "reader")}
     assert stream == "dyn/reader" and rec.track(stream, "dynamic-mode reader")
-    dynamic = {"dyn": {"state": "{}"}}
-    _into_manifest(rec, {"train": {}}, dynamic, readers)
+    _, dynamic = _into_manifest(rec, {"train": {}}, {"dyn": {"state": "{}"}}, readers)
     first = dynamic["dyn"][bd.KEY]["reader"]
     assert first["previous"] is None and first["digests"] == []
     batch = [np.arange(6, dtype=np.uint8).reshape(2, 3), [np.zeros(2), np.zeros(3)]]
     rec.observe(stream, batch, bd.digest_arrays)
-    pipelines, dynamic = {"train": {}}, {"dyn": {"state": "{}"}}
-    _into_manifest(rec, pipelines, dynamic, readers)
+    pipelines, dynamic = _into_manifest(rec, {"train": {}}, {"dyn": {"state": "{}"}}, readers)
     assert pipelines == {"train": {}}  # not tracked: nothing added
     manifest = {"pipelines": pipelines, "dynamic": dynamic}
     assert bd.from_manifest(manifest, first["log"]) == {stream: [bd.digest_arrays(batch)]}
