@@ -11,6 +11,12 @@ torch.distributed.run, gloo, CPU).
   states, random generators), and synchronous vs asynchronous, printed with the
   per-rank background write time and rank 0's commit time (outside `dvc exp
   run`: every rank's files durable, LATEST written; no row recorded).
+- A checkpoint's file work on one rank (write the snapshot, publish LATEST,
+  remove the superseded one; in-process, no torch.distributed) for the
+  example's state (its MLP's and AdamW's 16 tensors, torch's generator):
+  small arrays sharing a pack (format 3) vs one file each (format 2's
+  layout, store.PACK_BELOW 0), CPU time, alternated in one run. No goal:
+  it is the part of a background checkpoint that takes CPU from training.
 - The distributed example (examples/train.py, PyTorch, 2 ranks, gloo) with
   an asynchronous checkpoint every 10 steps vs none (one at the last step),
   outside `dvc exp run`: training steps per second from the example's own
@@ -75,6 +81,43 @@ def _async_rows(tmp: Path, images: Path, quick: bool) -> tuple[list[Row], dict[s
 EXAMPLES = BENCH.parent / "examples"
 
 
+def _file_work_row(tmp: Path, quick: bool) -> tuple[Row, dict[str, Any]]:
+    import time
+    from collections import OrderedDict
+
+    import torch
+
+    from dvc_dali.format import arrays as arrays_mod, store
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(16 * 16, 64),
+                                            relu=torch.nn.ReLU(), fc2=torch.nn.Linear(64, 10)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(8, 16 * 16)).sum().backward()
+    opt.step()
+    cpu: dict[str, list[float]] = {"packed": [], "files": []}
+    below = store.PACK_BELOW
+    say("[7] a checkpoint's file work, the example's state: packed vs one file an array")
+    for i in range(40 if quick else 120):
+        mode = ("packed", "files")[i % 2]
+        store.PACK_BELOW = below if mode == "packed" else 0
+        state = arrays_mod.snapshot({"model": model.state_dict(), "optim": opt.state_dict(),
+                                     "rng": {"torch": torch.get_rng_state()}})
+        root = tmp / f"file-work-{mode}"
+        capture = store.Capture(i + 1, {"train": {"state": bytes(492)}}, state, {}, {})
+        c0 = time.process_time()
+        name, md5 = store.write_capture(root, capture)
+        store.publish(root, [(name, md5)])
+        store.remove_leftovers(root, keep=name)
+        cpu[mode].append(time.process_time() - c0)
+    store.PACK_BELOW = below
+    packed, files = median(cpu["packed"][2:]), median(cpu["files"][2:])
+    values = {"packed_cpu_s": packed, "one_file_each_cpu_s": files}
+    return Row("[7] a checkpoint's file work on one rank, the example's state (17 arrays): "
+               "packed vs one file each, CPU", f"{packed * 1000:.2f} ms",
+               f"{files * 1000:.2f} ms", f"{packed / files:.2f}", values=values), values
+
+
 def _example_seconds(tmp: Path, data: Path, every: int, steps: int, tag: str) -> float:
     """Seconds the example's 2 ranks took for ``steps`` steps (its own clock,
     from its first step to its last checkpoint's line)."""
@@ -122,6 +165,7 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
                 f"{medians[1] * 1000:.1f} ms", f"{medians[n] / medians[1]:.2f}x",
                 values={"ranks": n, "median_s": medians[n]}) for n in (1, 2, 4)]
     async_rows, async_values = _async_rows(tmp, images, quick)
+    file_work, file_work_values = _file_work_row(tmp, quick)
     try:  # the example logs with DVCLive (a GPU machine here may lack it)
         import dvclive  # noqa: F401
         throughput, throughput_values = _throughput_row(tmp, quick)
@@ -129,5 +173,6 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
         throughput = Row("[7] distributed example, async checkpoint every 10 steps vs none",
                          "not run (dvclive absent)", "-", "-", ">= 0.97", "n/a")
         throughput_values = {}
-    return (rows + async_rows + [throughput], [],
-            {"ranks_median_s": medians, "async": async_values, "example": throughput_values})
+    return (rows + async_rows + [file_work, throughput], [],
+            {"ranks_median_s": medians, "async": async_values, "file_work": file_work_values,
+             "example": throughput_values})

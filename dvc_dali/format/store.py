@@ -5,7 +5,8 @@
       step-000000120-1a2b3c4d/    one complete snapshot
         manifest.json             format, step, versions, pipelines, arrays, digests
         pipelines/<n>.dali        DALI state bytes, one file per pipeline
-        arrays/<n>.npy            user arrays, .npy without pickle
+        arrays/<n>.npy            user arrays of 1 MiB or more, .npy without pickle
+        arrays/<n>.pack           the smaller ones, each at its manifest "offset"
         dynamic/<n>.json          DALI dynamic-mode checkpoints
 
 A snapshot is written into `.tmp-*`, fsynced, renamed to `step-*` (atomic),
@@ -50,6 +51,8 @@ from ..core.process_state import STATE
 
 FORMAT = manifest_schema.FORMAT
 FORMAT_VERSION = manifest_schema.FORMAT_VERSION
+PACK_BELOW, PACK_MAX = manifest_schema.PACK_BELOW, manifest_schema.PACK_MAX
+_PACK_ALIGN = 64  # where each array in a pack starts: as NumPy aligns its own
 LATEST = "LATEST"
 MANIFEST = "manifest.json"
 # Checked before either is read: both are read whole.
@@ -208,6 +211,15 @@ def _npy_parts(array: np.ndarray) -> list:
     return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))]
 
 
+def _packed_bytes(array: np.ndarray) -> memoryview | None:
+    """A small array's bytes in C order, for a pack; None for an array of
+    its own (PACK_BELOW bytes or more, or Fortran order, which its .npy keeps)."""
+    if array.nbytes >= PACK_BELOW or (array.flags.f_contiguous
+                                      and not array.flags.c_contiguous):
+        return None
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 @dataclass(frozen=True)
 class Capture:
     """Everything one snapshot holds, as a Checkpointer captured it at a step:
@@ -329,11 +341,27 @@ def _write_members(tmp: Path, pipelines: dict[str, dict[str, Any]], leaves: list
         work[rel] = [info["state"]]
         out["pipelines"][pname] = {"file": rel, **{k: v for k, v in info.items()
                                                    if k != "state"}}
+    packs: list[list] = []  # the parts of each pack (format 3), in order
+    used = 0  # bytes in the last pack
     for i, (host, info) in enumerate(leaves):
-        rel = f"arrays/{i:05d}.npy"
-        work[rel] = _npy_parts(host)
-        out["array_files"].append({"file": rel, "dtype": host.dtype.str,
-                                   "shape": list(host.shape), **info})
+        entry = {"dtype": host.dtype.str, "shape": list(host.shape), **info}
+        data = _packed_bytes(host)
+        if data is None:
+            entry["file"] = rel = f"arrays/{i:05d}.npy"
+            work[rel] = _npy_parts(host)
+        else:
+            start = -(-used // _PACK_ALIGN) * _PACK_ALIGN
+            if not packs or start + len(data) > PACK_MAX:
+                packs.append([])
+                used = start = 0
+            if start > used:
+                packs[-1].append(bytes(start - used))
+            entry.update(file=f"arrays/{len(packs) - 1:05d}.pack", offset=start)
+            packs[-1].append(data)
+            used = start + len(data)
+        out["array_files"].append(entry)
+    for k, parts in enumerate(packs):
+        work[f"arrays/{k:05d}.pack"] = parts
     for i, (dname, value) in enumerate(sorted(dynamic.items())):
         rel = f"dynamic/{i:05d}.json"
         info = value if isinstance(value, dict) else {"state": value}
@@ -700,6 +728,8 @@ class _Leaves:
                  files: dict[str, Any]) -> None:
         self._snap, self._infos, self._files = snap, infos, files
         self._read: dict[int, np.ndarray] = {}
+        self._packs: dict[str, bytes] = {}
+        self._packs_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._infos)
@@ -721,8 +751,28 @@ class _Leaves:
     def __getitem__(self, index: int) -> np.ndarray:
         if index not in self._read:
             info = self._infos[index]
-            self._read[index] = self._snap.array(info["file"], self._files[info["file"]], info)
+            if "offset" in info:
+                self._read[index] = self._unpack(index, info)
+            else:
+                self._read[index] = self._snap.array(info["file"], self._files[info["file"]],
+                                                     info)
         return self._read[index]
+
+    def _unpack(self, index: int, info: dict[str, Any]) -> np.ndarray:
+        """Array ``index`` from its pack (read whole and checked once)."""
+        rel = info["file"]
+        with self._packs_lock:  # read_all asks from several threads
+            if rel not in self._packs:
+                self._packs[rel] = self._snap.member(rel, self._files[rel])
+        data = self._packs[rel]
+        dtype, shape = np.dtype(info["dtype"]), info["shape"]
+        count = int(np.prod(shape, dtype=object))
+        if info["offset"] + count * dtype.itemsize > len(data):
+            raise CheckpointCorruptError(
+                f"{self._snap.path / MANIFEST}: field 'array_files[{index}]': a {dtype.str} "
+                f"array of shape {shape} at offset {info['offset']} ends past the "
+                f"{len(data)} bytes of {rel}: {_FIX}")
+        return np.frombuffer(data, dtype, count, info["offset"]).reshape(shape).copy()
 
 
 def _read_arrays(snap: _SnapshotFiles, out: Snapshot, array_module,
@@ -816,7 +866,7 @@ def needed_files(manifest: dict[str, Any], names: list[str] | None) -> list[str]
         used = sorted({i for tree in chosen for i in arrays_mod.leaf_indexes(tree, len(infos))})
     except ValueError:
         return [info["file"] for info in infos]  # let the read name what is wrong
-    return [infos[i]["file"] for i in used]
+    return list(dict.fromkeys(infos[i]["file"] for i in used))  # arrays share packs
 
 
 def file_digests(root: Path) -> dict[Path, str]:

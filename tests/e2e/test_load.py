@@ -15,6 +15,7 @@ import pytest
 
 import dvc_dali
 from dvc_dali import CheckpointCorruptError, ConfigError, DvcDaliError
+from dvc_dali.format.store import PACK_BELOW
 
 from tests.helpers.dvc_project import run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready
@@ -86,10 +87,14 @@ def test_load_a_row_from_a_fresh_clone_fetches_its_data_on_demand(tmp_path):
     np.testing.assert_array_equal(state.arrays["w"], mine.arrays["w"])
 
 
+W = np.arange(PACK_BELOW // 8, dtype=np.float64)
+
+
 def two_arrays(tmp_path: Path) -> Path:
     # rng=False: the files are the user's arrays only (no generator state)
     ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
-    ck.save(3, arrays={"w": np.arange(6.0), "opt": {"m": np.ones(4), "v": np.zeros(4)}},
+    # w: 1 MiB, a file of its own; opt's two small arrays share a pack
+    ck.save(3, arrays={"w": W, "opt": {"m": np.ones(4), "v": np.zeros(4)}},
             metadata={"lr": 0.5})
     ck.close()
     return tmp_path / "ck"
@@ -101,12 +106,17 @@ def test_load_of_some_names_reads_only_their_files(tmp_path):
     w_file = manifest["array_files"][manifest["arrays"]["w"]["array"]]["file"]
     opt_files = {ck / next(ck.glob("step-*")).name / info["file"]
                  for info in manifest["array_files"] if info["file"] != w_file}
-    assert len(opt_files) == 2
-    for path in opt_files:  # opt's files damaged: w alone still reads
+    assert [p.name for p in opt_files] == ["00000.pack"] and w_file.endswith(".npy")
+    w_bytes = (ck / next(ck.glob("step-*")).name / w_file).read_bytes()
+    (ck / next(ck.glob("step-*")).name / w_file).write_bytes(b"garbage")  # w's file damaged:
+    opt = dvc_dali.load(ck, names=["opt"]).arrays["opt"]  # opt alone still reads
+    assert opt["m"].tolist() == [1.0] * 4 and opt["v"].tolist() == [0.0] * 4
+    (ck / next(ck.glob("step-*")).name / w_file).write_bytes(w_bytes)
+    for path in opt_files:  # opt's pack damaged: w alone still reads
         path.write_bytes(b"garbage")
     state = dvc_dali.load(ck, names=["w"])
     assert list(state.arrays) == ["w"] and state.metadata == {"lr": 0.5}
-    np.testing.assert_array_equal(state.arrays["w"], np.arange(6.0))
+    np.testing.assert_array_equal(state.arrays["w"], W)
     with pytest.raises(CheckpointCorruptError):
         dvc_dali.load(ck)
     with pytest.raises(ConfigError, match="no arrays named"):

@@ -59,7 +59,8 @@ DESCRIPTION = {"batch_size": 4, "seed": 7, "data": {"reader.file_root": "0" * 40
 def user_arrays() -> dict[str, Any]:
     values: dict[str, Any] = {
         "w": np.arange(12, dtype=np.float32).reshape(3, 4),
-        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        # first by name, and in Fortran order: arrays/00000.npy (the others share a pack)
+        "a_fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
         "big_endian": np.arange(3, dtype=">i4"),
         "scalar": np.float64(2.5),
         "empty": np.zeros((0, 3)),
@@ -138,6 +139,15 @@ def matches_tree(value: Any, tree: dict, leaves: list, infos: list) -> bool:
     return same(value, float(body) if kind == "float" else body)
 
 
+def leaf_on_disk(folder: Path, info: dict) -> np.ndarray:
+    """An array as its file holds it: its own .npy, or its bytes in a pack."""
+    if "offset" not in info:
+        return np.load(folder / info["file"], allow_pickle=False)
+    count = int(np.prod(info["shape"], dtype=object))
+    return np.frombuffer((folder / info["file"]).read_bytes(), np.dtype(info["dtype"]), count,
+                         info["offset"]).reshape(info["shape"])
+
+
 def check_correct(snap: store.Snapshot, root: Path) -> None:
     """What was read is what the files on disk say (read here independently)."""
     folder = snap_dir(root)
@@ -148,7 +158,7 @@ def check_correct(snap: store.Snapshot, root: Path) -> None:
     for name, info in manifest["dynamic"].items():
         assert snap.dynamic_states[name] == (folder / info["file"]).read_text("utf-8")
     infos = manifest["array_files"]
-    leaves = [np.load(folder / info["file"], allow_pickle=False) for info in infos]
+    leaves = [leaf_on_disk(folder, info) for info in infos]
     assert snap.arrays.keys() == manifest["arrays"].keys()
     for name, tree in manifest["arrays"].items():
         assert matches_tree(snap.arrays[name], tree, leaves, infos), name
@@ -280,7 +290,7 @@ CONTENT = {
     "npy_object": lambda old: pickled_object_npy(),
 }
 # Kind swaps: the path becomes something other than what was written.
-# "sparse_huge_sized" also makes the manifest say 5 GB for a .npy.
+# "sparse_huge_sized" also makes the manifest say 5 GB for a .npy or a .pack.
 KINDS = ("sparse_huge", "sparse_huge_sized", "fifo", "directory", "symlink_out", "missing")
 
 
@@ -368,7 +378,7 @@ def apply_swaps(root: Path, outside: Path, swaps: list[tuple[str, str]]) -> bool
     folder = snap_dir(root)
     kinds = [(t, k) for t, k in swaps if k not in CONTENT]
     for target, kind in kinds:
-        if kind == "sparse_huge_sized" and target.endswith(".npy"):
+        if kind == "sparse_huge_sized" and target.endswith((".npy", ".pack")):
             fix_entry(root, folder, target, HUGE, "0" * 32)
     must_fail = False
     for target, kind in [(t, k) for t, k in swaps if k in CONTENT][:1]:

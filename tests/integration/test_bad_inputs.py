@@ -28,7 +28,9 @@ def save_rotate(ckpt: Path, data: Path, steps: int = 3, **overrides) -> Path:
     pipe = ck.pipeline("train", pipelines.rotate_pipe, **kw)
     for _ in range(steps):
         pipe.run()
-    ck.save(steps, arrays={"w": np.arange(4.0)}, metadata={"lr": 0.1})
+    # "a": Fortran order, its own arrays/00000.npy; "w" goes into arrays/00000.pack
+    ck.save(steps, arrays={"a": np.asfortranarray(np.ones((2, 3))), "w": np.arange(4.0)},
+            metadata={"lr": 0.1})
     return ckpt
 
 
@@ -74,10 +76,11 @@ def resume(ckpt: Path, data: Path, **overrides):
 
 STATE = "pipelines/00000.dali"
 ARRAY = "arrays/00000.npy"
+PACK = "arrays/00000.pack"
 
 
 # -- damaged files ---------------------------------------------------------
-@pytest.mark.parametrize("rel", [STATE, ARRAY])
+@pytest.mark.parametrize("rel", [STATE, ARRAY, PACK])
 def test_missing_file(saved, data_dir, rel):
     (snapshot_dir(saved) / rel).unlink()
     with pytest.raises(dvc_dali.CheckpointCorruptError, match=re.escape(rel) + ".*missing.*"
@@ -85,7 +88,7 @@ def test_missing_file(saved, data_dir, rel):
         resume(saved, data_dir)
 
 
-@pytest.mark.parametrize("rel", [STATE, ARRAY])
+@pytest.mark.parametrize("rel", [STATE, ARRAY, PACK])
 @pytest.mark.parametrize("how", ["truncated", "empty"])
 def test_truncated_or_empty_file(saved, data_dir, rel, how):
     path = snapshot_dir(saved) / rel
@@ -96,7 +99,7 @@ def test_truncated_or_empty_file(saved, data_dir, rel, how):
         resume(saved, data_dir)
 
 
-@pytest.mark.parametrize("rel", [STATE, ARRAY])
+@pytest.mark.parametrize("rel", [STATE, ARRAY, PACK])
 def test_same_size_corruption_fails_digest(saved, data_dir, rel):
     path = snapshot_dir(saved) / rel
     data = bytearray(path.read_bytes())
@@ -106,10 +109,13 @@ def test_same_size_corruption_fails_digest(saved, data_dir, rel):
         resume(saved, data_dir)
 
 
-def test_a_format_1_checkpoint_still_resumes_and_is_checked(saved, data_dir, tmp_path):
-    """dvc-dali 0.1 wrote format 1: md5 digests only. A checkpoint as it
-    wrote it resumes to the same batches; damage is still caught by md5."""
+def test_a_format_1_checkpoint_still_resumes_and_is_checked(data_dir, tmp_path, monkeypatch):
+    """dvc-dali 0.1 wrote format 1: md5 digests only, no packs (each array a
+    file of its own). A checkpoint as it wrote it resumes to the same
+    batches; damage is still caught by md5."""
     ref = save_rotate(tmp_path / "ref", data_dir)
+    monkeypatch.setattr(store, "PACK_BELOW", 0)  # as format 1 was written
+    saved = save_rotate(tmp_path / "ckpt", data_dir)
     expect = np.asarray(resume(ref, data_dir).run()[0].as_tensor())
 
     def as_format_1(m):

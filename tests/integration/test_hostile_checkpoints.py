@@ -124,7 +124,8 @@ def ckpt(pristine):
         yield root, outside
 
 
-MEMBERS = ["pipelines/00000.dali", "arrays/00000.npy", "dynamic/00000.json"]
+MEMBERS = ["pipelines/00000.dali", "arrays/00000.npy", "arrays/00000.pack",
+           "dynamic/00000.json"]
 
 
 @pytest.mark.parametrize("rel", MEMBERS)
@@ -179,22 +180,78 @@ def test_npy_header_declaring_10e7_by_10e7_is_not_allocated(ckpt):
 
 
 @pytest.mark.parametrize("array,says", [
-    (np.arange(12, dtype=np.float64).reshape(3, 4), "holds dtype <f8 shape \\(3, 4\\)"),
-    (np.arange(12, dtype=np.float32), "holds dtype <f4 shape \\(12,\\)"),
-    (np.arange(12, dtype=np.float32).reshape(3, 4).astype(">f4"), "holds dtype >f4"),
+    (np.arange(6, dtype=np.float32).reshape(2, 3), "holds dtype <f4 shape \\(2, 3\\)"),
+    (np.arange(6, dtype=np.float64), "holds dtype <f8 shape \\(6,\\)"),
+    (np.arange(6, dtype=np.float64).reshape(2, 3).astype(">f8"), "holds dtype >f8"),
 ], ids=["dtype", "shape", "byte order"])
 def test_npy_other_than_the_manifest_says(ckpt, array, says):
     root, _ = ckpt
     infos = load_manifest(root)["array_files"]
-    rel = next(i["file"] for i in infos if i["dtype"] == "<f4" and i["shape"] == [3, 4])
+    rel = next(i["file"] for i in infos if i["dtype"] == "<f8" and i["shape"] == [2, 3])
+    assert rel.endswith(".npy")
     swap_npy(root, rel, npy_bytes(array))
-    refused(root, f"{rel}: not a readable .npy \\({says}.*the manifest says <f4 shape \\(3, 4\\)")
+    refused(root, f"{rel}: not a readable .npy \\({says}.*the manifest says <f8 shape \\(2, 3\\)")
 
 
 def test_npy_of_python_objects_is_not_unpickled(ckpt):
     root, _ = ckpt
     swap_npy(root, "arrays/00000.npy", pickled_object_npy())
     refused(root, "arrays/00000.npy: not a readable .npy")
+
+
+# -- packs (format 3: the arrays under 1 MiB share arrays/NNNNN.pack) ---------------------
+def _pack_entry(manifest: dict) -> int:
+    return next(i for i, info in enumerate(manifest["array_files"])
+                if info["file"].endswith(".pack") and info["shape"] == [3, 4])
+
+
+@pytest.mark.parametrize("offset", [10 ** 6, 2 ** 62])
+def test_array_ending_past_its_pack(ckpt, offset):
+    root, _ = ckpt
+    manifest = load_manifest(root)
+    i = _pack_entry(manifest)
+    publish_manifest(root, dumps(apply_edit(manifest, ("set", ("array_files", i, "offset"),
+                                                       offset))))
+    refused(root, f"field 'array_files\\[{i}\\]': a <f4 array of shape \\[3, 4\\] at offset "
+            f"{offset} ends past the \\d+ bytes of arrays/00000.pack")
+
+
+def test_array_larger_than_its_pack(ckpt):
+    """A shape edited to claim more than the pack holds: nothing is allocated for it."""
+    root, _ = ckpt
+    manifest = load_manifest(root)
+    i = _pack_entry(manifest)
+    publish_manifest(root, dumps(apply_edit(manifest, ("set", ("array_files", i, "shape"),
+                                                       [10 ** 7, 10 ** 7]))))
+    refused(root, f"field 'array_files\\[{i}\\]': a <f4 array of shape \\[10000000, 10000000\\] "
+            "at offset \\d+ ends past")
+
+
+def test_pack_the_manifest_says_is_5gb_is_not_read(ckpt):
+    root, outside = ckpt
+    apply_swaps(root, outside, [("arrays/00000.pack", "sparse_huge_sized")])
+    refused(root, "field \"files\\['arrays/00000.pack'\\].size\" is 5368709120, more than a pack "
+            "holds")
+
+
+@pytest.mark.parametrize("edit,says", [
+    (("array_files", 0, "offset"), "field 'array_files\\[0\\].offset' is 0, expected none"),
+    (("array_files", "pack", "offset"), "field 'array_files\\[\\d\\].offset' is absent, "
+     "expected the array's byte offset"),
+    (("format_version",), "field \"files\\['arrays/00000.pack'\\]\" is a pack, which format 2 "
+     "does not have"),
+], ids=["offset on an npy", "pack without offset", "pack in format 2"])
+def test_pack_fields_that_disagree(ckpt, edit, says):
+    root, _ = ckpt
+    manifest = load_manifest(root)
+    if edit[0] == "format_version":
+        manifest["format_version"] = 2
+    elif edit[1] == "pack":
+        del manifest["array_files"][_pack_entry(manifest)]["offset"]
+    else:
+        manifest["array_files"][0]["offset"] = 0
+    publish_manifest(root, dumps(manifest))
+    refused(root, says)
 
 
 @pytest.mark.parametrize("where", ["whole", "metadata", "arrays.w"])
@@ -221,7 +278,9 @@ def test_manifest_nested_300_levels_in_the_arrays_tree(ckpt):
 
 
 FIELDS = ["step", "format_version", "files", "files.arrays/00000.npy",
-          "files.arrays/00000.npy.size", "files.arrays/00000.npy.crc32", "pipelines",
+          "files.arrays/00000.npy.size", "files.arrays/00000.npy.crc32",
+          "files.arrays/00000.pack", "files.arrays/00000.pack.size", "array_files.2.offset",
+          "array_files.2.file", "pipelines",
           "pipelines.train", "pipelines.train.file", "pipelines.train.description",
           "pipelines.train.description.operators", "pipelines.train.iter", "array_files",
           "array_files.0", "array_files.0.file", "array_files.0.shape",
@@ -247,7 +306,8 @@ def test_field_replaced_by_another_type(ckpt, field, value):
     # value that field may hold:
     assert field in ("metadata", "run.params", "created", "versions", "rank",
                      "run.total_steps", "arrays.w.array", "pipelines.train.iter",
-                     "array_files.0.shape.0", "step") or value in ({}, None), (field, value)
+                     "array_files.0.shape.0", "step") or value in ({}, None) or (
+        field, value) == ("array_files.2.offset", 0), (field, value)
 
 
 @pytest.mark.parametrize("value", [-5, True, False, 1.0, "3", None])
