@@ -954,7 +954,8 @@ class Recorder:
             self._count = dict.fromkeys(self._count, 0)
             self._expected = None
             self._open()
-        _prune(self.directory)
+        directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
+        _digest_thread().submit(lambda: _prune(directory))
         return entries
 
 

@@ -34,6 +34,7 @@ the same way: DALI restores silently into a different pipeline.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Protocol
@@ -206,14 +207,21 @@ class DaliPipeline:
                    if self.iterator is not None else None)
         state = through or dali_state.capture(self.pipe)
         info = dali_state.read_state(state, self.name)
+        fingerprint, graph = self._graph
         return _with_contents({
             "state": state,
-            "fingerprint": dali_state.fingerprint(self.description),
+            "fingerprint": fingerprint,
             "description": self.description,
             "iter": info["iter"],
             "epoch_idx": info["epoch_idx"],
-            "serialized": dali_state.serialized(self.pipe),  # for `dvc-dali doctor --verify`
+            "serialized": graph,  # for `dvc-dali doctor --verify`
         }, self.contents)
+
+    @functools.cached_property
+    def _graph(self) -> tuple[str, str]:
+        """The fingerprint and the serialized graph: fixed once the pipeline is
+        built, so computed at the first checkpoint only (~0.3 ms each time)."""
+        return dali_state.fingerprint(self.description), dali_state.serialized(self.pipe)
 
 
 @dataclass(eq=False)

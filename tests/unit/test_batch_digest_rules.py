@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import zlib
 
 import numpy as np
@@ -311,3 +312,18 @@ def test_a_dynamic_mode_readers_mismatch_names_it(tmp_path):
     with pytest.raises(bd.BatchMismatchError, match="dynamic-mode reader 'dyn/reader': the "
                        "batch for step 3"):
         rec.observe("dyn/reader", [np.zeros((1, 2), np.uint8)], bd.digest_arrays)
+
+
+def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
+    old = [f"{i:016x}{'0' * 16}.jsonl" for i in range(1, 206)]  # older ids sort first
+    for name in old:
+        (tmp_path / name).write_bytes(b"")
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    rec.checkpoint({"s": {}})  # a new segment: 206 files, the pruning handed to the thread
+    done = threading.Event()
+    bd._digest_thread().submit(done.set)  # jobs run in order: the pruning ran before this
+    assert done.wait(60)
+    left = sorted(p.name for p in tmp_path.glob("*.jsonl"))
+    assert len(left) == bd._KEEP_LOGS and left[-1] == f"{rec.log_id}.jsonl"
+    assert left[0] == old[6]  # the 6 oldest went
