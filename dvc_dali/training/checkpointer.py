@@ -757,7 +757,7 @@ class Checkpointer:
         then saves at the same step)."""
         mine = preemption.FLAG.signum
         if self.world_size > 1:
-            mine = max(distributed.all_gather(mine or 0)) or None
+            mine = distributed.max_int(mine or 0) or None
         return None if mine is None else signal.Signals(mine)
 
     def _exit_if_preempted(self, step: int, sig: signal.Signals | None = None) -> None:

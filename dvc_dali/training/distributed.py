@@ -35,6 +35,25 @@ def all_gather(obj: Any) -> list[Any]:
     return out
 
 
+def max_int(value: int) -> int:
+    """The largest of every rank's ``value``: one all_reduce of one integer
+    (what `Checkpointer.should_save` asks at every step; all_gather_object
+    pickles and makes two collectives: 1.0-1.4 ms a call against 0.2 ms with
+    2 gloo ranks on 2 cores). On the CPU, but on the current GPU where NCCL,
+    which has no CPU tensors, is the only backend."""
+    dist = _dist()
+    if dist is None:
+        return value
+    import torch
+
+    backend = str(dist.get_backend())
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if "nccl" in backend and "cpu" not in backend else torch.device("cpu"))
+    found = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    return int(found.item())
+
+
 def barrier() -> None:
     dist = _dist()
     if dist is not None:
