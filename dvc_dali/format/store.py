@@ -206,9 +206,13 @@ def _npy_parts(array: np.ndarray) -> list:
         np.lib.format.write_array_header_1_0(buf, header)
     except ValueError:  # a header too large for format 1.0
         np.lib.format.write_array_header_2_0(buf, header)
-    data = array.T if header["fortran_order"] else array
-    # as bytes: memoryview cannot export datetime and some other dtypes
-    return [buf.getvalue(), memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))]
+    return [buf.getvalue(), _c_bytes(array.T if header["fortran_order"] else array)]
+
+
+def _c_bytes(array: np.ndarray) -> memoryview:
+    """The array's bytes in C order, as bytes: memoryview cannot export
+    datetime and some other dtypes."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
 
 def _packed_bytes(array: np.ndarray) -> memoryview | None:
@@ -217,7 +221,7 @@ def _packed_bytes(array: np.ndarray) -> memoryview | None:
     if array.nbytes >= PACK_BELOW or (array.flags.f_contiguous
                                       and not array.flags.c_contiguous):
         return None
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return _c_bytes(array)
 
 
 @dataclass(frozen=True)
@@ -865,7 +869,7 @@ def needed_files(manifest: dict[str, Any], names: list[str] | None) -> list[str]
     try:
         used = sorted({i for tree in chosen for i in arrays_mod.leaf_indexes(tree, len(infos))})
     except ValueError:
-        return [info["file"] for info in infos]  # let the read name what is wrong
+        used = list(range(len(infos)))  # every file: let the read name what is wrong
     return list(dict.fromkeys(infos[i]["file"] for i in used))  # arrays share packs
 
 

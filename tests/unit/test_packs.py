@@ -69,3 +69,11 @@ def test_every_kind_of_small_array_comes_back_exactly(tmp_path):
             assert np.asarray(got).dtype == np.asarray(value).dtype, name
             assert np.array_equal(got, value), name
             assert not isinstance(got, np.ndarray) or got.flags.writeable, name
+
+
+def test_needed_files_names_a_pack_once(tmp_path):
+    manifest, _ = written(tmp_path, {"a": np.ones(3), "b": np.zeros(2), "big": np.zeros(1 << 17)})
+    assert store.needed_files(manifest, ["a", "b"]) == ["arrays/00000.pack"]
+    assert store.needed_files(manifest, None) == ["arrays/00000.pack", "arrays/00002.npy"]
+    manifest["arrays"]["a"] = {"array": 99}  # a broken tree: every file, each once
+    assert store.needed_files(manifest, ["a"]) == ["arrays/00000.pack", "arrays/00002.npy"]
