@@ -124,30 +124,47 @@ def gpu_missing() -> str | None:
     return None if count else "no GPU"
 
 
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
 def gpu_digest_us(root: Path) -> tuple[float, float]:
-    """(GPU time between two CUDA events around batch_digests.digest of one
-    batch of 32 x 64x64x3 uint8 crops, launch gaps included; its wall time),
-    medians of 50, in microseconds."""
+    """(GPU time of the digest of one batch of 32 x 64x64x3 uint8 crops: two
+    events on the digest stream around its work (the accumulator's reset,
+    the kernel, the copy back), queued behind a kernel that keeps the GPU
+    busy for a millisecond, so that the host's launch gaps are not counted;
+    the wall time of batch_digests.digest of that batch, from its call to
+    its value on the host), medians of 50, in microseconds."""
     import cupy
     from dali_pipes import decode_crop
 
-    from dvc_dali.proof import batch_digests
+    from dvc_dali.proof import batch_digests, device_digest
 
     pipe = decode_crop(root=str(root), **_pipe_args(True))
     pipe.build()
     images = pipe.run()[0]
+    stream = device_digest._pool().stream(0)  # noqa: SLF001 (the stream the digests run on)
+    spin = cupy.RawKernel(_SPIN, "spin")
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     for _ in range(5):
         batch_digests.digest([images])
     device, wall = [], []
     for _ in range(50):
-        t = perf()
-        start.record()
-        batch_digests.digest([images])
-        end.record()
-        end.synchronize()
-        wall.append((perf() - t) * 1e6)
+        with stream:
+            spin((1,), (1,), (np.int64(2_000_000),))
+        start.record(stream)
+        done = device_digest.begin([batch_digests._device_output(images)], 0, None)  # noqa: SLF001
+        end.record(stream)
+        done()
         device.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+        stream.synchronize()
+        t = perf()
+        batch_digests.digest([images])
+        wall.append((perf() - t) * 1e6)
     del pipe
     return median(device), median(wall)
 
@@ -244,8 +261,9 @@ def _gpu_rows(root: Path, tmp: Path, steps: int, rounds: int) -> tuple[list[Row]
             for (label, goal), resumed in zip(labels, (False, True))]
     rows.append(_cost_row("GPU", got, "batch"))
     device_us, wall_us = gpu_digest_us(root)
-    rows.append(Row("16 the digest of one GPU batch of 32 x 64x64x3 uint8: GPU time between "
-                    "two events around it (wall time)", f"{device_us:.0f} us ({wall_us:.0f} us)",
+    rows.append(Row("16 the digest of one GPU batch of 32 x 64x64x3 uint8: GPU time (events "
+                    "on its stream, launches queued) and the wall time of a digest() call",
+                    f"{device_us:.0f} us ({wall_us:.0f} us)",
                     "-", "-", f"<= {GPU_DIGEST_GOAL_US:.0f} us",
                     yes_no(device_us <= GPU_DIGEST_GOAL_US)))
     return rows, {"rounds": got, "digest_device_us": device_us, "digest_wall_us": wall_us}

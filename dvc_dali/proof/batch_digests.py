@@ -71,10 +71,12 @@ referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
 elements (NumPy views of TensorFlow's tensors, which are not written again
 while referenced). The training thread only hands the batch over
 (:class:`Costs` counts what it spends: benchmark 16 prints it). So are a
-GPU batch's kernels: launched by the digest thread, ordered after an event
-the training thread records on the batch's stream as DALI hands it out
-(:func:`mark`; recorded later, it would also wait for the next batches'
-work DALI queues there), and the digest thread then waits for their result.
+GPU batch's kernels: launched by the digest thread, ordered after what DALI
+has queued on the batch's stream by then (which includes the batch), and
+waited for there. On an H200 that costs ~0.3 ms of CPU a batch while DALI
+decodes (its CUDA calls meet DALI's), ~20 us on the training thread; the
+same launches made on the training thread (collected at the next batch)
+cost it ~270 us a batch for no gain in throughput (docs/design/benchmarks.md).
 The legacy executor (``exec_dynamic=False``) reuses output buffers, so
 there it is done at once, as it is for dynamic-mode readers.
 """
@@ -89,6 +91,7 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +120,7 @@ LEGACY = {"c": HOST, "g": GWSUM1}
 FAILED = "failed:"  # a batch whose digest raised: ["failed:<exception type>"]
 MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the checkpoint)
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
+_PRUNE_EVERY = 50  # checkpoints between two prunings (a listing of up to 250 names)
 _ID_CHARS = set("0123456789abcdef")
 # what can explain a dynamic-mode reader's other batch: dynamic mode saves no
 # description of its readers nor digests of their data to name a change from
@@ -210,60 +214,23 @@ def _gpu_outputs(outputs: Sequence[Any]) -> dict[int, list[int]]:
     return by_device
 
 
-def mark(outputs: Sequence[Any]) -> dict[int, Any]:
-    """On the thread that got the batch, before it is handed to the digest
-    thread: for each device, an event on the stream DALI produced its GPU
-    outputs on (device_digest.mark), so their digest waits for this batch
-    only, not for the prefetching DALI queues there next. Pass the result
-    to :func:`begin`. {} for a batch without GPU outputs."""
-    by_device = _gpu_outputs(outputs)
-    if not by_device:
-        return {}
-    from . import device_digest
-
-    marks: dict[int, Any] = {}
-    try:
-        for device, indices in by_device.items():
-            streams = {getattr(outputs[i], "stream", _UNKNOWN) for i in indices}
-            stream = streams.pop() if len(streams) == 1 else None
-            if stream not in (_UNKNOWN, None):  # else begin() orders them as it can
-                marks[device] = device_digest.mark(device, stream, len(indices))
-    except Exception as exc:  # noqa: BLE001 (evidence, never a reason to stop training)
-        logger.debug("batch digest: no event on DALI's stream (%r); ordered later", exc)
-        for slot in marks.values():
-            device_digest.give_back(slot)
-        return {}
-    return marks
-
-
-def begin(outputs: Sequence[Any], marks: dict[int, Any] | None = None
-          ) -> Callable[[], list[str]]:
+def begin(outputs: Sequence[Any]) -> Callable[[], list[str]]:
     """Start one batch's digest: its GPU outputs' kernels are launched now,
-    ordered after the events of ``marks`` (:func:`mark`), or else after
-    what DALI has queued on their stream so far, which includes them
-    (device_digest.py, DEVICE); the function returned waits for them, once,
-    hashes the host outputs and returns the batch's digests
+    ordered after what DALI has queued on their stream so far, which
+    includes them (device_digest.py, DEVICE); the function returned waits
+    for them, once, hashes the host outputs and returns the batch's digests
     (:func:`digest`'s form). The batch must stay alive until it has
     returned."""
     outputs = list(outputs)
-    marks = dict(marks or {})
     pending: list[tuple[list[int], Callable[[], list[str]]]] = []
     by_device = _gpu_outputs(outputs)
-    try:
-        if by_device:
-            from . import device_digest
+    if by_device:
+        from . import device_digest
 
-            for device, indices in by_device.items():
-                outs = [_device_output(outputs[i]) for i in indices]
-                slot = marks.pop(device, None)  # from here on begin() gives it back
-                after = None if slot else _stream_of([outputs[i] for i in indices], device)
-                pending.append((indices, device_digest.begin(outs, device, after, slot)))
-    finally:
-        if marks:  # not taken by a launch (one failed): given back
-            from . import device_digest
-
-            for slot in marks.values():
-                device_digest.give_back(slot)
+        for device, indices in by_device.items():
+            outs = [_device_output(outputs[i]) for i in indices]
+            after = _stream_of([outputs[i] for i in indices], device)
+            pending.append((indices, device_digest.begin(outs, device, after)))
 
     def finish() -> list[str]:
         out: list[str] = [""] * len(outputs)
@@ -298,12 +265,11 @@ def _stream_of(tensor_lists: Sequence[Any], device: int) -> int | None:
     return known.pop() if known else None
 
 
-def digest(outputs: Sequence[Any], marks: dict[int, Any] | None = None) -> list[str]:
+def digest(outputs: Sequence[Any]) -> list[str]:
     """One batch: per output ``<dtype>/<shapes CRC>/<bytes digest>``, its
     bytes digested on the host (HOST) or, for a GPU output, on the device
-    (DEVICE, ordered after ``marks``, see :func:`begin`); waits for the
-    device."""
-    return begin(outputs, marks)()
+    (DEVICE, see :func:`begin`); waits for the device."""
+    return begin(outputs)()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -640,6 +606,7 @@ class _DigestThread:
                 job()
             except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
                 logger.warning("a batch digest was not recorded (%s)", exc)
+            del job  # not kept while waiting: it holds its Recorder (and its open file)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait for the jobs handed in so far (not in a forked child, where
@@ -697,7 +664,10 @@ class Recorder:
         self._count: dict[str, int] = {}
         self._kinds: dict[str, str] = {}  # stream -> what a message calls it
         self._expected: _Expected | None = None
-        self._log: Path | None = None  # the companion file; None: the manifest only
+        # the companion file, open for appending while its segment lasts (an
+        # open and a close a batch cost ~60 us of CPU on a loaded machine);
+        # None: the manifest only
+        self._log: _Companion | None = None
         self._lock = threading.Lock()
         # held from a batch's hand-over to the digest thread until its digest
         # is appended: one at a time, so a kill loses at most the last one's
@@ -705,6 +675,7 @@ class Recorder:
         self.costs = Costs()
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
+        self._segments = 0  # checkpoints so far: the companion files are pruned every few
         # the mismatch :meth:`observe` raised last: where it was raised in a
         # thread of TensorFlow's, the caller gets TF's error and raises this
         self.failure: BatchMismatchError | None = None
@@ -790,10 +761,7 @@ class Recorder:
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
-        elif deferred and digest_of is digest:  # a GPU batch's kernels too, there
-            marks = mark(outputs)
-            self._in_background(name, index, lambda: digest_of(outputs, marks))
-        elif deferred:
+        elif deferred:  # a GPU batch's kernels too: launched and waited for there
             self._in_background(name, index, lambda: digest_of(outputs))
         else:
             self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
@@ -914,24 +882,33 @@ class Recorder:
             if self._log is not None:
                 line = json.dumps({"p": name, "i": index, "d": value}) + "\n"
                 try:
-                    _append_line(self._log, line.encode())
+                    self._log.write(line.encode())
                 except OSError:
-                    self._log = None  # the manifest still gets them
+                    self._close_log()  # the manifest still gets them
 
     def _open(self) -> None:
-        self._log = None
-        log = self.directory / f"{self.log_id}.jsonl"
+        self._close_log()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            _append_line(log, b"")  # the segment exists from its checkpoint on
+            # the segment exists from its checkpoint on
+            self._log = _Companion(self.directory / f"{self.log_id}.jsonl", self)
         except OSError as exc:
             logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
-            return
-        self._log = log
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def wait(self) -> None:
         """Wait for the digest in flight (at a close)."""
         self._settle()
+
+    def close(self) -> None:
+        """Wait for the digest in flight and close the companion file."""
+        self._settle()
+        with self._lock:
+            self._close_log()
 
     def checkpoint(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """At a save: the digests since the previous checkpoint go into each
@@ -954,8 +931,10 @@ class Recorder:
             self._count = dict.fromkeys(self._count, 0)
             self._expected = None
             self._open()
-        directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
-        _digest_thread().submit(lambda: _prune(directory))
+        if self._segments % _PRUNE_EVERY == 0:
+            directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
+            _digest_thread().submit(lambda: _prune(directory))
+        self._segments += 1
         return entries
 
 
@@ -969,14 +948,23 @@ def digest_dynamic(outputs: Sequence[Any]) -> list[str]:
     return [next(on_device) if _on_device(o) else next(on_host) for o in outputs]
 
 
-def _append_line(path: Path, line: bytes) -> None:
-    """One O_APPEND write, the descriptor closed at once: a Checkpointer left
-    to the garbage collector holds no file open, and a kill loses no line."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+class _Companion:
+    """A segment's companion file, open for appending: each line one
+    O_APPEND write (no fsync: a kill loses no line written); closed at the
+    next segment, at the Checkpointer's close, or when its Recorder is
+    collected, so none is left open."""
+
+    def __init__(self, path: Path, owner: Any) -> None:
+        self.path = path
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = fd
+        self._finalizer = weakref.finalize(owner, os.close, fd)
+
+    def write(self, line: bytes) -> None:
+        os.write(self.fd, line)
+
+    def close(self) -> None:
+        self._finalizer()
 
 
 def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],

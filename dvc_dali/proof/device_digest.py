@@ -105,7 +105,6 @@ class _Slot:
     result_mem: Any
     done: Any  # cupy Event recorded after the copy back
     ready: Any  # cupy Event recorded on DALI's stream, waited for by ours
-    marked: bool = False  # ready recorded already, by mark()
     ragged: dict[int, tuple[Any, Any, Any, int]] = field(default_factory=dict)
     # output index -> (pinned numpy uint64[2*cap], its memory, cupy uint64[2*cap], cap)
 
@@ -138,7 +137,6 @@ class _Pool:
                      cupy.cuda.Event(block=False, disable_timing=True))
 
     def give(self, slot: _Slot) -> None:
-        slot.marked = False
         with self.lock:
             self.free.setdefault((slot.device, slot.acc.size), []).append(slot)
 
@@ -161,38 +159,12 @@ def header_text(out: Output) -> str:
     return digest_model.header_text(out.dtype, out.shapes)
 
 
-def mark(device: int, after: int, outputs: int) -> _Slot:
-    """On the thread that got the batch, as DALI hands it out: an event on
-    DALI's stream ``after`` (a handle), so the kernels :func:`begin`
-    launches later (on the digest thread) wait for this batch's work only,
-    not for the next batches' that DALI queues on that stream meanwhile.
-    Returns the slot to pass to :func:`begin` (``outputs``: how many)."""
-    import cupy
-
-    pool = _pool()
-    with cupy.cuda.Device(device):
-        slot = pool.take(device, outputs)
-        try:
-            cupy.cuda.runtime.eventRecord(slot.ready.ptr, after)
-        except BaseException:
-            pool.give(slot)
-            raise
-    slot.marked = True
-    return slot
-
-
-def give_back(slot: _Slot) -> None:
-    """A marked slot whose batch is not digested after all."""
-    _pool().give(slot)
-
-
-def begin(outputs: Sequence[Output], device: int, after: int | None,
-          slot: _Slot | None = None) -> Callable[[], list[str]]:
+def begin(outputs: Sequence[Output], device: int, after: int | None
+          ) -> Callable[[], list[str]]:
     """Launch the digests of one batch's GPU ``outputs`` on ``device``,
     ordered after the work DALI queued on stream ``after`` (a handle) so
-    far (None: the data is ready on the host's side already), or after
-    the event of ``slot`` (from :func:`mark`). Returns the function that
-    waits for them and returns each output's ``<dtype>/<header
+    far (None: the data is ready on the host's side already). Returns the
+    function that waits for them and returns each output's ``<dtype>/<header
     CRC>/mix64:<hex>``."""
     import cupy
 
@@ -200,7 +172,7 @@ def begin(outputs: Sequence[Output], device: int, after: int | None,
     with cupy.cuda.Device(device):  # the digest thread's current device may be another
         stream = pool.stream(device)
         kernel = pool.kernels[device]
-        slot = slot or pool.take(device, len(outputs))
+        slot = pool.take(device, len(outputs))
         try:
             _launch(slot, kernel, stream, outputs, after)
         except BaseException:
@@ -224,9 +196,8 @@ def _launch(slot: _Slot, kernel: Any, stream: Any, outputs: Sequence[Output],
     import numpy as np
 
     runtime = cupy.cuda.runtime
-    if not slot.marked and after is not None:  # by its handle: no wrapper object a batch
+    if after is not None:  # by its handle: no wrapper object a batch
         runtime.eventRecord(slot.ready.ptr, after)
-    if slot.marked or after is not None:
         runtime.streamWaitEvent(stream.ptr, slot.ready.ptr, 0)
     runtime.memsetAsync(slot.acc.data.ptr, 0, 8 * len(outputs), stream.ptr)
     with stream:

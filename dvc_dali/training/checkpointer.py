@@ -274,7 +274,7 @@ class Checkpointer:
                 written (as `wait`).
         """
         self.wait()
-        self._batches.wait()  # the last batch's digest, appended
+        self._batches.close()  # the last batch's digest appended, its file closed
         self._lock.release()
 
     def __del__(self) -> None:

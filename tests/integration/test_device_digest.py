@@ -197,3 +197,27 @@ def test_recording_digests_gpu_batches_on_the_digest_thread(data_dir, tmp_path):
                                                 digest_model.hexdigest(crops)]
     assert ck._batches.costs.background == 4  # noqa: SLF001
     ck.close()
+
+
+def test_a_gpu_digest_that_fails_is_recorded_as_failed(data_dir, tmp_path, monkeypatch, capsys):
+    """A launch that raises on the digest thread (here: the pool's buffers
+    cannot be allocated) is recorded as failed, said once, so a resume says
+    that batch is not verified; training goes on."""
+    import dvc_dali
+
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", resume=False)
+    pipe = ck.pipeline("train", _pipeline(data_dir), batch_size=8, num_threads=2,
+                       device_id=0, seed=3)
+    ck.save(0)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("out of pinned memory")
+
+    monkeypatch.setattr(device_digest._Pool, "take", no_memory)  # noqa: SLF001
+    for _ in range(2):
+        pipe.run()
+    ck._batches.wait()  # noqa: SLF001
+    recorded = ck._batches._done["train"]  # noqa: SLF001
+    assert recorded == [["failed:MemoryError"]] * 2
+    assert capsys.readouterr().err.count("out of pinned memory") == 1
+    ck.close()

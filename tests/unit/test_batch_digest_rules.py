@@ -327,3 +327,18 @@ def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
     left = sorted(p.name for p in tmp_path.glob("*.jsonl"))
     assert len(left) == bd._KEEP_LOGS and left[-1] == f"{rec.log_id}.jsonl"
     assert left[0] == old[6]  # the 6 oldest went
+
+
+def test_companion_files_are_pruned_at_the_first_checkpoint_and_every_50th(tmp_path,
+                                                                           monkeypatch):
+    pruned = []
+    monkeypatch.setattr(bd, "_prune", pruned.append)
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    for _ in range(101):
+        rec.checkpoint({"s": {}})
+    done = threading.Event()
+    bd._digest_thread().submit(done.set)  # jobs run in order
+    assert done.wait(60)
+    assert pruned == [tmp_path] * 3  # checkpoints 1, 51 and 101
+    rec.close()
