@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from ..core.errors import ConfigError
+
 
 def _dist():
     torch = sys.modules.get("torch")
@@ -67,10 +69,19 @@ class KeyValue:
     thread, under ``prefix``. Values are text."""
 
     def __init__(self, prefix: str) -> None:
+        import torch
         from torch.distributed import PrefixStore, distributed_c10d
 
         # torch has no public getter for the default group's store (torch 2.x)
-        base = distributed_c10d._get_default_store()  # noqa: SLF001
+        getter = getattr(distributed_c10d, "_get_default_store", None)
+        if getter is None:
+            raise ConfigError(
+                f"asynchronous checkpoints across ranks: torch {torch.__version__} has no "
+                "torch.distributed.distributed_c10d._get_default_store, which dvc-dali uses to "
+                "reach the process group's store. Checkpoint synchronously "
+                "(Checkpointer(asynchronous=False), or DVC_DALI_ASYNC=0), or use a torch "
+                "dvc-dali supports (2.x).")
+        base = getter()
         try:
             base = base.clone()  # a connection of its own for the background thread
         except (AttributeError, RuntimeError):

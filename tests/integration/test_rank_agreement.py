@@ -40,3 +40,17 @@ def test_two_gloo_ranks_agree_on_the_largest(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = sorted(re.findall(r"rank \d: \[[^\]]*\]", proc.stdout))  # lines may interleave
     assert lines == ["rank 0: [15, 7, 0]", "rank 1: [15, 7, 0]"], proc.stdout
+
+
+def test_a_torch_without_the_default_store_getter_is_refused_by_name(monkeypatch):
+    """Asynchronous checkpoints across ranks reach the process group's store
+    through torch's private getter: a torch without it is refused with a
+    message naming it and what to do, before any rank waits on a store."""
+    pytest.importorskip("torch")
+    from torch.distributed import distributed_c10d
+
+    from dvc_dali.core.errors import ConfigError
+
+    monkeypatch.delattr(distributed_c10d, "_get_default_store")
+    with pytest.raises(ConfigError, match=r"_get_default_store.*DVC_DALI_ASYNC=0"):
+        distributed.KeyValue("dvc_dali/x/")
