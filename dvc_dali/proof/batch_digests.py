@@ -608,13 +608,15 @@ class _DigestThread:
                 logger.warning("a batch digest was not recorded (%s)", exc)
             del job  # not kept while waiting: it holds its Recorder (and its open file)
 
-    def drain(self, timeout: float = 60.0) -> None:
+    def drain(self, timeout: float = 60.0) -> bool:
         """Wait for the jobs handed in so far (not in a forked child, where
-        the thread does not exist)."""
-        if self._thread.is_alive():
-            done = threading.Event()
-            self._jobs.put(done.set)
-            done.wait(timeout)
+        the thread does not exist); False if they took longer than
+        ``timeout``. The thread then holds none of them."""
+        if not self._thread.is_alive():
+            return True
+        done = threading.Event()
+        self._jobs.put(done.set)
+        return done.wait(timeout)
 
 
 def _digest_thread() -> _DigestThread:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import zlib
 
 import numpy as np
@@ -321,9 +320,7 @@ def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
     rec = bd.Recorder(tmp_path, bd.ALL, False)
     rec.track("s", "dataset")
     rec.checkpoint({"s": {}})  # a new segment: 206 files, the pruning handed to the thread
-    done = threading.Event()
-    bd._digest_thread().submit(done.set)  # jobs run in order: the pruning ran before this
-    assert done.wait(60)
+    assert bd._digest_thread().drain()  # jobs run in order: the pruning ran before this
     left = sorted(p.name for p in tmp_path.glob("*.jsonl"))
     assert len(left) == bd._KEEP_LOGS and left[-1] == f"{rec.log_id}.jsonl"
     assert left[0] == old[6]  # the 6 oldest went
@@ -337,8 +334,6 @@ def test_companion_files_are_pruned_at_the_first_checkpoint_and_every_50th(tmp_p
     rec.track("s", "dataset")
     for _ in range(101):
         rec.checkpoint({"s": {}})
-    done = threading.Event()
-    bd._digest_thread().submit(done.set)  # jobs run in order
-    assert done.wait(60)
+    assert bd._digest_thread().drain()  # jobs run in order
     assert [d for d in pruned if d == tmp_path] == [tmp_path] * 3  # checkpoints 1, 51, 101
     rec.close()
