@@ -957,10 +957,8 @@ class _Companion:
     collected, so none is left open."""
 
     def __init__(self, path: Path, owner: Any) -> None:
-        self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.fd = fd
-        self._finalizer = weakref.finalize(owner, os.close, fd)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._finalizer = weakref.finalize(owner, os.close, self.fd)
 
     def write(self, line: bytes) -> None:
         os.write(self.fd, line)
