@@ -169,6 +169,8 @@ class Checkpointer:
                                               self._ctx.mode != "off")
                        if self.asynchronous and self.world_size > 1 else None)
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
+        # should_save's agreement on it, one step late (distributed.LateMax)
+        self._late_max = distributed.LateMax() if self.world_size > 1 else None
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
@@ -736,7 +738,11 @@ class Checkpointer:
         when auto-push is on, then ends the process with status 128 + the
         signal's number (guide "Preemption and remotes"). The signal
         handlers are installed at the first call. With torch.distributed
-        every rank answers the same (any rank's signal).
+        every rank answers the same (any rank's signal), one step later
+        where the ranks agree on the CPU (gloo): each call hands this
+        rank's signal to an asynchronous all_reduce and reads the one the
+        previous call started, so no rank waits for the others at every
+        step; with NCCL alone, at once (a collective a step).
 
         Args:
             step: the step just trained.
@@ -746,9 +752,12 @@ class Checkpointer:
             Whether to call `make_checkpoint` now.
         """
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
-        sig = self.preempted
-        self._agreed_signal = None if sig is None else sig.value
-        return preemption.due(step, every, sig is not None)
+        if self._late_max is None:
+            agreed = preemption.FLAG.signum
+        else:
+            agreed = self._late_max.exchange(preemption.FLAG.signum or 0) or None
+        self._agreed_signal = agreed
+        return preemption.due(step, every, agreed is not None)
 
     @property
     def preempted(self) -> signal.Signals | None:

@@ -48,12 +48,53 @@ def max_int(value: int) -> int:
         return value
     import torch
 
-    backend = str(dist.get_backend())
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if "nccl" in backend and "cpu" not in backend else torch.device("cpu"))
+    device = torch.device("cpu") if _on_cpu(dist) else torch.device("cuda",
+                                                                    torch.cuda.current_device())
     found = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(found, op=dist.ReduceOp.MAX)
     return int(found.item())
+
+
+def _on_cpu(dist: Any) -> bool:
+    backend = str(dist.get_backend())
+    return "nccl" not in backend or "cpu" in backend
+
+
+class LateMax:
+    """The largest of every rank's value, agreed one call late: each
+    :meth:`exchange` starts an asynchronous all_reduce of this rank's value
+    and returns the result of the previous call's (0 at the first), which
+    every rank gets at the same call. The training thread then never waits
+    for the other ranks to reach the call: one all_reduce a step cost
+    1.1-1.5 ms of each rank's step (2 gloo ranks on 2 cores, the example),
+    most of it waiting. On the CPU only: where NCCL is the only backend,
+    reading a device result would wait for the training's stream, so
+    :meth:`exchange` is then :func:`max_int` of this call (``late`` False)."""
+
+    def __init__(self) -> None:
+        dist = _dist()
+        self.late = dist is not None and _on_cpu(dist)
+        self._work: Any = None  # the all_reduce in flight, of self._tensors[self._calls % 2]
+        self._tensors: list[Any] = []  # two, used in turn (a new one a call: ~40 us)
+        self._calls = 0
+
+    def exchange(self, value: int) -> int:
+        if not self.late:
+            return max_int(value)
+        dist = _dist()
+        if not self._tensors:
+            import torch
+
+            self._tensors = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+        agreed = 0
+        if self._work is not None:
+            self._work.wait()
+            agreed = int(self._tensors[self._calls % 2].item())
+        self._calls += 1
+        tensor = self._tensors[self._calls % 2]
+        tensor.fill_(value)
+        self._work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
+        return agreed
 
 
 def barrier() -> None:

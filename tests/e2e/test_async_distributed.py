@@ -101,18 +101,22 @@ def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):
         message = failure_message(what, rank, step)
         assert message is None or message in said, (message, said[-3000:])
     # SIGTERM to rank 1 while it writes step 50 in the background: both ranks
-    # agree (should_save) to checkpoint step 51, record it, and exit 143.
+    # agree (should_save, one step late: the signal is handed in at step 51's
+    # call, or 52's when it comes after it) to checkpoint one step, record
+    # it, and exit 143.
     termed = exp_run(work, "t", check=False, ASYNC_FAULT="term-write:1:50")
     said = termed.stdout + termed.stderr
     assert termed.returncode != 0
     assert said.count(f"resuming from step {resume_from}") == 2, said[-3000:]
-    assert "preempted (SIGTERM)" in said, said[-3000:]
-    assert latest_steps(work) == both_ranks_at(51)
+    preempted = sorted(set(re.findall(r"preempted \(SIGTERM\): step (\d+)", said)))
+    assert len(preempted) == 1 and int(preempted[0]) in (52, 53), said[-3000:]
+    last = int(preempted[0])
+    assert latest_steps(work) == both_ranks_at(last)
     final = exp_run(work, "r")
-    assert final.stdout.count("resuming from step 51") == 2, final.stdout[-3000:]
+    assert final.stdout.count(f"resuming from step {last}") == 2, final.stdout[-3000:]
     assert model_sha(work) == reference
     rows = {name: row for name, row in exp_rows(work).items() if re.search(r"-step\d+$", name)}
-    assert "k0-step10" in rows and "k0-step51" in rows and "k0-step60" in rows, sorted(rows)
+    assert "k0-step10" in rows and f"k0-step{last}" in rows and "k0-step60" in rows, sorted(rows)
     for name in rows:  # every row holds both ranks' states, at the row's step
         step = int(name.rsplit("-step", 1)[1])
         assert row_ranks(work, name) == [(f"rank-{r:05d}", f"{step:09d}") for r in (0, 1)], name

@@ -1,0 +1,91 @@
+"""Checkpointer.live's DVCLive at each checkpoint: where Studio is not
+configured, DVCLive's gathering of the data it would post there (every
+metrics file parsed whole at each ``next_step``, a cost that grows with the
+history) is skipped, and the metrics are written as before; where Studio is
+configured (a real HTTP server on this machine standing in for it), the
+data is gathered and posted as DVCLive does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("dvclive")
+
+import dvclive.live  # noqa: E402
+
+from dvc_dali.integrations.live import resume_live  # noqa: E402
+
+
+@pytest.fixture
+def parsed(monkeypatch):
+    """How many times DVCLive parsed its metrics files for Studio (its own
+    function, called through)."""
+    calls = []
+    real = dvclive.live.parse_metrics
+
+    def counting(live):
+        calls.append(1)
+        return real(live)
+
+    monkeypatch.setattr(dvclive.live, "parse_metrics", counting)
+    return calls
+
+
+def _log(live, steps: int) -> None:
+    for step in range(steps):
+        live.log_metric("train/loss", 1.0 / (step + 1))
+        live.next_step()
+
+
+def test_without_studio_nothing_is_gathered_and_the_metrics_are_written(
+        tmp_path, monkeypatch, parsed):
+    monkeypatch.chdir(tmp_path)
+    for var in ("DVC_STUDIO_TOKEN", "STUDIO_TOKEN", "DVC_STUDIO_URL", "STUDIO_REPO_URL"):
+        monkeypatch.delenv(var, raising=False)
+    live = resume_live(0, False, "dvclive")
+    _log(live, 3)
+    live.end()
+    assert parsed == [] and live._studio_queue is None  # noqa: SLF001
+    assert json.loads((tmp_path / "dvclive" / "metrics.json").read_text())["step"] == 2
+    rows = (tmp_path / "dvclive" / "plots" / "metrics" / "train" / "loss.tsv").read_text()
+    assert rows.splitlines()[1:] == ["0\t1.0", "1\t0.5", "2\t0.3333333333333333"]
+
+
+class _Studio(BaseHTTPRequestHandler):
+    events: list[str] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.events.append(body.get("type"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_with_studio_the_data_is_gathered_and_posted(tmp_path, monkeypatch, parsed):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Studio)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                        "--allow-empty", "-m", "init"], cwd=tmp_path, check=True)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("DVC_STUDIO_TOKEN", "token")
+        monkeypatch.setenv("DVC_STUDIO_URL", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("STUDIO_REPO_URL", "https://example.com/project.git")
+        live = resume_live(0, False, "dvclive")
+        _log(live, 2)
+        live.end()
+    finally:
+        server.shutdown()
+    assert len(parsed) >= 2, parsed
+    assert "data" in _Studio.events and "start" in _Studio.events, _Studio.events
