@@ -48,8 +48,7 @@ def max_int(value: int) -> int:
         return value
     import torch
 
-    device = torch.device("cpu") if _on_cpu(dist) else torch.device("cuda",
-                                                                    torch.cuda.current_device())
+    device = "cpu" if _on_cpu(dist) else torch.device("cuda", torch.cuda.current_device())
     found = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(found, op=dist.ReduceOp.MAX)
     return int(found.item())
@@ -77,15 +76,15 @@ class LateMax:
         self._work: Any = None  # the all_reduce in flight, of self._tensors[self._calls % 2]
         self._tensors: list[Any] = []  # two, used in turn (a new one a call: ~40 us)
         self._calls = 0
+        if self.late:
+            import torch
+
+            self._tensors = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
 
     def exchange(self, value: int) -> int:
         if not self.late:
             return max_int(value)
         dist = _dist()
-        if not self._tensors:
-            import torch
-
-            self._tensors = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
         agreed = 0
         if self._work is not None:
             self._work.wait()
