@@ -738,11 +738,12 @@ class Checkpointer:
         when auto-push is on, then ends the process with status 128 + the
         signal's number (guide "Preemption and remotes"). The signal
         handlers are installed at the first call. With torch.distributed
-        every rank answers the same (any rank's signal), one step later
-        where the ranks agree on the CPU (gloo): each call hands this
-        rank's signal to an asynchronous all_reduce and reads the one the
-        previous call started, so no rank waits for the others at every
-        step; with NCCL alone, at once (a collective a step).
+        every rank answers the same (any rank's signal), one step later:
+        each call hands this rank's signal to an asynchronous all_reduce on
+        the CPU and reads the one the previous call started, so no rank
+        waits for the others at every step (with NCCL as the only backend,
+        through a gloo group of every rank made when the Checkpointer is
+        built; only a torch without gloo agrees at once, on the GPU).
 
         Args:
             step: the step just trained.
@@ -766,7 +767,7 @@ class Checkpointer:
         then saves at the same step)."""
         mine = preemption.FLAG.signum
         if self.world_size > 1:
-            mine = distributed.max_int(mine or 0) or None
+            mine = self._late_max.now(mine or 0) or None
         return None if mine is None else signal.Signals(mine)
 
     def _exit_if_preempted(self, step: int, sig: signal.Signals | None = None) -> None:

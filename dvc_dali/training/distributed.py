@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.log import logger
 
 
 def _dist():
@@ -55,8 +56,26 @@ def max_int(value: int) -> int:
 
 
 def _on_cpu(dist: Any) -> bool:
-    backend = str(dist.get_backend())
-    return "nccl" not in backend or "cpu" in backend
+    return route(str(dist.get_backend()), True) == DEFAULT
+
+
+# where the ranks agree on an integer (route): the default group, which takes
+# CPU tensors; a gloo group of every rank beside an NCCL-only default group;
+# the current GPU through NCCL, where this torch has no gloo
+DEFAULT, GLOO_GROUP, DEVICE = "default group", "gloo group", "device"
+
+
+def route(backend: str, gloo_available: bool) -> str:
+    """Where the ranks agree on should_save's signal, from the default
+    group's backend (``str(dist.get_backend())``: "gloo", "nccl",
+    "cpu:gloo,cuda:nccl", ...). A group that only NCCL serves has no CPU
+    tensors, and reading a device result waits for everything the training
+    queued on its stream: a gloo group beside it (as PyTorch's own
+    asynchronous checkpoints do) keeps the agreement off the GPU."""
+    nccl_only = "nccl" in backend and "cpu" not in backend
+    if not nccl_only:
+        return DEFAULT
+    return GLOO_GROUP if gloo_available else DEVICE
 
 
 class LateMax:
@@ -66,20 +85,46 @@ class LateMax:
     every rank gets at the same call. The training thread then never waits
     for the other ranks to reach the call: one all_reduce a step cost
     1.1-1.5 ms of each rank's step (2 gloo ranks on 2 cores, the example),
-    most of it waiting. On the CPU only: where NCCL is the only backend,
-    reading a device result would wait for the training's stream, so
-    :meth:`exchange` is then :func:`max_int` of this call (``late`` False)."""
+    most of it waiting. On the CPU: where NCCL is the default group's only
+    backend, through a gloo group of every rank made here (so every rank
+    must build a LateMax at the same point of its program, as it builds its
+    Checkpointer); only a torch without gloo agrees at once on the GPU
+    (``late`` False: :func:`max_int` of this call). ``where``: a
+    :func:`route` to take instead of the one the default group gives."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: str | None = None) -> None:
         dist = _dist()
-        self.late = dist is not None and _on_cpu(dist)
+        self.route = None if dist is None else where or route(str(dist.get_backend()),
+                                                               dist.is_gloo_available())
+        self.late = self.route in (DEFAULT, GLOO_GROUP)
+        self._group: Any = None  # None: the default group
         self._work: Any = None  # the all_reduce in flight, of self._tensors[self._calls % 2]
         self._tensors: list[Any] = []  # two, used in turn (a new one a call: ~40 us)
         self._calls = 0
         if self.late:
             import torch
 
+            if self.route == GLOO_GROUP:
+                self._group = self._gloo_group(dist)
             self._tensors = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+
+    def _gloo_group(self, dist: Any) -> Any:
+        """A gloo group of every rank (a collective: every rank makes it
+        here); where gloo cannot connect the ranks (an interface NCCL
+        reaches and gloo does not), the agreement stays on the GPU, said
+        once, on every rank alike (they agree on that through NCCL)."""
+        try:
+            group, failed = dist.new_group(backend="gloo"), ""
+        except RuntimeError as exc:
+            group, failed = None, str(exc)
+        if max_int(1 if failed else 0) == 0:
+            return group
+        logger.warning("should_save agrees on preemption on the GPU, at once, at every step: "
+                       "a gloo group of the ranks could not be made (%s); set "
+                       "GLOO_SOCKET_IFNAME to the interface the ranks reach each other on to "
+                       "agree on the CPU, one step late", failed or "on another rank")
+        self.route, self.late = DEVICE, False
+        return None
 
     def exchange(self, value: int) -> int:
         if not self.late:
@@ -92,8 +137,22 @@ class LateMax:
         self._calls += 1
         tensor = self._tensors[self._calls % 2]
         tensor.fill_(value)
-        self._work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
+        self._work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group,
+                                     async_op=True)
         return agreed
+
+    def now(self, value: int) -> int:
+        """The largest of every rank's ``value`` at this call (synchronous),
+        by the same route; the exchange in flight is not disturbed (it has
+        a tensor of its own, and collectives on one group run in order)."""
+        if not self.late:
+            return max_int(value)
+        import torch
+
+        dist = _dist()
+        found = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX, group=self._group)
+        return int(found.item())
 
 
 def barrier() -> None:

@@ -17,6 +17,7 @@ from dvc_dali.training import distributed
 from tests.helpers import child_env
 
 RANK = """
+import os
 import torch.distributed as dist
 from dvc_dali.training import distributed
 dist.init_process_group("gloo")
@@ -26,6 +27,18 @@ print(f"rank {rank}: {got}", flush=True)
 late = distributed.LateMax()
 given = ((0, 15, 0, 0, 3), (7, 0, 0, 0, 0))[rank]
 print(f"late rank {rank}: {late.late} {[late.exchange(v) for v in given]}", flush=True)
+# the route an NCCL-only default group takes: a gloo group of its own, which
+# the exchange in flight and a synchronous agreement share
+side = distributed.LateMax(distributed.GLOO_GROUP)
+assert side._group is not None
+got = [side.exchange(v) for v in given[:2]] + [side.now((4, 9)[rank])]
+got += [side.exchange(v) for v in given[2:]]
+print(f"side rank {rank}: {side.late} {got}", flush=True)
+# a gloo group that cannot be made (an interface gloo does not find): every
+# rank stays on the default group's route, at once, said
+os.environ["GLOO_SOCKET_IFNAME"] = "nosuchif0"
+stay = distributed.LateMax(distributed.GLOO_GROUP)
+print(f"stay rank {rank}: {stay.route} {[stay.exchange(v) for v in given[:2]]}", flush=True)
 dist.destroy_process_group()
 """
 
@@ -50,6 +63,27 @@ def test_two_gloo_ranks_agree_on_the_largest(tmp_path):
     late = sorted(re.findall(r"late rank \d: \w+ \[[^\]]*\]", proc.stdout))
     assert late == ["late rank 0: True [0, 7, 15, 0, 0]",
                     "late rank 1: True [0, 7, 15, 0, 0]"], proc.stdout
+    # through a gloo group of its own: the same answers, and a synchronous
+    # agreement between two exchanges gets this call's largest (9)
+    side = sorted(re.findall(r"side rank \d: \w+ \[[^\]]*\]", proc.stdout))
+    assert side == ["side rank 0: True [0, 7, 9, 15, 0, 0]",
+                    "side rank 1: True [0, 7, 9, 15, 0, 0]"], proc.stdout
+    stay = sorted(re.findall(r"stay rank \d: \w+ \[[^\]]*\]", proc.stdout))
+    assert stay == ["stay rank 0: device [7, 15]", "stay rank 1: device [7, 15]"], proc.stdout
+    assert proc.stderr.count("a gloo group of the ranks could not be made") == 2, proc.stderr
+
+
+@pytest.mark.parametrize("backend, gloo, where", [
+    ("gloo", True, distributed.DEFAULT),
+    ("gloo", False, distributed.DEFAULT),
+    ("nccl", True, distributed.GLOO_GROUP),  # never a device read a step
+    ("nccl", False, distributed.DEVICE),  # a torch without gloo: at once, on the GPU
+    ("cpu:gloo,cuda:nccl", True, distributed.DEFAULT),  # the default group takes CPU tensors
+    ("cuda:nccl", True, distributed.GLOO_GROUP),
+    ("mpi", True, distributed.DEFAULT),
+])
+def test_where_the_ranks_agree(backend, gloo, where):
+    assert distributed.route(backend, gloo) == where
 
 
 def test_a_torch_without_the_default_store_getter_is_refused_by_name(monkeypatch):
