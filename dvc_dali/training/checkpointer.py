@@ -742,8 +742,8 @@ class Checkpointer:
         each call hands this rank's signal to an asynchronous all_reduce on
         the CPU and reads the one the previous call started, so no rank
         waits for the others at every step (with NCCL as the only backend,
-        through a gloo group of every rank made when the Checkpointer is
-        built; only a torch without gloo agrees at once, on the GPU).
+        through a gloo group of every rank made at the first call; only a
+        torch without gloo agrees at once, on the GPU).
 
         Args:
             step: the step just trained.

@@ -86,11 +86,12 @@ class LateMax:
     for the other ranks to reach the call: one all_reduce a step cost
     1.1-1.5 ms of each rank's step (2 gloo ranks on 2 cores, the example),
     most of it waiting. On the CPU: where NCCL is the default group's only
-    backend, through a gloo group of every rank made here (so every rank
-    must build a LateMax at the same point of its program, as it builds its
-    Checkpointer); only a torch without gloo agrees at once on the GPU
-    (``late`` False: :func:`max_int` of this call). ``where``: a
-    :func:`route` to take instead of the one the default group gives."""
+    backend, through a gloo group of every rank, made at the first call
+    (a collective, as every call is: building a LateMax is not, so a
+    Checkpointer built on one rank only, to read, waits for no other);
+    only a torch without gloo agrees at once on the GPU (``late`` False:
+    :func:`max_int` of this call). ``where``: a :func:`route` to take
+    instead of the one the default group gives."""
 
     def __init__(self, where: str | None = None) -> None:
         dist = _dist()
@@ -98,21 +99,20 @@ class LateMax:
                                                                dist.is_gloo_available())
         self.late = self.route in (DEFAULT, GLOO_GROUP)
         self._group: Any = None  # None: the default group
+        self._grouped = self.route != GLOO_GROUP  # the gloo group made (at the first call)
         self._work: Any = None  # the all_reduce in flight, of self._tensors[self._calls % 2]
         self._tensors: list[Any] = []  # two, used in turn (a new one a call: ~40 us)
         self._calls = 0
         if self.late:
             import torch
 
-            if self.route == GLOO_GROUP:
-                self._group = self._gloo_group(dist)
             self._tensors = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
 
     def _gloo_group(self, dist: Any) -> Any:
-        """A gloo group of every rank (a collective: every rank makes it
-        here); where gloo cannot connect the ranks (an interface NCCL
-        reaches and gloo does not), the agreement stays on the GPU, said
-        once, on every rank alike (they agree on that through NCCL)."""
+        """A gloo group of every rank (a collective: every rank makes it at
+        its first call); where gloo cannot connect the ranks (an interface
+        NCCL reaches and gloo does not), the agreement stays on the GPU,
+        said once, on every rank alike (they agree on that through NCCL)."""
         try:
             group, failed = dist.new_group(backend="gloo"), ""
         except RuntimeError as exc:
@@ -126,7 +126,13 @@ class LateMax:
         self.route, self.late = DEVICE, False
         return None
 
+    def _first_call(self) -> None:
+        if not self._grouped:
+            self._grouped = True
+            self._group = self._gloo_group(_dist())
+
     def exchange(self, value: int) -> int:
+        self._first_call()
         if not self.late:
             return max_int(value)
         dist = _dist()
@@ -145,6 +151,7 @@ class LateMax:
         """The largest of every rank's ``value`` at this call (synchronous),
         by the same route; the exchange in flight is not disturbed (it has
         a tensor of its own, and collectives on one group run in order)."""
+        self._first_call()
         if not self.late:
             return max_int(value)
         import torch

@@ -30,15 +30,17 @@ print(f"late rank {rank}: {late.late} {[late.exchange(v) for v in given]}", flus
 # the route an NCCL-only default group takes: a gloo group of its own, which
 # the exchange in flight and a synchronous agreement share
 side = distributed.LateMax(distributed.GLOO_GROUP)
-assert side._group is not None
+assert side._group is None  # made at the first call, a collective (building one is not)
 got = [side.exchange(v) for v in given[:2]] + [side.now((4, 9)[rank])]
+assert side._group is not None
 got += [side.exchange(v) for v in given[2:]]
 print(f"side rank {rank}: {side.late} {got}", flush=True)
 # a gloo group that cannot be made (an interface gloo does not find): every
 # rank stays on the default group's route, at once, said
 os.environ["GLOO_SOCKET_IFNAME"] = "nosuchif0"
 stay = distributed.LateMax(distributed.GLOO_GROUP)
-print(f"stay rank {rank}: {stay.route} {[stay.exchange(v) for v in given[:2]]}", flush=True)
+got = [stay.exchange(v) for v in given[:2]]
+print(f"stay rank {rank}: {stay.route} {got}", flush=True)
 dist.destroy_process_group()
 """
 
