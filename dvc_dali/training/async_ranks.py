@@ -16,6 +16,7 @@ message naming the rank and the step, never a partial row.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..core.errors import CheckpointWriteError
 from ..core.log import logger
 
 LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for are alive
+_BUILT = itertools.count(1)  # this process's AsyncRanks so far: every rank builds them in turn
 
 
 class AsyncRanks:
@@ -35,8 +37,15 @@ class AsyncRanks:
     def __init__(self, path: Path, rank: int, world_size: int, recording: bool = True) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
         self.recording = recording  # under `dvc exp run`: rank 0 records a row (for the log)
-        self.kv = distributed.KeyValue(f"dvc_dali/{os.path.realpath(path)}/")
+        self.directory = os.path.realpath(path)
+        self.kv = distributed.KeyValue(f"dvc_dali/{self.directory}/")
         self.kv.set(f"pid/{rank}", str(os.getpid()))  # after the directory lock is held
+        # which directory this rank's n-th one uses: a rank waiting for another
+        # that never announced itself here tells one checkpointing elsewhere
+        # (it would wait for ever) from one not started yet
+        self.built = distributed.KeyValue("dvc_dali/built/")
+        self.number = next(_BUILT)
+        self.built.set(f"{rank}/{self.number}", self.directory)
         self.seq = 0
         self.timings: dict[str, float] = {}
 
@@ -68,6 +77,13 @@ class AsyncRanks:
         """Whether ``rank`` ended: it announced itself, and its lock is free."""
         return (self.kv.get_now(f"pid/{rank}") is not None
                 and dirlock.holder(self.path, rank) is None)
+
+    def _elsewhere(self, rank: int) -> str | None:
+        """The other directory ``rank`` checkpoints into, if it does."""
+        if self.kv.get_now(f"pid/{rank}") is not None:
+            return None
+        theirs = self.built.get_now(f"{rank}/{self.number}")
+        return theirs if theirs not in (None, self.directory) else None
 
     def _commit(self, seq: int, step: int, record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
@@ -109,7 +125,12 @@ class AsyncRanks:
                     found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
                     if found is not None:
                         marks[r] = found
-            decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path))
+            elsewhere = {r: d for r in range(1, self.world_size) if r not in marks
+                         and (d := self._elsewhere(r)) is not None}
+            if elsewhere:  # named as each rank resolved its own
+                elsewhere[0] = self.directory
+            decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path),
+                                          elsewhere)
             if decision.action != rank_commit.WAIT:
                 if decision.action == rank_commit.FAIL:
                     logger.error("%s", decision.message)
@@ -121,6 +142,12 @@ class AsyncRanks:
         t0 = time.perf_counter()
         done = f"{seq}/done"
         while not self.kv.wait(done, LIVENESS_S):
+            theirs = self._elsewhere(0)
+            if theirs is not None:
+                message = rank_commit.other_directories_message(
+                    {0: theirs, self.rank: self.directory}, step)
+                logger.error("%s", message)
+                raise CheckpointWriteError(message)
             if self._gone(0):
                 if self.kv.get_now(done) is not None:
                     break

@@ -25,12 +25,13 @@ import numpy as np
 from ..format import arrays as arrays_mod
 from ..proof import batch_digests, data_contents
 from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
-from . import async_ranks, distributed, preemption, restorable, rng_state, signal_file
+from . import (async_ranks, distributed, preemption, rank_commit, restorable, rng_state,
+               signal_file)
 from ..format import dirlock, store
 from ..core import exit_hooks
 from .._version import __version__
 from ..core.context import RunContext
-from ..core.errors import ConfigError, UnchangedCheckpointError
+from ..core.errors import CheckpointWriteError, ConfigError, UnchangedCheckpointError
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
@@ -148,11 +149,7 @@ class Checkpointer:
         self.asynchronous = self._ctx.asynchronous if asynchronous is None else bool(asynchronous)
         self._worker: _Background | None = None  # the one background save in flight
         self.params = dict(params or {})
-        if total_steps is not None and (isinstance(total_steps, bool)
-                                        or not isinstance(total_steps, int) or total_steps < 0):
-            raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
-                              "run's total number of steps")
-        self.total_steps = total_steps
+        self.total_steps = _checked_total_steps(total_steps)
         # everything the checkpoint restores (restorable.py), by (manifest part, name)
         self._sources: dict[tuple[str, str], Restorable] = {}
         # the dynamic-mode readers whose batches are digested: stream -> (its
@@ -171,6 +168,7 @@ class Checkpointer:
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         # should_save's agreement on it, one step late (distributed.LateMax)
         self._late_max = distributed.LateMax() if self.world_size > 1 else None
+        self._same_directory = False  # the ranks found to share self.path (first save)
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
@@ -844,7 +842,9 @@ class Checkpointer:
         if self.world_size == 1:
             written = _publish_one(self.path, captured)
         else:
-            written = _publish_ranks(self.path, captured, self.rank, self.world_size)
+            written = _publish_ranks(self.path, captured, self.rank, self.world_size,
+                                     agree=not self._same_directory)
+            self._same_directory = True
         if self.rank == 0:  # what the recording must find there (see signal_file)
             self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
         self.timings["save_s"] = time.perf_counter() - t0
@@ -932,6 +932,14 @@ def _row_digests(path: str, run: Run) -> Callable[[int, str], dict[str, list[lis
     return found
 
 
+def _checked_total_steps(total_steps: Any) -> int | None:
+    if total_steps is not None and (isinstance(total_steps, bool)
+                                    or not isinstance(total_steps, int) or total_steps < 0):
+        raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
+                          "run's total number of steps")
+    return total_steps
+
+
 def _publish_one(path: Path, captured: store.Capture) -> Path:
     name, sha = store.write_capture(path, captured)
     store.publish(path, [(name, sha)])
@@ -939,9 +947,17 @@ def _publish_one(path: Path, captured: store.Capture) -> Path:
     return path / name
 
 
-def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int) -> Path:
+def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int,
+                   agree: bool = False) -> Path:
     """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
-    in LATEST once every rank has written, so LATEST never mixes steps."""
+    in LATEST once every rank has written, so LATEST never mixes steps.
+    ``agree`` (the first save): the ranks first check that they share one
+    directory, else every rank refuses before writing."""
+    if agree:
+        directories = distributed.all_gather(os.path.realpath(path))
+        if len(set(directories)) > 1:
+            raise CheckpointWriteError(rank_commit.other_directories_message(
+                dict(enumerate(directories)), captured.step))
     rank_dir = f"rank-{rank:05d}"
     name, sha = store.write_capture(path / rank_dir, captured,
                                     rank={"rank": rank, "world_size": world_size})

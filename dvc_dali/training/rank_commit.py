@@ -39,8 +39,8 @@ class Decision:
 
 
 def decide(step: int, world_size: int, durable: Mapping[int, Durable],
-           dead: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint"
-           ) -> Decision:
+           dead: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint",
+           elsewhere: Mapping[int, str] | None = None) -> Decision:
     """What rank 0 does with checkpoint ``step`` (its own step) now.
 
     Args:
@@ -50,7 +50,13 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
         dead: ranks known to have ended (their process is gone); a dead
             rank whose files are durable still counts: its state is whole.
         checkpoint: the checkpoint directory, for the messages.
+        elsewhere: ranks known to checkpoint into another directory (by
+            rank, that directory; rank 0's own, where given, as it resolved
+            it): their marks can never come here.
     """
+    if elsewhere:
+        return Decision(FAIL, message=other_directories_message(
+            {0: checkpoint, **elsewhere}, step))
     other = sorted((r, m.step) for r, m in durable.items() if m.step != step)
     if other:
         found = ", ".join(f"rank {r} step {s}" for r, s in other)
@@ -79,6 +85,20 @@ def rank_gone_message(step: int, world_size: int, checkpoint: str = "checkpoint"
             "(rank 0 records every rank's checkpoint); if LATEST names step "
             f"{step} its files are whole, else the previous complete checkpoint stands. See "
             "why rank 0 ended (its output above), then run again to resume.")
+
+
+def other_directories_message(directories: Mapping[int, str], step: int) -> str:
+    """What every rank says when the ranks' checkpoint directories differ
+    (``directories``: by rank, as each resolved its own; some may agree)."""
+    by_dir: dict[str, list[int]] = {}
+    for rank in sorted(directories):
+        by_dir.setdefault(directories[rank], []).append(rank)
+    found = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} into {d}"
+                      for d, r in by_dir.items())
+    return (f"the ranks checkpoint into different directories ({found}); step {step} is not "
+            "recorded. Every rank of a run must pass the same checkpoint directory to "
+            "Checkpointer: each writes its own rank-NNNNN/ under it, and rank 0 names them "
+            "all in LATEST, so a resume finds every rank's state.")
 
 
 def parse_durable(text: Optional[str]) -> Optional[Durable]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import sys
 
 import pytest
 
@@ -78,6 +79,34 @@ def reference(tmp_path_factory):
     ref = two_ranks(tmp_path_factory.mktemp("async") / "ref")
     run(["dvc", "exp", "run", "-n", "ref", *TORCH], ref)  # synchronous checkpoints
     return model_sha(ref)
+
+
+def test_ranks_given_different_directories_are_refused(tmp_path):
+    """Rank 1 passes a checkpoint directory of its own, in a run outside
+    `dvc exp run` (under it, a directory that is not the stage's output is
+    refused by name at the start): asynchronous, rank 0 would wait for its
+    files for ever (and rank 1 for the record); synchronous, LATEST would
+    name a rank-00001/ that is elsewhere, a checkpoint no resume can load.
+    Both are refused at the first checkpoint, every rank saying which
+    directories, and no LATEST is written."""
+    work = two_ranks(tmp_path / "dirs")
+    run(["dvc", "repro", "prepare"], work)  # its run cache: data/digits checked out
+    params = work / "params.yaml"
+    params.write_text(params.read_text().replace("framework: numpy", "framework: torch"))
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+              "--nproc_per_node", "2", "async_faults.py"]
+    for mode in ("1", "0"):
+        refused = run(launch, work, check=False, timeout=300,
+                      env={"DVC_DALI_ASYNC": mode, "ASYNC_FAULT": "other-dir:1:0"})
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0, said[-3000:]
+        found = re.findall(r"the ranks checkpoint into different directories \(rank 0 into "
+                           r"(\S+); rank 1 into (\S+)\); step 10 is not recorded", said)
+        assert len(set(found)) == 1 and len(found) >= 2, (mode, said[-3000:])  # both ranks
+        ours, theirs = found[0]
+        assert ours.endswith("/dirs/checkpoint") and theirs.endswith("/dirs/checkpoint-rank1")
+        assert "must pass the same checkpoint directory" in said
+        assert not list(work.glob("checkpoint*/LATEST"))
 
 
 def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):

@@ -12,6 +12,10 @@ SIGKILLs itself (what = kill-...) or sends itself SIGTERM (term-write) at:
 - ``mid-record`` (rank 0): the row being recorded (outputs hashed, not cached);
 - ``recorded``: the row recorded and the other ranks told.
 
+``other-dir:<rank>:0``: that rank checkpoints into ``checkpoint-rank<rank>``
+instead of the stage's ``checkpoint`` (a directory of its own, as a user
+who appends the rank to the path would).
+
 The instants are reached through dvc-dali's own functions, wrapped here (no
 DVC, DALI or torch code is replaced). Without ASYNC_FAULT: the example as it is.
 """
@@ -85,11 +89,15 @@ def _install(what: str, step: int) -> None:
         outputs.cache_outputs = cache_outputs
 
 
+_args = sys.argv[1:]
 if FAULT:
     _what, _rank, _step = FAULT.split(":")
     if os.environ.get("RANK") == _rank:
-        _install(_what, int(_step))
+        if _what == "other-dir":
+            _args += ["--checkpoint", f"checkpoint-rank{_rank}"]
+        else:
+            _install(_what, int(_step))
 
 sys.path.insert(0, os.path.join(os.getcwd(), "examples"))
-sys.argv = ["examples/train.py", *sys.argv[1:]]
+sys.argv = ["examples/train.py", *_args]
 runpy.run_path("examples/train.py", run_name="__main__")

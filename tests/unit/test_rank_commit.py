@@ -71,3 +71,19 @@ def test_marks_round_trip_through_the_store_text():
     m = mark(1, 120)
     assert parse_durable(format_durable(m)) == m
     assert parse_durable(None) is None and parse_durable("") is None
+
+
+@pytest.mark.parametrize("world,durable,elsewhere,want", [
+    # a rank that checkpoints into another directory: its mark never comes here
+    (2, {0: 20}, {1: "/b"}, "rank 0 into /a; rank 1 into /b"),
+    (4, {0: 20, 1: 20}, {2: "/b", 3: "/b"}, "rank 0 into /a; ranks 2, 3 into /b"),
+    (3, {0: 20}, {1: "/b", 2: "/c"}, "rank 0 into /a; rank 1 into /b; rank 2 into /c"),
+    # even where every other mark has come (from ranks sharing rank 0's)
+    (3, {0: 20, 1: 20}, {2: "/b"}, "rank 0 into /a; rank 2 into /b"),
+])
+def test_ranks_in_other_directories_fail_naming_each(world, durable, elsewhere, want):
+    marks = {rank: mark(rank, step) for rank, step in durable.items()}
+    decision = decide(20, world, marks, set(), "/a", elsewhere)
+    assert decision.action == FAIL and decision.entries == ()
+    assert f"different directories ({want}); step 20 is not recorded" in decision.message
+    assert "must pass the same checkpoint directory" in decision.message
