@@ -11,7 +11,9 @@ checkpoint counts as finished (the next one's files must not appear while
 rank 0 hashes the directory). Nothing here runs on the training thread and
 nothing is a collective: a rank that ended (its directory lock released,
 dirlock.holder) is noticed while waiting, and its checkpoint fails with a
-message naming the rank and the step, never a partial row.
+message naming the rank and the step, never a partial row; so is a rank
+that checkpoints into another directory; a long wait for a live rank is
+said (_Waiting).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from ..core.errors import CheckpointWriteError
 from ..core.log import logger
 
 LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for are alive
+# a rank that waits this long for a live one says so, then again every WAITING_AGAIN_S:
+# never a silent wait (a rank that does not call make_checkpoint is waited for until it does)
+WAITING_S, WAITING_AGAIN_S = 30.0, 300.0
 _BUILT = itertools.count(1)  # this process's AsyncRanks so far: every rank builds them in turn
 
 
@@ -117,6 +122,7 @@ class AsyncRanks:
         """Rank 0 waits until every rank's files of checkpoint ``seq`` are
         durable, or one rank ended before (rank_commit.decide)."""
         marks: dict[int, rank_commit.Durable] = {}
+        waiting = _Waiting()
         while True:
             # the dead first, then their marks: a rank that marked, then died, counts
             dead = {r for r in range(self.world_size) if r not in marks and self._gone(r)}
@@ -135,13 +141,18 @@ class AsyncRanks:
                 if decision.action == rank_commit.FAIL:
                     logger.error("%s", decision.message)
                 return decision
+            waiting.say(lambda s: rank_commit.waiting_for_files_message(
+                step, decision.waiting_for, self.world_size, s))
             self.kv.wait(f"{seq}/durable/{decision.waiting_for[0]}", LIVENESS_S)
 
     def _await_done(self, seq: int, step: int) -> None:
         """A rank other than 0: until rank 0 recorded (or gave up) checkpoint ``seq``."""
         t0 = time.perf_counter()
         done = f"{seq}/done"
+        waiting = _Waiting()
         while not self.kv.wait(done, LIVENESS_S):
+            waiting.say(lambda s: rank_commit.waiting_for_record_message(
+                step, self.rank, self.world_size, s))
             theirs = self._elsewhere(0)
             if theirs is not None:
                 message = rank_commit.other_directories_message(
@@ -158,3 +169,17 @@ class AsyncRanks:
         answer = self.kv.get_now(done) or ""
         if answer != "ok":
             raise CheckpointWriteError(answer.removeprefix("error "))
+
+
+class _Waiting:
+    """When a wait for a live rank is said: at WAITING_S, then every WAITING_AGAIN_S."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.next = WAITING_S
+
+    def say(self, message: Callable[[float], str]) -> None:
+        waited = time.monotonic() - self.start
+        if waited >= self.next:
+            logger.warning("%s", message(waited))
+            self.next = waited + WAITING_AGAIN_S

@@ -87,6 +87,25 @@ def rank_gone_message(step: int, world_size: int, checkpoint: str = "checkpoint"
             "why rank 0 ended (its output above), then run again to resume.")
 
 
+def waiting_for_files_message(step: int, ranks: tuple[int, ...], world_size: int,
+                              waited: float) -> str:
+    """What rank 0 says while it waits long for live ranks' files."""
+    which = ", ".join(map(str, ranks))
+    return (f"rank 0 of {world_size} has waited {waited:.0f} s for the files of step {step} "
+            f"from rank {which}, alive: a rank writing a large state is still being waited "
+            "for; one that does not call make_checkpoint at this step (saving on rank 0 "
+            "only) is waited for until it does. Call make_checkpoint() at the same step on "
+            "every rank.")
+
+
+def waiting_for_record_message(step: int, rank: int, world_size: int, waited: float) -> str:
+    """What a rank other than 0 says while it waits long for the record."""
+    return (f"rank {rank} of {world_size} has waited {waited:.0f} s for rank 0 to record step "
+            f"{step} (rank 0 is alive: it records once every rank's files are durable, and "
+            "a large output takes DVC long to hash); every rank must call make_checkpoint() "
+            "at the same step.")
+
+
 def other_directories_message(directories: Mapping[int, str], step: int) -> str:
     """What every rank says when the ranks' checkpoint directories differ
     (``directories``: by rank, as each resolved its own; some may agree)."""
