@@ -48,7 +48,7 @@ class AsyncRanks:
         # which directory this rank's n-th one uses: a rank waiting for another
         # that never announced itself here tells one checkpointing elsewhere
         # (it would wait for ever) from one not started yet
-        self.built = distributed.KeyValue("dvc_dali/built/")
+        self.built = self.kv.sibling("dvc_dali/built/")
         self.number = next(_BUILT)
         self.built.set(f"{rank}/{self.number}", self.directory)
         self.seq = 0

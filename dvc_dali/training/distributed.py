@@ -192,7 +192,17 @@ class KeyValue:
             base = base.clone()  # a connection of its own for the background thread
         except (AttributeError, RuntimeError):
             pass
+        self._base = base
         self._store = PrefixStore(prefix, base)
+
+    def sibling(self, prefix: str) -> KeyValue:
+        """The same store under another ``prefix``, over this connection."""
+        from torch.distributed import PrefixStore
+
+        other = object.__new__(KeyValue)
+        other._base = self._base
+        other._store = PrefixStore(prefix, self._base)
+        return other
 
     def set(self, key: str, value: str) -> None:
         self._store.set(key, value)
