@@ -156,7 +156,7 @@ class Checkpointer:
         # Checkpoint's name, its name there), for the manifest (BatchProof)
         self._dynamic_readers: dict[str, tuple[str, str]] = {}
         self._generators: restorable.RandomGenerators | None = None
-        self.rank, self.world_size = distributed.world()
+        self.rank, self.world_size = distributed.checked_world(os.environ)
         self._run: Run | None = None  # under `dvc exp run`: the run this process trains
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from ..core.errors import ConfigError
 from ..core.log import logger
@@ -26,6 +26,33 @@ def world() -> tuple[int, int]:
     """(rank, world size); (0, 1) outside torch.distributed."""
     dist = _dist()
     return (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
+
+
+def launched_rank(environ: Mapping[str, str], initialized: bool) -> tuple[int, int] | None:
+    """(rank, world size) from torchrun's variables where this process is one
+    of several ranks (WORLD_SIZE > 1) and torch.distributed is not
+    initialized; None otherwise (one process, or initialized, or not
+    started by torchrun or a launcher like it)."""
+    try:
+        rank, size = int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    return (rank, size) if size > 1 and not initialized else None
+
+
+def checked_world(environ: Mapping[str, str]) -> tuple[int, int]:
+    """:func:`world`, refused in a rank whose torch.distributed is not
+    initialized yet: every rank would then write a one-process checkpoint
+    into the same directory."""
+    found = launched_rank(environ, _dist() is not None)
+    if found is not None:
+        raise ConfigError(
+            f"Checkpointer built in rank {found[0]} of {found[1]} (torchrun's RANK and "
+            "WORLD_SIZE) before torch.distributed.init_process_group(): every rank would "
+            "checkpoint as a single process into the same directory. Call "
+            "init_process_group() first, then build the Checkpointer (each rank then writes "
+            "its own rank-NNNNN/ and rank 0 records them together).")
+    return world()
 
 
 def all_gather(obj: Any) -> list[Any]:
