@@ -78,17 +78,15 @@ class AsyncRanks:
         else:
             self._await_done(seq, captured.step)
 
-    def _gone(self, rank: int) -> bool:
-        """Whether ``rank`` ended: it announced itself, and its lock is free."""
-        return (self.kv.get_now(f"pid/{rank}") is not None
-                and dirlock.holder(self.path, rank) is None)
-
-    def _elsewhere(self, rank: int) -> str | None:
-        """The other directory ``rank`` checkpoints into, if it does."""
+    def _seen(self, rank: int) -> tuple[bool, str | None]:
+        """(whether ``rank`` ended, the other directory it checkpoints into),
+        from one read of its announcement here: announced, it ended once
+        its lock is free; not announced, it has not started yet or it
+        checkpoints elsewhere (its n-th directory, said in the store)."""
         if self.kv.get_now(f"pid/{rank}") is not None:
-            return None
+            return dirlock.holder(self.path, rank) is None, None
         theirs = self.built.get_now(f"{rank}/{self.number}")
-        return theirs if theirs not in (None, self.directory) else None
+        return False, theirs if theirs not in (None, self.directory) else None
 
     def _commit(self, seq: int, step: int, record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
@@ -125,14 +123,14 @@ class AsyncRanks:
         waiting = _Waiting()
         while True:
             # the dead first, then their marks: a rank that marked, then died, counts
-            dead = {r for r in range(self.world_size) if r not in marks and self._gone(r)}
+            seen = {r: self._seen(r) for r in range(self.world_size) if r not in marks}
+            dead = {r for r, (gone, _) in seen.items() if gone}
             for r in range(self.world_size):
                 if r not in marks:
                     found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
                     if found is not None:
                         marks[r] = found
-            elsewhere = {r: d for r in range(1, self.world_size) if r not in marks
-                         and (d := self._elsewhere(r)) is not None}
+            elsewhere = {r: d for r, (_, d) in seen.items() if d is not None and r not in marks}
             if elsewhere:  # named as each rank resolved its own
                 elsewhere[0] = self.directory
             decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path),
@@ -153,13 +151,13 @@ class AsyncRanks:
         while not self.kv.wait(done, LIVENESS_S):
             waiting.say(lambda s: rank_commit.waiting_for_record_message(
                 step, self.rank, self.world_size, s))
-            theirs = self._elsewhere(0)
+            gone, theirs = self._seen(0)
             if theirs is not None:
                 message = rank_commit.other_directories_message(
                     {0: theirs, self.rank: self.directory}, step)
                 logger.error("%s", message)
                 raise CheckpointWriteError(message)
-            if self._gone(0):
+            if gone:
                 if self.kv.get_now(done) is not None:
                     break
                 message = rank_commit.rank_gone_message(step, self.world_size, str(self.path))

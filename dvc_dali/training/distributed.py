@@ -65,20 +65,22 @@ def all_gather(obj: Any) -> list[Any]:
     return out
 
 
-def max_int(value: int) -> int:
+def max_int(value: int, group: Any = None) -> int:
     """The largest of every rank's ``value``: one all_reduce of one integer
     (what `Checkpointer.should_save` asks at every step; all_gather_object
     pickles and makes two collectives: 1.0-1.4 ms a call against 0.2 ms with
-    2 gloo ranks on 2 cores). On the CPU, but on the current GPU where NCCL,
-    which has no CPU tensors, is the only backend."""
+    2 gloo ranks on 2 cores), in ``group`` (a gloo group; None: the default
+    group). On the CPU, but on the current GPU where NCCL, which has no CPU
+    tensors, is the default group's only backend."""
     dist = _dist()
     if dist is None:
         return value
     import torch
 
-    device = "cpu" if _on_cpu(dist) else torch.device("cuda", torch.cuda.current_device())
+    on_cpu = group is not None or _on_cpu(dist)
+    device = "cpu" if on_cpu else torch.device("cuda", torch.cuda.current_device())
     found = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(found, op=dist.ReduceOp.MAX)
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
     return int(found.item())
 
 
@@ -125,8 +127,7 @@ class LateMax:
         self.route = None if dist is None else where or route(str(dist.get_backend()),
                                                                dist.is_gloo_available())
         self.late = self.route in (DEFAULT, GLOO_GROUP)
-        self._group: Any = None  # None: the default group
-        self._grouped = self.route != GLOO_GROUP  # the gloo group made (at the first call)
+        self._group: Any = None  # None: the default group (GLOO_GROUP: made at the first call)
         self._work: Any = None  # the all_reduce in flight, of self._tensors[self._calls % 2]
         self._tensors: list[Any] = []  # two, used in turn (a new one a call: ~40 us)
         self._calls = 0
@@ -154,8 +155,7 @@ class LateMax:
         return None
 
     def _first_call(self) -> None:
-        if not self._grouped:
-            self._grouped = True
+        if self.route == GLOO_GROUP and self._group is None:  # a failure changes the route
             self._group = self._gloo_group(_dist())
 
     def exchange(self, value: int) -> int:
@@ -179,14 +179,7 @@ class LateMax:
         by the same route; the exchange in flight is not disturbed (it has
         a tensor of its own, and collectives on one group run in order)."""
         self._first_call()
-        if not self.late:
-            return max_int(value)
-        import torch
-
-        dist = _dist()
-        found = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(found, op=dist.ReduceOp.MAX, group=self._group)
-        return int(found.item())
+        return max_int(value, self._group)
 
 
 def barrier() -> None:
