@@ -5,14 +5,13 @@ ranks into one directory (distributed.checked_world)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from dvc_dali.training import distributed
 
-from tests.helpers import child_env
+from tests.helpers.ranks import run_ranks
 
 EARLY = """
 import sys
@@ -37,17 +36,17 @@ def test_which_processes_are_ranks_not_initialized(environ, initialized, found):
 
 
 def test_a_checkpointer_built_before_init_process_group_is_refused_in_every_rank(tmp_path):
+    """Each rank started as torchrun starts it (its environment), but with no
+    launcher to stop one rank when the other fails: every rank must say it."""
     pytest.importorskip("torch")
     script = tmp_path / "early.py"
     script.write_text(EARLY)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", str(script), str(tmp_path / "ck")],
-                          capture_output=True, text=True, env=child_env(), timeout=300)
-    said = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "built" not in proc.stdout, said[-3000:]
-    for rank in (0, 1):
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck")], tmp_path)
+    for rank, proc in enumerate(ranks):
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "built" not in proc.stdout, said[-3000:]
         assert (f"dvc-dali: ConfigError: Checkpointer built in rank {rank} of 2 (torchrun's "
                 "RANK and WORLD_SIZE) before torch.distributed.init_process_group()") in said
-    assert "Call init_process_group() first, then build the Checkpointer" in said
-    assert "/dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
+        assert "Call init_process_group() first, then build the Checkpointer" in said
+        assert "/dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
     assert not (tmp_path / "ck" / "LATEST").exists()
