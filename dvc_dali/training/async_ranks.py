@@ -12,13 +12,12 @@ rank 0 hashes the directory). Nothing here runs on the training thread and
 nothing is a collective: a rank that ended (its directory lock released,
 dirlock.holder) is noticed while waiting, and its checkpoint fails with a
 message naming the rank and the step, never a partial row; so is a rank
-that checkpoints into another directory; a long wait for a live rank is
-said (_Waiting).
+that checkpoints into another directory or synchronously (rank_setup); a
+long wait for a live rank is said (_Waiting).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from pathlib import Path
@@ -26,6 +25,8 @@ from typing import Callable
 
 from ..format import dirlock, store
 from . import distributed, rank_commit
+from .rank_commit import Setup
+from .rank_setup import Announced
 from ..core.errors import CheckpointWriteError
 from ..core.log import logger
 
@@ -33,7 +34,6 @@ LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for
 # a rank that waits this long for a live one says so, then again every WAITING_AGAIN_S:
 # never a silent wait (a rank that does not call make_checkpoint is waited for until it does)
 WAITING_S, WAITING_AGAIN_S = 30.0, 300.0
-_BUILT = itertools.count(1)  # this process's AsyncRanks so far: every rank builds them in turn
 
 
 class AsyncRanks:
@@ -45,12 +45,11 @@ class AsyncRanks:
         self.directory = os.path.realpath(path)
         self.kv = distributed.KeyValue(f"dvc_dali/{self.directory}/")
         self.kv.set(f"pid/{rank}", str(os.getpid()))  # after the directory lock is held
-        # which directory this rank's n-th one uses: a rank waiting for another
-        # that never announced itself here tells one checkpointing elsewhere
-        # (it would wait for ever) from one not started yet
-        self.built = self.kv.sibling("dvc_dali/built/")
-        self.number = next(_BUILT)
-        self.built.set(f"{rank}/{self.number}", self.directory)
+        # how each rank checkpoints, said at its first checkpoint: a rank waited
+        # for that never announced itself in this directory is told, by its
+        # setup, from one not there yet (one checkpointing elsewhere, or
+        # synchronously, would be waited for for ever)
+        self.announced: Announced | None = None
         self.seq = 0
         self.timings: dict[str, float] = {}
 
@@ -58,6 +57,9 @@ class AsyncRanks:
             record: Callable[[int, str], None]) -> Callable[[], None]:
         """The background work for the next checkpoint: ``record(step, LATEST
         text)`` records the row (called on rank 0 only)."""
+        if self.announced is None:  # on the training thread: in the order of every rank's
+            self.announced = Announced(self.rank, Setup(self.directory, True),
+                                       self.kv.sibling("dvc_dali/built/"))
         self.seq += 1
         seq = self.seq
         return lambda: self._run(seq, captured, record)
@@ -78,15 +80,14 @@ class AsyncRanks:
         else:
             self._await_done(seq, captured.step)
 
-    def _seen(self, rank: int) -> tuple[bool, str | None]:
-        """(whether ``rank`` ended, the other directory it checkpoints into),
-        from one read of its announcement here: announced, it ended once
-        its lock is free; not announced, it has not started yet or it
-        checkpoints elsewhere (its n-th directory, said in the store)."""
+    def _seen(self, rank: int) -> tuple[bool, Setup | None]:
+        """(whether ``rank`` ended, its setup where unlike this rank's), from
+        one read of its announcement here: announced, it ended once its lock
+        is free; not announced, it has not started yet, or it checkpoints
+        elsewhere or synchronously (its setup, said in the store)."""
         if self.kv.get_now(f"pid/{rank}") is not None:
             return dirlock.holder(self.path, rank) is None, None
-        theirs = self.built.get_now(f"{rank}/{self.number}")
-        return False, theirs if theirs not in (None, self.directory) else None
+        return False, self.announced.unlike(rank)
 
     def _commit(self, seq: int, step: int, record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
@@ -130,11 +131,11 @@ class AsyncRanks:
                     found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
                     if found is not None:
                         marks[r] = found
-            elsewhere = {r: d for r, (_, d) in seen.items() if d is not None and r not in marks}
-            if elsewhere:  # named as each rank resolved its own
-                elsewhere[0] = self.directory
+            unlike = {r: s for r, (_, s) in seen.items() if s is not None and r not in marks}
+            if unlike:  # directories named as each rank resolved its own
+                unlike[0] = self.announced.setup
             decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path),
-                                          elsewhere)
+                                          unlike)
             if decision.action != rank_commit.WAIT:
                 if decision.action == rank_commit.FAIL:
                     logger.error("%s", decision.message)
@@ -153,8 +154,8 @@ class AsyncRanks:
                 step, self.rank, self.world_size, s))
             gone, theirs = self._seen(0)
             if theirs is not None:
-                message = rank_commit.other_directories_message(
-                    {0: theirs, self.rank: self.directory}, step)
+                message = rank_commit.mismatch_message(
+                    {0: theirs, self.rank: self.announced.setup}, step)
                 logger.error("%s", message)
                 raise CheckpointWriteError(message)
             if gone:

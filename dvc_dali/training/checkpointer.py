@@ -25,8 +25,8 @@ import numpy as np
 from ..format import arrays as arrays_mod
 from ..proof import batch_digests, data_contents
 from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
-from . import (async_ranks, distributed, preemption, rank_commit, restorable, rng_state,
-               signal_file)
+from . import (async_ranks, distributed, preemption, rank_commit, rank_setup, restorable,
+               rng_state, signal_file)
 from ..format import dirlock, store
 from ..core import exit_hooks
 from .._version import __version__
@@ -168,7 +168,8 @@ class Checkpointer:
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         # should_save's agreement on it, one step late (distributed.LateMax)
         self._late_max = distributed.LateMax() if self.world_size > 1 else None
-        self._same_directory = False  # the ranks found to share self.path (first save)
+        # how this rank checkpoints, said to the others at its first save (rank_setup)
+        self._announced: rank_setup.Announced | None = None
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
@@ -842,9 +843,12 @@ class Checkpointer:
         if self.world_size == 1:
             written = _publish_one(self.path, captured)
         else:
+            first = self._announced is None
+            if first:
+                self._announced = rank_setup.Announced(
+                    self.rank, rank_setup.Setup(os.path.realpath(self.path), False))
             written = _publish_ranks(self.path, captured, self.rank, self.world_size,
-                                     agree=not self._same_directory)
-            self._same_directory = True
+                                     self._announced if first else None)
         if self.rank == 0:  # what the recording must find there (see signal_file)
             self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
         self.timings["save_s"] = time.perf_counter() - t0
@@ -948,16 +952,16 @@ def _publish_one(path: Path, captured: store.Capture) -> Path:
 
 
 def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int,
-                   agree: bool = False) -> Path:
+                   check: rank_setup.Announced | None = None) -> Path:
     """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
     in LATEST once every rank has written, so LATEST never mixes steps.
-    ``agree`` (the first save): the ranks first check that they share one
-    directory, else every rank refuses before writing."""
-    if agree:
-        directories = distributed.all_gather(os.path.realpath(path))
-        if len(set(directories)) > 1:
-            raise CheckpointWriteError(rank_commit.other_directories_message(
-                dict(enumerate(directories)), captured.step))
+    ``check`` (the first save): the ranks first check that every one
+    checkpoints into this directory, synchronously, else every rank refuses
+    before writing."""
+    if check is not None:
+        message = rank_commit.mismatch_message(check.all(world_size), captured.step)
+        if message:
+            raise CheckpointWriteError(message)
     rank_dir = f"rank-{rank:05d}"
     name, sha = store.write_capture(path / rank_dir, captured,
                                     rank={"rank": rank, "world_size": world_size})

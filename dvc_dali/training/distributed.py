@@ -227,6 +227,11 @@ class KeyValue:
     def set(self, key: str, value: str) -> None:
         self._store.set(key, value)
 
+    def get(self, key: str) -> str:
+        """The value, waiting until the key is set (for at most the process
+        group's timeout, as a collective would)."""
+        return self._store.get(key).decode()
+
     def get_now(self, key: str) -> str | None:
         """The value, or None when the key is not set yet (never blocks)."""
         if not self._store.check([key]):

@@ -40,7 +40,7 @@ class Decision:
 
 def decide(step: int, world_size: int, durable: Mapping[int, Durable],
            dead: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint",
-           elsewhere: Mapping[int, str] | None = None) -> Decision:
+           unlike: Mapping[int, Setup] | None = None) -> Decision:
     """What rank 0 does with checkpoint ``step`` (its own step) now.
 
     Args:
@@ -50,13 +50,13 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
         dead: ranks known to have ended (their process is gone); a dead
             rank whose files are durable still counts: its state is whole.
         checkpoint: the checkpoint directory, for the messages.
-        elsewhere: ranks known to checkpoint into another directory (by
-            rank, that directory; rank 0's own, where given, as it resolved
-            it): their marks can never come here.
+        unlike: ranks known to checkpoint unlike rank 0 (into another
+            directory, or synchronously), with rank 0's own Setup: their
+            marks can never come.
     """
-    if elsewhere:
-        return Decision(FAIL, message=other_directories_message(
-            {0: checkpoint, **elsewhere}, step))
+    message = mismatch_message(unlike or {}, step)
+    if message:
+        return Decision(FAIL, message=message)
     other = sorted((r, m.step) for r, m in durable.items() if m.step != step)
     if other:
         found = ", ".join(f"rank {r} step {s}" for r, s in other)
@@ -104,6 +104,53 @@ def waiting_for_record_message(step: int, rank: int, world_size: int, waited: fl
             f"{step} (rank 0 is alive: it records once every rank's files are durable, and "
             "a large output takes DVC long to hash); every rank must call make_checkpoint() "
             "at the same step.")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one rank's Checkpointer checkpoints, as every rank announces it in
+    the store when it is built (its n-th Checkpointer's, by the n of each)."""
+
+    directory: str  # resolved (os.path.realpath)
+    asynchronous: bool
+
+
+def format_setup(setup: Setup) -> str:
+    return f"{'async' if setup.asynchronous else 'sync'} {setup.directory}"
+
+
+def parse_setup(text: Optional[str]) -> Optional[Setup]:
+    """A Setup as the store holds it (None: not announced)."""
+    if not text:
+        return None
+    mode, directory = text.split(" ", 1)
+    return Setup(directory, mode == "async")
+
+
+def mismatch_message(setups: Mapping[int, Setup], step: int) -> str:
+    """Why ranks that checkpoint as ``setups`` say (by rank, some of them) can
+    never commit one checkpoint together, or "" when they can."""
+    if len({s.directory for s in setups.values()}) > 1:
+        return other_directories_message({r: s.directory for r, s in setups.items()}, step)
+    if len({s.asynchronous for s in setups.values()}) > 1:
+        return mixed_modes_message({r: s.asynchronous for r, s in setups.items()}, step)
+    return ""
+
+
+def mixed_modes_message(asynchronous: Mapping[int, bool], step: int) -> str:
+    """What every rank says when some ranks checkpoint asynchronously and
+    others synchronously (``asynchronous``: by rank)."""
+    by_mode: dict[bool, list[int]] = {}
+    for rank in sorted(asynchronous):
+        by_mode.setdefault(asynchronous[rank], []).append(rank)
+    found = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} "
+                      f"{'asynchronously' if mode else 'synchronously'}"
+                      for mode, r in sorted(by_mode.items(), key=lambda item: item[1]))
+    return (f"the ranks checkpoint in different modes ({found}); step {step} is not "
+            "recorded. Every rank of a run must build its Checkpointer with the same "
+            "asynchronous= (or, leaving it out, the same DVC_DALI_ASYNC): an asynchronous "
+            "rank waits in the background for the others' files, a synchronous one for "
+            "them all in a collective, and neither would ever come.")
 
 
 def other_directories_message(directories: Mapping[int, str], step: int) -> str:

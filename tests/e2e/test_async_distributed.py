@@ -82,14 +82,16 @@ def reference(tmp_path_factory):
     return model_sha(ref)
 
 
-def test_ranks_given_different_directories_are_refused(tmp_path):
+def test_ranks_given_different_directories_or_modes_are_refused(tmp_path):
     """Rank 1 passes a checkpoint directory of its own, in a run outside
     `dvc exp run` (under it, a directory that is not the stage's output is
     refused by name at the start): asynchronous, rank 0 would wait for its
     files for ever (and rank 1 for the record); synchronous, LATEST would
     name a rank-00001/ that is elsewhere, a checkpoint no resume can load.
     Both are refused at the first checkpoint, every rank saying which
-    directories, and no LATEST is written."""
+    directories, and no LATEST is written. So are ranks in one directory of
+    which one checkpoints synchronously (each would wait for the other for
+    ever): the synchronous one refuses at its first save."""
     work = two_ranks(tmp_path / "dirs")
     run(["dvc", "repro", "prepare"], work)  # its run cache: data/digits checked out
     params = work / "params.yaml"
@@ -108,6 +110,18 @@ def test_ranks_given_different_directories_are_refused(tmp_path):
             assert theirs.endswith("/dirs/checkpoint-rank1"), said[-3000:]
             assert "must pass the same checkpoint directory" in said
         assert not list(work.glob("checkpoint*/LATEST"))
+    # the same directory, rank 1 synchronous: rank 0 waited for its files for
+    # ever, rank 1 for rank 0 in a collective. Rank 1 refuses at its first
+    # save; rank 0 says so too, or its training's next collective fails as
+    # rank 1 ended (whichever comes first)
+    rank0, rank1 = run_ranks([sys.executable, "async_faults.py"], work,
+                             env={"DVC_DALI_ASYNC": "1", "ASYNC_FAULT": "sync-mode:1:0"})
+    said = rank1.stdout + rank1.stderr
+    assert rank0.returncode != 0 and rank1.returncode != 0, said[-3000:]
+    assert ("the ranks checkpoint in different modes (rank 0 asynchronously; rank 1 "
+            "synchronously); step 10 is not recorded") in said, said[-3000:]
+    assert "the same asynchronous=" in said and "/dvc_dali/" not in said, said[-3000:]
+    assert not list(work.glob("checkpoint*/LATEST"))
 
 
 def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):

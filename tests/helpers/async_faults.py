@@ -14,7 +14,8 @@ SIGKILLs itself (what = kill-...) or sends itself SIGTERM (term-write) at:
 
 ``other-dir:<rank>:0``: that rank checkpoints into ``checkpoint-rank<rank>``
 instead of the stage's ``checkpoint`` (a directory of its own, as a user
-who appends the rank to the path would).
+who appends the rank to the path would). ``sync-mode:<rank>:0``: that rank
+checkpoints synchronously (DVC_DALI_ASYNC=0 in its environment only).
 
 The instants are reached through dvc-dali's own functions, wrapped here (no
 DVC, DALI or torch code is replaced). Without ASYNC_FAULT: the example as it is.
@@ -95,6 +96,8 @@ if FAULT:
     if os.environ.get("RANK") == _rank:
         if _what == "other-dir":
             _args += ["--checkpoint", f"checkpoint-rank{_rank}"]
+        elif _what == "sync-mode":
+            os.environ["DVC_DALI_ASYNC"] = "0"
         else:
             _install(_what, int(_step))
 

@@ -11,9 +11,13 @@ from dvc_dali.training.rank_commit import (
     RECORD,
     WAIT,
     Durable,
+    Setup,
     decide,
     format_durable,
+    format_setup,
+    mismatch_message,
     parse_durable,
+    parse_setup,
 )
 
 
@@ -83,7 +87,42 @@ def test_marks_round_trip_through_the_store_text():
 ])
 def test_ranks_in_other_directories_fail_naming_each(world, durable, elsewhere, want):
     marks = {rank: mark(rank, step) for rank, step in durable.items()}
-    decision = decide(20, world, marks, set(), "/a", elsewhere)
+    unlike = {0: Setup("/a", True), **{r: Setup(d, True) for r, d in elsewhere.items()}}
+    decision = decide(20, world, marks, set(), "/a", unlike)
     assert decision.action == FAIL and decision.entries == ()
     assert f"different directories ({want}); step 20 is not recorded" in decision.message
     assert "must pass the same checkpoint directory" in decision.message
+
+
+# (by rank: directory, asynchronous) -> what they are refused for ("": nothing)
+SETUPS = [
+    ({0: ("/a", True), 1: ("/a", True)}, ""),
+    ({0: ("/a", False), 1: ("/a", False), 2: ("/a", False)}, ""),
+    ({0: ("/a", True), 1: ("/a", False)},
+     "different modes (rank 0 asynchronously; rank 1 synchronously)"),
+    ({0: ("/a", False), 1: ("/a", True), 2: ("/a", True)},
+     "different modes (rank 0 synchronously; ranks 1, 2 asynchronously)"),
+    ({0: ("/a", True), 1: ("/a", True), 2: ("/a", False), 3: ("/a", True)},
+     "different modes (ranks 0, 1, 3 asynchronously; rank 2 synchronously)"),
+    # another directory and another mode: the directory is said (the first to fix)
+    ({0: ("/a", True), 1: ("/b", False)}, "different directories (rank 0 into /a; rank 1 into /b)"),
+]
+
+
+@pytest.mark.parametrize("setups, want", SETUPS)
+def test_ranks_unlike_each_other_are_refused_naming_what_differs(setups, want):
+    message = mismatch_message({r: Setup(d, a) for r, (d, a) in setups.items()}, 30)
+    assert (want in message) and bool(want) == bool(message), message
+    if "modes" in want:
+        assert "step 30 is not recorded" in message and "the same asynchronous=" in message
+    if want:  # rank 0 waiting for a rank that announced such a setup fails at once
+        unlike = {r: Setup(d, a) for r, (d, a) in setups.items()}
+        decision = decide(30, len(setups), {0: mark(0, 30)}, set(), "/a", unlike)
+        assert decision.action == FAIL and decision.message == message
+
+
+@pytest.mark.parametrize("setup", [Setup("/a/b", True), Setup("/with space/ck", False),
+                                   Setup("/", True)])
+def test_setups_round_trip_through_the_store_text(setup):
+    assert parse_setup(format_setup(setup)) == setup
+    assert parse_setup(None) is None and parse_setup("") is None

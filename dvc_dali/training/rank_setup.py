@@ -1,0 +1,45 @@
+"""Every rank says in torch.distributed's store how its n-th checkpointing
+Checkpointer checkpoints (directory, asynchronous or not), so ranks that
+could never commit one checkpoint together refuse at the first checkpoint
+instead of waiting for ever: an asynchronous rank reads the others' while
+it waits (async_ranks), a synchronous one reads them all at its first save.
+
+The n counts this process's Checkpointers under torch.distributed in the
+order of their first checkpoint, which every rank of a run makes in the
+same order; a Checkpointer built to read only (on one rank, say) is not
+counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from . import distributed, rank_commit
+from .rank_commit import Setup
+
+_BUILT = itertools.count(1)
+
+
+class Announced:
+    """This rank's announcement, and the others' as they read now."""
+
+    def __init__(self, rank: int, setup: Setup,
+                 kv: distributed.KeyValue | None = None) -> None:
+        self.rank, self.setup = rank, setup
+        self.kv = kv or distributed.KeyValue("dvc_dali/built/")
+        self.number = next(_BUILT)
+        self.kv.set(f"{rank}/{self.number}", rank_commit.format_setup(setup))
+
+    def of(self, rank: int) -> Setup | None:
+        """``rank``'s (None: it has not built its n-th Checkpointer yet)."""
+        return rank_commit.parse_setup(self.kv.get_now(f"{rank}/{self.number}"))
+
+    def unlike(self, rank: int) -> Setup | None:
+        """``rank``'s, where it differs from this rank's."""
+        theirs = self.of(rank)
+        return theirs if theirs not in (None, self.setup) else None
+
+    def all(self, world_size: int) -> dict[int, Setup]:
+        """Every rank's, waiting for each to be built (as a collective would)."""
+        return {r: rank_commit.parse_setup(self.kv.get(f"{r}/{self.number}"))
+                for r in range(world_size)}
