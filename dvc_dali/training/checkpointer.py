@@ -168,8 +168,8 @@ class Checkpointer:
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         # should_save's agreement on it, one step late (distributed.LateMax)
         self._late_max = distributed.LateMax() if self.world_size > 1 else None
-        # how this rank checkpoints, said to the others at its first save (rank_setup)
-        self._announced: rank_setup.Announced | None = None
+        # how every rank checkpoints, compared at the first save (rank_setup)
+        self._setups_checked = False
         self.timings: dict[str, float] = {}
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
@@ -843,12 +843,9 @@ class Checkpointer:
         if self.world_size == 1:
             written = _publish_one(self.path, captured)
         else:
-            first = self._announced is None
-            if first:
-                self._announced = rank_setup.Announced(
-                    self.rank, rank_setup.Setup(os.path.realpath(self.path), False))
             written = _publish_ranks(self.path, captured, self.rank, self.world_size,
-                                     self._announced if first else None)
+                                     check=not self._setups_checked)
+            self._setups_checked = True
         if self.rank == 0:  # what the recording must find there (see signal_file)
             self._latest = (self.path / store.LATEST).read_text(encoding="utf-8")
         self.timings["save_s"] = time.perf_counter() - t0
@@ -952,14 +949,16 @@ def _publish_one(path: Path, captured: store.Capture) -> Path:
 
 
 def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: int,
-                   check: rank_setup.Announced | None = None) -> Path:
+                   check: bool = False) -> Path:
     """Each rank writes its own rank-NNNNN/ directory; rank 0 names them all
     in LATEST once every rank has written, so LATEST never mixes steps.
     ``check`` (the first save): the ranks first check that every one
     checkpoints into this directory, synchronously, else every rank refuses
     before writing."""
-    if check is not None:
-        message = rank_commit.mismatch_message(check.all(world_size), captured.step)
+    if check:
+        mine = rank_commit.Setup(os.path.realpath(path), asynchronous=False)
+        setups = rank_setup.synchronous_setups(rank, world_size, mine)
+        message = rank_commit.mismatch_message(setups, captured.step)
         if message:
             raise CheckpointWriteError(message)
     rank_dir = f"rank-{rank:05d}"

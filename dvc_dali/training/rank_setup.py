@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 
 from . import distributed, rank_commit
+from ..core.errors import ConfigError
 from .rank_commit import Setup
 
 _BUILT = itertools.count(1)
@@ -43,3 +44,15 @@ class Announced:
         """Every rank's, waiting for each to be built (as a collective would)."""
         return {r: rank_commit.parse_setup(self.kv.get(f"{r}/{self.number}"))
                 for r in range(world_size)}
+
+
+def synchronous_setups(rank: int, world_size: int, setup: Setup) -> dict[int, Setup]:
+    """Every rank's, for a synchronous rank's first save, this one's said
+    first: through the store, where asynchronous ranks say theirs too; with
+    a torch that gives no store (where no rank can be asynchronous) through
+    a collective."""
+    try:
+        return Announced(rank, setup).all(world_size)
+    except ConfigError:  # torch without distributed_c10d._get_default_store
+        texts = distributed.all_gather(rank_commit.format_setup(setup))
+        return {r: rank_commit.parse_setup(text) for r, text in enumerate(texts)}

@@ -5,6 +5,7 @@ ranks into one directory (distributed.checked_world)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from dvc_dali.training import distributed
 from tests.helpers.ranks import run_ranks
 
 EARLY = """
+import os
 import sys
 import dvc_dali
 ck = dvc_dali.Checkpointer(sys.argv[1])  # before init_process_group: refused
@@ -50,3 +52,76 @@ def test_a_checkpointer_built_before_init_process_group_is_refused_in_every_rank
         assert "Call init_process_group() first, then build the Checkpointer" in said
         assert "/dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
     assert not (tmp_path / "ck" / "LATEST").exists()
+
+
+NO_STORE = """
+import os
+import sys
+import numpy as np
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+import dvc_dali
+dist.init_process_group("gloo")
+del distributed_c10d._get_default_store  # a torch that gives no store
+rank = dist.get_rank()
+ck = dvc_dali.Checkpointer(sys.argv[1] + ("", "-rank1")[rank * int(sys.argv[2])],
+                           asynchronous=False)
+ck.save(10, arrays={"w": np.arange(3) + rank})
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("apart", [0, 1])
+def test_synchronous_ranks_compare_setups_without_the_store(tmp_path, apart):
+    """The ranks compare their directories through the store at the first
+    save; where torch gives no store (so no rank can be asynchronous), through
+    a collective: synchronous checkpoints work as before, and ranks given
+    different directories are still refused."""
+    pytest.importorskip("torch")
+    script = tmp_path / "no_store.py"
+    script.write_text(NO_STORE)
+    real = os.path.realpath(tmp_path)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck"), str(apart)],
+                      tmp_path)
+    for proc in ranks:
+        said = proc.stdout + proc.stderr
+        if apart:
+            assert proc.returncode != 0 and "saved" not in said, said[-3000:]
+            assert ("the ranks checkpoint into different directories (rank 0 into "
+                    f"{real}/ck; rank 1 into {real}/ck-rank1)") in said, said[-3000:]
+        else:
+            assert proc.returncode == 0 and "saved" in proc.stdout, said[-3000:]
+    assert (tmp_path / "ck" / "LATEST").exists() != bool(apart)
+
+
+READER_FIRST = """
+import sys
+import numpy as np
+import torch.distributed as dist
+import dvc_dali
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+asynchronous = bool(int(sys.argv[2]))
+if rank == 0:  # a Checkpointer to read only, on rank 0 only, built first
+    reader = dvc_dali.Checkpointer(sys.argv[1] + "-eval", asynchronous=asynchronous)
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=asynchronous)
+for step in (10, 20):
+    ck.make_checkpoint(step, arrays={"w": np.arange(3) + rank + step})
+ck.wait()
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("asynchronous", [0, 1])
+def test_a_checkpointer_built_on_one_rank_to_read_is_not_counted(tmp_path, asynchronous):
+    """The ranks compare the setups of their n-th checkpointing Checkpointers:
+    one built on rank 0 only, which never checkpoints, shifts nothing."""
+    pytest.importorskip("torch")
+    script = tmp_path / "reader_first.py"
+    script.write_text(READER_FIRST)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck"), str(asynchronous)],
+                      tmp_path)
+    for proc in ranks:
+        assert proc.returncode == 0 and "saved" in proc.stdout, proc.stderr[-3000:]
+    latest = (tmp_path / "ck" / "LATEST").read_text()
+    assert latest.count("rank-0000") == 2 and "step-000000020" in latest, latest
