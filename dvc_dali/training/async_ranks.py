@@ -3,10 +3,13 @@ background thread does with one captured checkpoint.
 
 Every rank writes its snapshot into ``rank-NNNNN/`` (durable: fsynced,
 renamed, its directory fsynced) and says so in torch.distributed's own
-store (``<seq>/durable/<rank>``: its step, snapshot and manifest md5). Rank
+store (``<n>.<seq>/durable/<rank>``: its step, snapshot and manifest md5,
+``n`` this Checkpointer's number in rank_setup, ``seq`` its checkpoint's;
+a later Checkpointer of the same directory never reads an earlier one's
+keys). Rank
 0 waits for every rank's mark of that checkpoint (rank_commit.decide), then
 names them all in LATEST, removes what they superseded, records the row,
-and says ``<seq>/done``; every other rank waits for that before its
+and says ``<n>.<seq>/done``; every other rank waits for that before its
 checkpoint counts as finished (the next one's files must not appear while
 rank 0 hashes the directory). Nothing here runs on the training thread and
 nothing is a collective: a rank that ended (its directory lock released,
@@ -61,10 +64,10 @@ class AsyncRanks:
             self.announced = Announced(self.rank, Setup(self.directory, True),
                                        self.kv.sibling("dvc_dali/built/"))
         self.seq += 1
-        seq = self.seq
+        seq = f"{self.announced.number}.{self.seq}"
         return lambda: self._run(seq, captured, record)
 
-    def _run(self, seq: int, captured: store.Capture,
+    def _run(self, seq: str, captured: store.Capture,
              record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
         rank_dir = f"rank-{self.rank:05d}"
@@ -89,7 +92,7 @@ class AsyncRanks:
             return dirlock.holder(self.path, rank) is None, None
         return False, self.announced.unlike(rank)
 
-    def _commit(self, seq: int, step: int, record: Callable[[int, str], None]) -> None:
+    def _commit(self, seq: str, step: int, record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
         decision = self._all_durable(seq, step)
         self.timings["wait_ranks_s"] = time.perf_counter() - t0
@@ -117,7 +120,7 @@ class AsyncRanks:
                     " and the row recorded" if self.recording else "",
                     self.timings["record_s"] * 1000)
 
-    def _all_durable(self, seq: int, step: int) -> rank_commit.Decision:
+    def _all_durable(self, seq: str, step: int) -> rank_commit.Decision:
         """Rank 0 waits until every rank's files of checkpoint ``seq`` are
         durable, or one rank ended before (rank_commit.decide)."""
         marks: dict[int, rank_commit.Durable] = {}
@@ -144,7 +147,7 @@ class AsyncRanks:
                 step, decision.waiting_for, self.world_size, s))
             self.kv.wait(f"{seq}/durable/{decision.waiting_for[0]}", LIVENESS_S)
 
-    def _await_done(self, seq: int, step: int) -> None:
+    def _await_done(self, seq: str, step: int) -> None:
         """A rank other than 0: until rank 0 recorded (or gave up) checkpoint ``seq``."""
         t0 = time.perf_counter()
         done = f"{seq}/done"

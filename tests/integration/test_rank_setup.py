@@ -125,3 +125,36 @@ def test_a_checkpointer_built_on_one_rank_to_read_is_not_counted(tmp_path, async
         assert proc.returncode == 0 and "saved" in proc.stdout, proc.stderr[-3000:]
     latest = (tmp_path / "ck" / "LATEST").read_text()
     assert latest.count("rank-0000") == 2 and "step-000000020" in latest, latest
+
+
+TWICE = """
+import sys, time
+import numpy as np
+import torch.distributed as dist
+import dvc_dali
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for phase in (100, 200):  # a Checkpointer, closed, then another in the same directory
+    ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True, resume=False)
+    if rank == 1 and phase == 200:
+        time.sleep(1)  # rank 1 late: rank 0 waits for its mark of this Checkpointer
+    ck.make_checkpoint(10, arrays={"w": np.full(3, phase + rank)})
+    ck.close()
+    dist.barrier()
+print("restored", rank, int(dvc_dali.Checkpointer(sys.argv[1]).arrays["w"][0]), flush=True)
+"""
+
+
+def test_a_later_checkpointer_of_a_directory_never_takes_an_earlier_ones_files(tmp_path):
+    """Asynchronous ranks agree through the store on each checkpoint: a
+    second Checkpointer of the same directory in the same processes (training
+    in phases) took the first one's mark of its first checkpoint, so LATEST
+    named rank 0's new state beside rank 1's old one, and rank 1 was told
+    its checkpoint was recorded before it was."""
+    pytest.importorskip("torch")
+    script = tmp_path / "twice.py"
+    script.write_text(TWICE)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck")], tmp_path)
+    for rank, proc in enumerate(ranks):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"restored {rank} {200 + rank}" in proc.stdout, proc.stdout[-3000:]
