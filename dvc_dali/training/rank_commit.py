@@ -108,8 +108,8 @@ def waiting_for_record_message(step: int, rank: int, world_size: int, waited: fl
 
 @dataclass(frozen=True)
 class Setup:
-    """How one rank's Checkpointer checkpoints, as every rank announces it in
-    the store when it is built (its n-th Checkpointer's, by the n of each)."""
+    """How one rank's Checkpointer checkpoints, as each rank says it in the
+    store at its first checkpoint (rank_setup)."""
 
     directory: str  # resolved (os.path.realpath)
     asynchronous: bool
