@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..format import dirlock, store
-from . import distributed, rank_commit
+from . import distributed, rank_commit, rank_setup
 from .rank_commit import Setup
 from .rank_setup import Announced
 from ..core.errors import CheckpointWriteError
@@ -47,7 +47,6 @@ class AsyncRanks:
         self.recording = recording  # under `dvc exp run`: rank 0 records a row (for the log)
         self.directory = os.path.realpath(path)
         self.kv = distributed.KeyValue(f"dvc_dali/{self.directory}/")
-        self.kv.set(f"pid/{rank}", str(os.getpid()))  # after the directory lock is held
         # how each rank checkpoints, said at its first checkpoint: a rank waited
         # for that never announced itself in this directory is told, by its
         # setup, from one not there yet (one checkpointing elsewhere, or
@@ -61,8 +60,12 @@ class AsyncRanks:
         """The background work for the next checkpoint: ``record(step, LATEST
         text)`` records the row (called on rank 0 only)."""
         if self.announced is None:  # on the training thread: in the order of every rank's
+            number = rank_setup.next_number()
+            # here, under this Checkpointer's number (the directory lock is held):
+            # the lock of one that closed must not read as this rank ended
+            self.kv.set(f"{number}/pid/{self.rank}", str(os.getpid()))
             self.announced = Announced(self.rank, Setup(self.directory, True),
-                                       self.kv.sibling("dvc_dali/built/"))
+                                       self.kv.sibling("dvc_dali/built/"), number)
         self.seq += 1
         seq = f"{self.announced.number}.{self.seq}"
         return lambda: self._run(seq, captured, record)
@@ -88,7 +91,7 @@ class AsyncRanks:
         one read of its announcement here: announced, it ended once its lock
         is free; not announced, it has not started yet, or it checkpoints
         elsewhere or synchronously (its setup, said in the store)."""
-        if self.kv.get_now(f"pid/{rank}") is not None:
+        if self.kv.get_now(f"{self.announced.number}/pid/{rank}") is not None:
             return dirlock.holder(self.path, rank) is None, None
         return False, self.announced.unlike(rank)
 

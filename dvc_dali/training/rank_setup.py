@@ -21,14 +21,19 @@ from .rank_commit import Setup
 _BUILT = itertools.count(1)
 
 
+def next_number() -> int:
+    """The number of this process's next checkpointing Checkpointer."""
+    return next(_BUILT)
+
+
 class Announced:
     """This rank's announcement, and the others' as they read now."""
 
-    def __init__(self, rank: int, setup: Setup,
-                 kv: distributed.KeyValue | None = None) -> None:
+    def __init__(self, rank: int, setup: Setup, kv: distributed.KeyValue | None = None,
+                 number: int | None = None) -> None:
         self.rank, self.setup = rank, setup
         self.kv = kv or distributed.KeyValue("dvc_dali/built/")
-        self.number = next(_BUILT)
+        self.number = next_number() if number is None else number
         self.kv.set(f"{rank}/{self.number}", rank_commit.format_setup(setup))
 
     def of(self, rank: int) -> Setup | None:

@@ -135,12 +135,12 @@ import dvc_dali
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 for phase in (100, 200):  # a Checkpointer, closed, then another in the same directory
-    ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True, resume=False)
     if rank == 1 and phase == 200:
-        time.sleep(1)  # rank 1 late: rank 0 waits for its mark of this Checkpointer
+        time.sleep(1)  # rank 1 between the two (evaluating, say): rank 0 waits for it
+    ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True, resume=False)
     ck.make_checkpoint(10, arrays={"w": np.full(3, phase + rank)})
     ck.close()
-    dist.barrier()
+dist.barrier()
 print("restored", rank, int(dvc_dali.Checkpointer(sys.argv[1]).arrays["w"][0]), flush=True)
 """
 
@@ -150,7 +150,8 @@ def test_a_later_checkpointer_of_a_directory_never_takes_an_earlier_ones_files(t
     second Checkpointer of the same directory in the same processes (training
     in phases) took the first one's mark of its first checkpoint, so LATEST
     named rank 0's new state beside rank 1's old one, and rank 1 was told
-    its checkpoint was recorded before it was."""
+    its checkpoint was recorded before it was; and rank 1 between its two
+    Checkpointers (its lock released) read as a rank that ended."""
     pytest.importorskip("torch")
     script = tmp_path / "twice.py"
     script.write_text(TWICE)
