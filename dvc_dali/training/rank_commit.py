@@ -14,7 +14,7 @@ files were durable or the ranks disagree on the step. A row, LATEST and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 WAIT = "wait"
 RECORD = "record"
@@ -140,12 +140,8 @@ def mismatch_message(setups: Mapping[int, Setup], step: int) -> str:
 def mixed_modes_message(asynchronous: Mapping[int, bool], step: int) -> str:
     """What every rank says when some ranks checkpoint asynchronously and
     others synchronously (``asynchronous``: by rank)."""
-    by_mode: dict[bool, list[int]] = {}
-    for rank in sorted(asynchronous):
-        by_mode.setdefault(asynchronous[rank], []).append(rank)
-    found = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} "
-                      f"{'asynchronously' if mode else 'synchronously'}"
-                      for mode, r in sorted(by_mode.items(), key=lambda item: item[1]))
+    found = "; ".join(f"{ranks} {'asynchronously' if mode else 'synchronously'}"
+                      for mode, ranks in _ranks_by(asynchronous).items())
     return (f"the ranks checkpoint in different modes ({found}); step {step} is not "
             "recorded. Every rank of a run must build its Checkpointer with the same "
             "asynchronous= (or, leaving it out, the same DVC_DALI_ASYNC): an asynchronous "
@@ -156,15 +152,21 @@ def mixed_modes_message(asynchronous: Mapping[int, bool], step: int) -> str:
 def other_directories_message(directories: Mapping[int, str], step: int) -> str:
     """What every rank says when the ranks' checkpoint directories differ
     (``directories``: by rank, as each resolved its own; some may agree)."""
-    by_dir: dict[str, list[int]] = {}
-    for rank in sorted(directories):
-        by_dir.setdefault(directories[rank], []).append(rank)
-    found = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} into {d}"
-                      for d, r in by_dir.items())
+    found = "; ".join(f"{ranks} into {d}" for d, ranks in _ranks_by(directories).items())
     return (f"the ranks checkpoint into different directories ({found}); step {step} is not "
             "recorded. Every rank of a run must pass the same checkpoint directory to "
             "Checkpointer: each writes its own rank-NNNNN/ under it, and rank 0 names them "
             "all in LATEST, so a resume finds every rank's state.")
+
+
+def _ranks_by(values: Mapping[int, Any]) -> dict[Any, str]:
+    """Each value, the ranks that have it ("rank 1", "ranks 0, 2"), in the
+    order of their lowest rank."""
+    by_value: dict[Any, list[int]] = {}
+    for rank in sorted(values):
+        by_value.setdefault(values[rank], []).append(rank)
+    return {value: f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
+            for value, r in by_value.items()}
 
 
 def parse_durable(text: Optional[str]) -> Optional[Durable]:

@@ -37,7 +37,7 @@ class Announced:
         self.kv.set(f"{rank}/{self.number}", rank_commit.format_setup(setup))
 
     def of(self, rank: int) -> Setup | None:
-        """``rank``'s (None: it has not built its n-th Checkpointer yet)."""
+        """``rank``'s (None: its n-th Checkpointer has not checkpointed yet)."""
         return rank_commit.parse_setup(self.kv.get_now(f"{rank}/{self.number}"))
 
     def unlike(self, rank: int) -> Setup | None:
@@ -46,7 +46,7 @@ class Announced:
         return theirs if theirs not in (None, self.setup) else None
 
     def all(self, world_size: int) -> dict[int, Setup]:
-        """Every rank's, waiting for each to be built (as a collective would)."""
+        """Every rank's, waiting for each to be said (as a collective would)."""
         return {r: rank_commit.parse_setup(self.kv.get(f"{r}/{self.number}"))
                 for r in range(world_size)}
 
