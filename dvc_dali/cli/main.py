@@ -409,8 +409,8 @@ def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
     from ..proof import replay
     from ..recording import maintenance
 
-    for _stage, path in maintenance.checkpoint_outputs(str(root)):
-        replay.verify(root, os.path.relpath(path, root), row, report)
+    for path, wdir in maintenance.replay_targets(str(root)):
+        replay.verify(root, os.path.relpath(path, root), row, report, Path(wdir))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

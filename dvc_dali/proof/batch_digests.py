@@ -50,7 +50,10 @@ A resume compares each re-produced batch with its digest before it is
 returned, so the training step never sees a batch that differs: a mismatch
 is a :class:`BatchMismatchError` naming the pipeline (or reader), the step,
 what differs and what changed since. ``DVC_DALI_INEXACT=1`` continues on
-purpose, saying once that the run is no longer exact. Where no digest exists
+purpose, saying once that the run is no longer exact; from the difference on
+the run writes nothing more into the resumed checkpoint's segment (shared by
+every resume from it, which must still be compared with the run it
+continues), and its next save starts a fresh one. Where no digest exists
 (a run killed right after its checkpoint), nothing is said and the batches
 are recorded.
 
@@ -88,6 +91,7 @@ import json
 import math
 import os
 import queue
+import stat
 import threading
 import time
 import uuid
@@ -122,6 +126,12 @@ MANIFEST_MAX = 1000  # digests a manifest holds a pipeline (the first after the 
 _KEEP_LOGS = 200  # companion files kept (the newest): a few KB each
 _PRUNE_EVERY = 50  # checkpoints between two prunings (a listing of up to 250 names)
 _ID_CHARS = set("0123456789abcdef")
+# Reading a companion file: a batch's line is ~60 bytes an output, so a
+# segment's file is a few MB in practice; a longer line is none dvc-dali
+# wrote, and no more than _COMPANION_MAX is read, so a huge file cannot take
+# the memory. What is not read is not compared: never a false match.
+_LINE_MAX = 1 << 20
+_COMPANION_MAX = 64 << 20
 # what can explain a dynamic-mode reader's other batch: dynamic mode saves no
 # description of its readers nor digests of their data to name a change from
 UNDESCRIBED = ("a dynamic-mode reader's data and arguments are not described in the "
@@ -466,11 +476,7 @@ def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
     found: dict[str, list[list[str]]] = {}
     if not _valid_id(log_id):
         return found
-    try:
-        text = (directory / f"{log_id}.jsonl").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return found
-    for line in text.splitlines():
+    for line in _bounded_lines(directory / f"{log_id}.jsonl"):
         try:
             rec = json.loads(line)
             name, index, value = rec["p"], rec["i"], rec["d"]
@@ -480,6 +486,29 @@ def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
         if index == len(batches) and isinstance(value, list):  # in order, no gap
             batches.append([str(v) for v in value])
     return found
+
+
+def _bounded_lines(path: Path) -> Iterator[bytes]:
+    """The lines of ``path`` if it is a regular file (a device or a FIFO is
+    never read), up to the first longer than _LINE_MAX and at most
+    _COMPANION_MAX bytes in all."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block the open
+    except OSError:
+        return
+    with open(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            left = _COMPANION_MAX
+            while left > 0:
+                line = f.readline(min(_LINE_MAX + 1, left))
+                if not line or len(line) > _LINE_MAX:
+                    return
+                left -= len(line)
+                yield line
+        except OSError:
+            return
 
 
 def dynamic_stream(checkpoint: str, reader: str) -> str:
@@ -678,6 +707,8 @@ class Recorder:
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
         self._segments = 0  # checkpoints so far: the companion files are pruned every few
+        # DVC_DALI_INEXACT=1 past a difference: nothing more goes into the segment
+        self._diverged = False
         # the mismatch :meth:`observe` raised last: where it was raised in a
         # thread of TensorFlow's, the caller gets TF's error and raises this
         self.failure: BatchMismatchError | None = None
@@ -697,6 +728,7 @@ class Recorder:
         self._recorded = {name: len(b) for name, b in batches.items()}
         self._expected = _Expected(batches, step, why, where)
         self._checks = {}
+        self._diverged = False
         self._open()
 
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
@@ -758,7 +790,7 @@ class Recorder:
         self._settle()
         index = self._count[name]
         self._count[name] = index + 1
-        if self.log_id is None or (self.limit != ALL and index >= self.limit):
+        if self.log_id is None or self._diverged or (self.limit != ALL and index >= self.limit):
             return
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
@@ -778,7 +810,7 @@ class Recorder:
             got = failed_marker(exc)
         found = check(expected[index], got)
         self._check(name, index, found)
-        if self._expected is None:  # DVC_DALI_INEXACT=1: said; recorded from here on
+        if self._expected is None:  # DVC_DALI_INEXACT=1: said; the segment left
             return
         self._checks.setdefault(name, []).append(found)
         if found.outcome == NOT_VERIFIED and _failed(got) is None:
@@ -837,8 +869,10 @@ class Recorder:
                            "%d than the run it resumes (%s); continuing on purpose "
                            "(DVC_DALI_INEXACT=1): this run is no longer exact", kind, name,
                            index + 1, exp.step, "; ".join(diff))
-            self._expected = None  # said once; from here on the batches are recorded
+            self._expected = None  # said once; nothing more is compared
+            self._leave_segment(name, index)
             return
+        self._checks.clear()  # the refusal is what is said (not the batches before it, at close)
         raise BatchMismatchError(
             f"{kind} {name!r}: the batch for step {step} (batch {index + 1} after the "
             f"checkpoint at step {exp.step}, {exp.where}) differs from the one the run it "
@@ -847,6 +881,19 @@ class Recorder:
             "Restore what changed (the data with `dvc checkout`, the DALI "
             "version, the pipeline code) to resume, or start over with `dvc-dali reset`; to "
             "continue on purpose, knowing the run is no longer exact, set DVC_DALI_INEXACT=1.")
+
+    def _leave_segment(self, name: str, index: int) -> None:
+        """DVC_DALI_INEXACT=1, batch ``index`` of ``name`` differs: this run no
+        longer produces what followed the resumed checkpoint, so it writes
+        nothing more into that segment (its companion file is read by every
+        later resume from the checkpoint), and the next manifest's record of
+        it keeps only the batches produced before the difference. The next
+        save starts a fresh segment."""
+        with self._lock:
+            self._diverged = True
+            self._close_log()
+            for stream, done in self._done.items():
+                del done[index if stream == name else self._count.get(stream, 0):]
 
     def _settle(self) -> None:
         """Wait for the digest in flight: at most one, so a kill loses at most
@@ -907,8 +954,12 @@ class Recorder:
         self._settle()
 
     def close(self) -> None:
-        """Wait for the digest in flight and close the companion file."""
+        """Wait for the digest in flight, say what a resume compared whose
+        digests did not run out (a run ending before its next save), and
+        close the companion file."""
         self._settle()
+        for name in list(self._checks):
+            self._say(name)
         with self._lock:
             self._close_log()
 
@@ -932,6 +983,7 @@ class Recorder:
             self._recorded = dict.fromkeys(self._count, 0)
             self._count = dict.fromkeys(self._count, 0)
             self._expected = None
+            self._diverged = False
             self._open()
         if self._segments % _PRUNE_EVERY == 0:
             directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
@@ -979,6 +1031,6 @@ def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
                      "unchanged" if parts else "the DALI version, the data files' names and "
                      "sizes and the pipeline's description are unchanged")
         data = [f"{unchanged}; a file rewritten in place with its old size, a changed "
-                "external_source callable, plugin or custom operator, or another kind of "
-                "device would do this"]
+                "external_source callable, plugin or custom operator, another kind of "
+                "device, or the training step writing into the batch in place would do this"]
     return "; ".join(parts + data)

@@ -7,12 +7,17 @@ Each checkpoint's manifest holds its DALI pipelines serialized
 rebuilt from that with the saved state, on the CPU (GPU 0 when its
 operators need one). A pipeline fed by a Python ``external_source``
 callable cannot be rebuilt without the training script (DALI does not
-serialize the callable): it is named and skipped.
+serialize the callable): it is named and skipped. The pipelines run in
+the stage's working directory, where the training ran, so that a relative
+path in them (a reader's ``file_root``) names the same files; one that
+cannot be rebuilt or run there (its data missing) is a problem, said with
+its cause.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -57,16 +62,22 @@ def _recorded(root: Path, path: str, manifest: dict, row: dict) -> dict[str, lis
     return batch_digests.from_rows(path, children, log_id, str(root))
 
 
-def verify(root: Path, path: str, row: str | None,
-           report: Callable[[bool, str], None]) -> None:
-    """Replay each pipeline of the checkpoint and report each comparison."""
+def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str], None],
+           wdir: Path) -> None:
+    """Replay each pipeline of the checkpoint in ``wdir`` (its stage's
+    working directory) and report each comparison."""
     with tempfile.TemporaryDirectory(prefix="dvc-dali-verify-") as tmp:
         snap, found = _snapshot(root, path, row, Path(tmp))
         label = found.get("name") or row or f"{path} (workspace)"
         recorded = _recorded(root, path, snap.manifest, found)
-        for name, entry in sorted(snap.manifest["pipelines"].items()):
-            _verify_one(label, snap.step, name, entry, snap.pipeline_states.get(name, b""),
-                        recorded.get(name, []), report)
+        here = os.getcwd()
+        os.chdir(wdir)  # DALI resolves a relative file_root against the current directory
+        try:
+            for name, entry in sorted(snap.manifest["pipelines"].items()):
+                _verify_one(label, snap.step, name, entry, snap.pipeline_states.get(name, b""),
+                            recorded.get(name, []), report)
+        finally:
+            os.chdir(here)
 
 
 def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,
@@ -84,11 +95,21 @@ def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,
         print(f"--   {where}: no batch digests recorded after step {step} (the run ended or "
               "was killed right after it)")
         return
-    pipe = dali_state.rebuild(base64.b64decode(entry[KEY]), entry["description"], state)
+    try:
+        pipe = dali_state.rebuild(base64.b64decode(entry[KEY]), entry["description"], state)
+    except Exception as exc:  # noqa: BLE001 (said as a problem, with its cause)
+        report(False, _not_replayed(where, "it could not be rebuilt", exc))
+        return
     checks = []
     for i, want in enumerate(digests):
         try:
-            got = batch_digests.digest(pipe.run())
+            outputs = pipe.run()
+        except Exception as exc:  # noqa: BLE001 (said as a problem, with its cause)
+            report(False, _not_replayed(where, f"batch {i + 1} after step {step} could not be "
+                                               "produced", exc))
+            return
+        try:
+            got = batch_digests.digest(outputs)
         except Exception as exc:  # noqa: BLE001 (nothing told: not verified, said)
             got = batch_digests.failed_marker(exc)
         found = batch_digests.check(want, got)
@@ -104,3 +125,18 @@ def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,
     # nothing differs, and not a proof either: said as such, not counted as a problem
     print(f"--   {where}: the batches recorded after step {step}: "
           f"{batch_digests.outcomes(checks, 1, 'batch')}; so not proven exact")
+
+
+def _not_replayed(where: str, what: str, exc: Exception) -> str:
+    return (f"{where}: not replayed: {what} ({_cause(exc)}). Is its data missing? Restore it "
+            "(`dvc checkout`, or `dvc pull` where the cache lacks it) and run `dvc-dali doctor "
+            "--verify` again")
+
+
+def _cause(exc: Exception) -> str:
+    """The line of ``exc`` that names the cause: a DALI error's follows
+    'encountered:' (its first lines name the operator and its source line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if "encountered:" in lines[:-1]:
+        return lines[lines.index("encountered:") + 1]
+    return lines[0] if lines else type(exc).__name__

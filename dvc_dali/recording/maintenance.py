@@ -85,10 +85,19 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
 def checkpoint_outputs(root: str) -> list[tuple[str, str]]:
     """(stage, output path) for every output declared `checkpoint: true` or
     holding a dvc-dali checkpoint, for `dvc-dali doctor`."""
-    repo = repo_at(root)
+    return [(stg.addressing, out.fs_path) for stg, out in _checkpoint_outs(root)]
+
+
+def replay_targets(root: str) -> list[tuple[str, str]]:
+    """(output path, its stage's working directory) for each of
+    :func:`checkpoint_outputs`, for `dvc-dali doctor --verify`: the training
+    ran there, so the relative paths in its pipelines name the same files."""
+    return [(out.fs_path, stg.wdir) for stg, out in _checkpoint_outs(root)]
+
+
+def _checkpoint_outs(root: str) -> list[tuple[Any, Any]]:
     found = []
-    for stg in dvc_door.named_stages(repo):
+    for stg in dvc_door.named_stages(repo_at(root)):
         declared = dvc_door.declared_checkpoint_outs(stg)
-        found += [(stg.addressing, o.fs_path) for o in stg.outs
-                  if o.def_path in declared or is_checkpoint_dir(o)]
+        found += [(stg, o) for o in stg.outs if o.def_path in declared or is_checkpoint_dir(o)]
     return found

@@ -94,6 +94,28 @@ def test_rewritten_data_is_refused_at_the_first_batch_after_the_checkpoint(proje
         again.stdout + again.stderr, again.stdout + again.stderr
 
 
+def test_doctor_verify_replays_in_the_stages_directory_and_names_missing_data(project):
+    """From a subdirectory the pipeline's relative file_root (data/digits)
+    still names the data the training read; with the data gone, the
+    pipeline that cannot be rebuilt is a problem line naming the cause and
+    what to do, never a traceback."""
+    killed = run(["dvc", "exp", "run", "-n", "v"], project, check=False, env={KILL: "15"})
+    assert killed.returncode != 0 and "v-step10" in exp_rows(project), killed.stderr[-3000:]
+    below = project / "examples"
+    ws = run(["dvc-dali", "doctor", "--verify"], below, check=False)
+    assert re.search(r"ok   checkpoint \(workspace\), pipeline 'train': the [45] batches "
+                     r"recorded after step 10 are reproduced exactly", ws.stdout), \
+        ws.stdout + ws.stderr
+
+    shutil.rmtree(project / "data" / "digits")
+    bad = run(["dvc-dali", "doctor", "--verify"], below, check=False)
+    said = bad.stdout + bad.stderr
+    assert bad.returncode == 1 and "Traceback" not in said, said
+    assert "BAD  checkpoint (workspace), pipeline 'train': not replayed: it could not be " \
+        "rebuilt (" in bad.stdout and "Failed to open data/digits" in bad.stdout, said
+    assert "`dvc checkout`" in bad.stdout, said
+
+
 def test_temp_and_queued_runs_are_compared_with_the_run_they_continue(project):
     """A --temp or queued run keeps its digests in the workspace (DVC_ROOT's),
     where the next run from the same row, --temp or queued, finds them."""

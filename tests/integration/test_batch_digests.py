@@ -6,15 +6,19 @@ are killed with SIGKILL between two checkpoints, as a preemption would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dvc_dali.proof import batch_digests
-from tests.helpers.proof import (companion, manifest, outputs, perturb_same_size_and_mtime,
-                                 refused_then_inexact)
+from tests.helpers.proof import (companion, keep_size_and_mtime, manifest, outputs,
+                                 perturb_same_size_and_mtime, refused_then_inexact)
 from tests.helpers.proof import run as proof_run
 
 
@@ -35,6 +39,109 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
 
     refused_then_inexact("rotate", images, ckpt, tmp_path / "resumed.npz", "pipeline 'train'",
                          **off)
+
+
+def test_a_resume_on_purpose_on_changed_data_leaves_the_checkpoints_segment_alone(
+        tmp_path, images):
+    """DVC_DALI_INEXACT=1 on rewritten data, past the digests recorded: the
+    run writes nothing more into the resumed checkpoint's segment, and its
+    next save records only the batches before the difference (none here).
+    With the data and that checkpoint put back (as `dvc exp apply` of its
+    row would), a resume from it is compared with the run it continues."""
+    ckpt = tmp_path / "ckpt"
+    off = {"DVC_DALI_CONTENT_DIGEST_MAX": "0"}
+    proc = proof_run("rotate", images, ckpt, tmp_path / "first.npz", 10, save_at=[4],
+                     kill_after=8, **off)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    kept = batch_digests.read_companion(companion(ckpt), log_id)
+    assert len(kept["train"]) >= 3, kept  # steps 5-7 (8's may be lost at the kill)
+    saved = tmp_path / "saved-ckpt"
+    shutil.copytree(ckpt, saved)
+    originals = {path: path.read_bytes() for path in (images / "images").rglob("*.jpg")}
+    for path in originals:
+        perturb_same_size_and_mtime(path)
+
+    proc = proof_run("rotate", images, ckpt, tmp_path / "inexact.npz", 12, save_at=[12],
+                     DVC_DALI_INEXACT="1", **off)
+    assert proc.returncode == 0 and "no longer exact" in proc.stderr, proc.stderr[-3000:]
+    assert batch_digests.read_companion(companion(ckpt), log_id) == kept
+    record = manifest(ckpt)["pipelines"]["train"]["batches"]
+    assert record["previous"] == log_id and record["digests"] == [], record
+
+    shutil.rmtree(ckpt)
+    shutil.copytree(saved, ckpt)
+    for path, raw in originals.items():
+        keep_size_and_mtime(path, raw)
+    proc = proof_run("rotate", images, ckpt, tmp_path / "exact.npz", 10, **off)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"pipeline 'train': the batches for steps 5-[78] are those the run it "
+                     r"resumes produced", proc.stderr), proc.stderr
+
+
+def test_a_resume_that_ends_before_its_digests_run_out_says_at_close_what_it_compared(
+        tmp_path, capsys):
+    from tests.helpers import pipelines
+
+    import dvc_dali
+
+    ckpt = tmp_path / "ckpt"
+    fn, kwargs = pipelines.make("source", str(tmp_path))["train"]
+    ck = dvc_dali.Checkpointer(ckpt)
+    pipe = ck.pipeline("train", fn, **kwargs)
+    ck.save(0)
+    for _ in range(8):
+        pipe.run()
+    ck.close()
+    ck = dvc_dali.Checkpointer(ckpt)
+    pipe = ck.pipeline("train", fn, **kwargs)
+    for _ in range(2):  # of the 8 recorded
+        pipe.run()
+    assert "are those the run it resumes produced" not in capsys.readouterr().err
+    ck.close()
+    said = capsys.readouterr().err
+    assert "pipeline 'train': the batches for steps 1-2 are those the run it resumes " \
+        "produced" in said, said
+
+
+@contextlib.contextmanager
+def address_space_at_most(extra: int):
+    """This process's address space capped at what it maps now plus
+    ``extra``: a read without a bound ends in MemoryError, not in the
+    machine's memory."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    pages = int(Path("/proc/self/statm").read_text().split()[0])
+    resource.setrlimit(resource.RLIMIT_AS, (pages * os.sysconf("SC_PAGE_SIZE") + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("how", ["a link to /dev/zero", "a 10 MB line"])
+def test_a_companion_file_that_is_a_device_or_huge_is_not_read(tmp_path, how):
+    """Neither read whole: the resume neither fails nor claims a proof for
+    batches it could not read."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2],
+                     kill_after=5)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    path = companion(ckpt) / f"{log_id}.jsonl"
+    lines = path.read_text().splitlines()
+    path.unlink()
+    if how == "a link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    else:  # the first batch's own record, padded: no line dvc-dali writes
+        first = {**json.loads(lines[0]), "pad": "x" * 10_000_000}
+        path.write_text("".join(line + "\n" for line in [json.dumps(first), *lines[1:]]))
+    with address_space_at_most(256 << 20):
+        assert batch_digests.read_companion(companion(ckpt), log_id) == {}
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "are those the run it resumes produced" not in proc.stderr, proc.stderr
 
 
 def test_a_changed_external_source_callable_is_refused(tmp_path):
