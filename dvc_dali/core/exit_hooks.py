@@ -14,6 +14,9 @@ one line a person can act on, not a traceback.
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
 import signal
 import sys
 import threading
@@ -86,3 +89,38 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def watch_unread_saves() -> None:
+    """Once per process, at its first asynchronous Checkpointer (registered
+    that early so that what the program registers later still runs first):
+    at exit, an asynchronous save that failed and that no ``wait()`` or
+    ``close()`` read is said, and the process ends with status 1. Otherwise
+    a script that ends without waiting would exit 0 with its last checkpoint
+    missing, and `dvc exp run` would record the run as if it held it."""
+    if not STATE.unread_hook_installed:
+        STATE.unread_hook_installed = True
+        atexit.register(_say_unread_failures)
+
+
+def _say_unread_failures() -> None:
+    # the saves in flight were finished before this runs (concurrent.futures
+    # joins its workers at interpreter shutdown, before atexit's functions)
+    failed = [(step, path, future.exception()) for step, path, future in STATE.unread_saves
+              if future.done() and not future.cancelled() and future.exception() is not None]
+    if not failed:
+        return
+    for step, path, exc in failed:
+        logger.error("%s: the checkpoint of step %s failed in the background and was never "
+                     "waited for: %s: %s. It is not saved (nor recorded): the last complete "
+                     "checkpoint stands. Call wait() or close() before the program ends to get "
+                     "this error where it can be handled; this process ends with status 1.",
+                     path, step, type(exc).__name__, str(exc).rstrip("."))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(1)  # the exit status cannot be changed any other way once the program ended
+

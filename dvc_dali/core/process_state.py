@@ -85,6 +85,9 @@ class ProcessState:
                                                      metadata=_FORK_RESET)  # store.py's writers
     background_pool: Optional[ThreadPoolExecutor] = field(
         default=None, metadata=_FORK_RESET)  # the Checkpointers' one asynchronous save
+    # the asynchronous saves no wait() has read yet (checkpointer._Background):
+    # one that failed is said at exit, which then fails (exit_hooks)
+    unread_saves: list[Any] = field(default_factory=list, metadata=_FORK_RESET)
     digest_pool: Optional[Any] = field(  # batch_digests._DigestThread: a batch hashed
         default=None, metadata=_FORK_RESET)  # while it trains
     device_digests: Optional[Any] = field(  # device_digest._Pool: streams, kernels and
@@ -94,6 +97,7 @@ class ProcessState:
     # -- exit hooks, and what was said once -----------------------------------
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
+    unread_hook_installed: bool = False  # exit_hooks: a failed save no wait() read, at exit
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet

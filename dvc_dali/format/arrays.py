@@ -267,7 +267,9 @@ def snapshot(value: Any) -> Any:
     """A private copy of ``value`` (arrays copied where they live, on the GPU
     for GPU arrays), so training may go on while a background save writes it."""
     module = type(value).__module__
-    if isinstance(value, np.ndarray) or module.startswith("cupy"):
+    if isinstance(value, np.ndarray):
+        return value.copy(order="K")  # its layout kept: a synchronous save writes it as is
+    if module.startswith("cupy"):
         return value.copy()
     if module.startswith("torch") and hasattr(value, "detach"):
         return value.detach().clone()

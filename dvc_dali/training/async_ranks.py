@@ -21,8 +21,10 @@ long wait for a live rank is said (_Waiting).
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +39,11 @@ LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for
 # a rank that waits this long for a live one says so, then again every WAITING_AGAIN_S:
 # never a silent wait (a rank that does not call make_checkpoint is waited for until it does)
 WAITING_S, WAITING_AGAIN_S = 30.0, 300.0
+# what a waiting rank reads of another (_seen)
+ALIVE, DEAD, LEFT = "alive", "dead", "left"
+# this process's AsyncRanks, told at its exit (_say_exited, registered once)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
 
 
 class AsyncRanks:
@@ -54,6 +61,23 @@ class AsyncRanks:
         self.announced: Announced | None = None
         self.seq = 0
         self.timings: dict[str, float] = {}
+        if not _EXIT_HOOK:
+            _EXIT_HOOK.append(True)
+            atexit.register(_say_exited)
+        _LIVE.add(self)
+
+    def close(self) -> None:
+        """Say that this Checkpointer starts no more checkpoints (``<n>/closed/
+        <rank>``: how many it started): a rank waiting for one it never starts
+        is told it ended (rank_commit.left_message) instead of waiting."""
+        if self.announced is not None:
+            self.kv.set(f"{self.announced.number}/closed/{self.rank}", str(self.seq))
+
+    def exited(self) -> None:
+        """At this process's exit: closed, and the process gone
+        (``exited/<rank>``, read for a Checkpointer of it that never checkpointed)."""
+        self.close()
+        self.kv.set(f"exited/{self.rank}", str(os.getpid()))
 
     def job(self, captured: store.Capture,
             record: Callable[[int, str], None]) -> Callable[[], None]:
@@ -86,14 +110,24 @@ class AsyncRanks:
         else:
             self._await_done(seq, captured.step)
 
-    def _seen(self, rank: int) -> tuple[bool, Setup | None]:
-        """(whether ``rank`` ended, its setup where unlike this rank's), from
-        one read of its announcement here: announced, it ended once its lock
-        is free; not announced, it has not started yet, or it checkpoints
-        elsewhere or synchronously (its setup, said in the store)."""
-        if self.kv.get_now(f"{self.announced.number}/pid/{rank}") is not None:
-            return dirlock.holder(self.path, rank) is None, None
-        return False, self.announced.unlike(rank)
+    def _seen(self, rank: int) -> tuple[str, Setup | None]:
+        """(ALIVE, DEAD or LEFT, its setup where unlike this rank's), for
+        this rank's checkpoint number ``self.seq``, from one read of its
+        announcement here. Announced: it LEFT when it closed before starting
+        that checkpoint, else it is DEAD once its lock is free. Not announced:
+        it LEFT when its process exited (it never checkpointed here), else it
+        has not started yet, or it checkpoints elsewhere or synchronously
+        (its setup, said in the store)."""
+        number = self.announced.number
+        if self.kv.get_now(f"{number}/pid/{rank}") is not None:
+            closed = self.kv.get_now(f"{number}/closed/{rank}")
+            if closed is not None and int(closed) < self.seq:
+                return LEFT, None
+            return (DEAD if dirlock.holder(self.path, rank) is None else ALIVE), None
+        unlike = self.announced.unlike(rank)
+        if unlike is None and self.kv.get_now(f"exited/{rank}") is not None:
+            return LEFT, None
+        return ALIVE, unlike
 
     def _commit(self, seq: str, step: int, record: Callable[[int, str], None]) -> None:
         t0 = time.perf_counter()
@@ -131,7 +165,8 @@ class AsyncRanks:
         while True:
             # the dead first, then their marks: a rank that marked, then died, counts
             seen = {r: self._seen(r) for r in range(self.world_size) if r not in marks}
-            dead = {r for r, (gone, _) in seen.items() if gone}
+            dead = {r for r, (state, _) in seen.items() if state == DEAD}
+            left = {r for r, (state, _) in seen.items() if state == LEFT}
             for r in range(self.world_size):
                 if r not in marks:
                     found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
@@ -141,7 +176,7 @@ class AsyncRanks:
             if unlike:  # directories named as each rank resolved its own
                 unlike[0] = self.announced.setup
             decision = rank_commit.decide(step, self.world_size, marks, dead, str(self.path),
-                                          unlike)
+                                          unlike, left)
             if decision.action != rank_commit.WAIT:
                 if decision.action == rank_commit.FAIL:
                     logger.error("%s", decision.message)
@@ -158,13 +193,17 @@ class AsyncRanks:
         while not self.kv.wait(done, LIVENESS_S):
             waiting.say(lambda s: rank_commit.waiting_for_record_message(
                 step, self.rank, self.world_size, s))
-            gone, theirs = self._seen(0)
+            state, theirs = self._seen(0)
             if theirs is not None:
                 message = rank_commit.mismatch_message(
                     {0: theirs, self.rank: self.announced.setup}, step)
                 logger.error("%s", message)
                 raise CheckpointWriteError(message)
-            if gone:
+            if state == LEFT:
+                message = rank_commit.left_message(step, [0], self.world_size, str(self.path))
+                logger.error("%s", message)
+                raise CheckpointWriteError(message)
+            if state == DEAD:
                 if self.kv.get_now(done) is not None:
                     break
                 message = rank_commit.rank_gone_message(step, self.world_size, str(self.path))
@@ -188,3 +227,15 @@ class _Waiting:
         if waited >= self.next:
             logger.warning("%s", message(waited))
             self.next = waited + WAITING_AGAIN_S
+
+
+def _say_exited() -> None:
+    """At exit (after the saves in flight finished): each AsyncRanks of this
+    process says it ended, so no rank waits for ever for one that never
+    checkpoints again. The store may be gone already (its host ended)."""
+    for ranks in list(_LIVE):
+        try:
+            ranks.exited()
+        except Exception:  # noqa: BLE001 (nobody left to tell)
+            pass
+

@@ -91,7 +91,12 @@ class Checkpointer:
             captured (DALI states read, arrays copied in memory); writing and
             recording go on in a background thread, one at a time and in
             order; the next call, `wait` and process exit (Ctrl-C included)
-            wait for it, so a checkpoint in flight is finished whole. Under
+            wait for it, so a checkpoint in flight is finished whole; the
+            run's last one (``step >= total_steps``) is waited for at once.
+            A background failure is raised by the next call or `wait`; one
+            that nothing waited for is said at exit, and the process ends
+            with status 1. A later Checkpointer of the same directory in
+            this process waits for the save in flight before reading. Under
             torch.distributed each rank writes its own files in the
             background and rank 0 records the row once every rank's files of
             that step are durable (guide "Many processes"). Default: env
@@ -147,6 +152,8 @@ class Checkpointer:
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._retention = self._ctx.retention(keep_last, keep_best)
         self.asynchronous = self._ctx.asynchronous if asynchronous is None else bool(asynchronous)
+        if self.asynchronous:
+            exit_hooks.watch_unread_saves()
         self._worker: _Background | None = None  # the one background save in flight
         self.params = dict(params or {})
         self.total_steps = _checked_total_steps(total_steps)
@@ -174,11 +181,7 @@ class Checkpointer:
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
         self._branched = False  # a retrained row's rows form a run of their own
-        t0 = time.perf_counter()
-        snapshot = (store.read_snapshot(self.path, _array_module(), self.rank, self.world_size)
-                    if resume else None)
-        self.timings["restore_s"] = time.perf_counter() - t0
-        self._saved = self._resume_from(snapshot)
+        self._saved = self._resume_from(self._read(resume))
         # proof at runtime: the batches after each checkpoint (batch_digests.py)
         self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
                                                self._ctx.verify_batches, self._ctx.inexact)
@@ -191,6 +194,19 @@ class Checkpointer:
         if self._ctx.rng if rng is None else bool(rng):
             self._generators = restorable.RandomGenerators()
             self._register(self._generators, announce=False)
+
+    def _read(self, resume: bool) -> store.Snapshot | None:
+        """The checkpoint in the directory (None: ``resume`` false, or none).
+        A save of it still in flight in this process (an earlier Checkpointer's,
+        asynchronous) is waited for first: else this one would resume the
+        checkpoint before it and train its steps again."""
+        t0 = time.perf_counter()
+        if resume:
+            _Background.drain()
+        snapshot = (store.read_snapshot(self.path, _array_module(), self.rank, self.world_size)
+                    if resume else None)
+        self.timings["restore_s"] = time.perf_counter() - t0
+        return snapshot
 
     def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
                             ) -> None:
@@ -276,6 +292,8 @@ class Checkpointer:
         """
         self.wait()
         self._batches.close()  # the last batch's digest appended, its file closed
+        if self._ranks is not None:
+            self._ranks.close()  # a rank waiting for a checkpoint it never starts is told
         self._lock.release()
 
     def __del__(self) -> None:
@@ -665,7 +683,9 @@ class Checkpointer:
 
         With ``asynchronous=True`` it returns ``None`` once the state is
         captured (DALI states read, arrays copied in memory); writing and
-        recording go on in a background thread, one at a time and in order.
+        recording go on in a background thread, one at a time and in order;
+        the run's last checkpoint (``step >= total_steps``) is waited for
+        before it returns.
         Under torch.distributed each rank writes its own files in the
         background and rank 0 records the row once every rank's files of
         that step are durable; no collective call is made (guide "Many
@@ -685,9 +705,11 @@ class Checkpointer:
         Raises:
             TypeError: as for `save`.
             CheckpointWriteError: as for `save` (asynchronous: from the next
-                call or `wait`; across ranks also when a rank ended before
-                its files of that step were durable, naming the rank and
-                the step).
+                call or `wait`, or at once at the last step; never waited
+                for: said at exit, which then has status 1; across ranks
+                also when a rank ended before its files of that step were
+                durable, or without calling make_checkpoint for that step,
+                naming the rank and the step).
             RecordError: the checkpoint could not be recorded; its files are
                 intact.
             SignalError: DVC 2 or `dvc-dali run` never answered the signal
@@ -703,8 +725,17 @@ class Checkpointer:
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
-        self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step)
+        self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step,
+                                   self.path)
+        self._wait_if_last(step)
         return None
+
+    def _wait_if_last(self, step: int) -> None:
+        """The run's last checkpoint (step >= total_steps) is waited for at
+        once: nothing trains beside it any more, and its error is then raised
+        here, where a script that never calls wait() still gets it."""
+        if self.total_steps is not None and step >= self.total_steps:
+            self.wait()
 
     def _make_rank_checkpoint(self, step: int, arrays: dict[str, Any] | None,
                               metadata: dict[str, Any] | None) -> None:
@@ -714,7 +745,9 @@ class Checkpointer:
         for, then the process exits."""
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
-        self._worker = _Background(self._ranks.job(captured, self._record_ranks), step)
+        self._worker = _Background(self._ranks.job(captured, self._record_ranks), step,
+                                   self.path)
+        self._wait_if_last(step)
         if self._agreed_signal is not None:
             self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
         return None
@@ -983,14 +1016,26 @@ class _Background:
     (or, on SIGKILL, abandoned whole: the store's atomic publish sees to that).
     The worker is process_state's: a forked child gets its own."""
 
-    def __init__(self, work, step: int) -> None:
+    def __init__(self, work, step: int, path: Path) -> None:
         self.step = step
         if STATE.background_pool is None:
             STATE.background_pool = ThreadPoolExecutor(1, thread_name_prefix="dvc-dali-checkpoint")
         self._future = STATE.background_pool.submit(work)
+        self._unread = (step, str(path), self._future)
+        STATE.unread_saves.append(self._unread)  # until joined; a failure is said at exit
 
     def join(self) -> None:
-        self._future.result()  # re-raises the background error in the training thread
+        try:
+            self._future.result()  # re-raises the background error in the training thread
+        finally:
+            if self._unread in STATE.unread_saves:
+                STATE.unread_saves.remove(self._unread)
+
+    @staticmethod
+    def drain() -> None:
+        """Until every save handed to the background so far has ended."""
+        if STATE.background_pool is not None:
+            STATE.background_pool.submit(lambda: None).result()
 
     def done(self) -> bool:
         return self._future.done()

@@ -40,7 +40,8 @@ class Decision:
 
 def decide(step: int, world_size: int, durable: Mapping[int, Durable],
            dead: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint",
-           unlike: Mapping[int, Setup] | None = None) -> Decision:
+           unlike: Mapping[int, Setup] | None = None,
+           left: frozenset[int] | set[int] = frozenset()) -> Decision:
     """What rank 0 does with checkpoint ``step`` (its own step) now.
 
     Args:
@@ -53,6 +54,9 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
         unlike: ranks known to checkpoint unlike rank 0 (into another
             directory, or synchronously), with rank 0's own Setup: their
             marks can never come.
+        left: ranks that ended normally (their Checkpointer closed, or
+            their process exited) without starting this checkpoint: their
+            marks can never come either.
     """
     message = mismatch_message(unlike or {}, step)
     if message:
@@ -68,7 +72,7 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
     if not missing:
         return Decision(RECORD, entries=tuple((durable[r].entry, durable[r].sha)
                                               for r in range(world_size)))
-    gone = [r for r in missing if r in dead]
+    gone = [r for r in missing if r in dead and r not in left]
     if gone:
         ranks = ", ".join(str(r) for r in gone)
         return Decision(FAIL, message=(
@@ -76,7 +80,21 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
             f"were durable; step {step} is not recorded (no row holds part of it) and LATEST "
             "still names the last complete checkpoint. See why that rank ended (its output "
             "above), then run again to resume from the last complete checkpoint."))
+    ended = [r for r in missing if r in left]
+    if ended:
+        return Decision(FAIL, message=left_message(step, ended, world_size, checkpoint))
     return Decision(WAIT, waiting_for=tuple(missing))
+
+
+def left_message(step: int, ranks: list[int], world_size: int,
+                 checkpoint: str = "checkpoint") -> str:
+    """What is said when ``ranks`` ended normally without checkpointing ``step``."""
+    which = ", ".join(map(str, ranks))
+    return (f"{checkpoint}: rank {which} of {world_size} ended (its Checkpointer closed or its "
+            f"process exited) without calling make_checkpoint() for step {step}; step {step} "
+            "is not recorded (no row holds part of it) and LATEST still names the last "
+            "complete checkpoint. Every rank must checkpoint at the same steps: a rank whose "
+            "loop ends first (uneven data, another number of steps) ends the run this way.")
 
 
 def rank_gone_message(step: int, world_size: int, checkpoint: str = "checkpoint") -> str:

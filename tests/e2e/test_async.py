@@ -41,14 +41,17 @@ def test_async_checkpoint_captures_state_at_the_call(data_dir, tmp_path):
 
 
 TRAIN = """
-import os, signal, sys, numpy as np, dvc_dali, pipelines
+import collections, os, signal, sys, numpy as np, dvc_dali, pipelines
 ck = dvc_dali.Checkpointer("checkpoint", asynchronous=True, total_steps=4)
 fn, kw = pipelines.make("rotate", sys.argv[1])["train"]
 pipe = ck.pipeline("train", fn, **kw)
 mode = sys.argv[2]
 for step in range(ck.step + 1, 5):
     pipe.run()
-    ck.make_checkpoint(step, arrays={"w": np.full(3, step)})
+    bad = collections.namedtuple("P", "a")(1) if step == 2 and mode == "early" else 0
+    ck.make_checkpoint(step, arrays={"w": np.full(3, step), "bad": bad})
+    if step == 2 and mode == "early":
+        break                                 # early stop, its checkpoint failing, no wait()
     if step == 2 and mode == "sigint":
         os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C right after an async checkpoint
     if step == 2 and mode == "exit":
@@ -76,3 +79,18 @@ def test_exit_and_ctrl_c_finish_the_checkpoint_in_flight(tmp_path, data_dir):
         assert back.step == 2 and back.arrays["w"].tolist() == [2, 2, 2]
         assert not (project / ".dvc/tmp/DVC_CHECKPOINT").exists()
         assert not [p for p in (project / "checkpoint").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_an_early_stop_whose_last_checkpoint_failed_fails_the_run(tmp_path, data_dir):
+    """The loop ends before total_steps, its last (asynchronous) checkpoint
+    failing, and nothing waits for it: `dvc exp run` fails, saying which step
+    was lost, and records no experiment as if it held it."""
+    project = async_project(tmp_path / "early", data_dir, "early")
+    proc = run(["dvc", "exp", "run", "-n", "early"], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said[-3000:]
+    assert ("the checkpoint of step 2 failed in the background and was never waited for: "
+            "TypeError: 'bad': a P") in said, said[-3000:]
+    assert set(exp_rows(project)) == {"early-step1"}  # no row, and no final experiment
+    assert dvc_dali.Checkpointer(project / "checkpoint").step == 1
+

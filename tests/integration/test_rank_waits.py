@@ -79,3 +79,50 @@ def test_a_rank_waiting_for_one_that_never_checkpoints_says_so(tmp_path, saver):
     assert int(waited) >= 0, line
     assert SAID[saver].replace(" 1 s", f" {waited} s") in line, line
     assert "make_checkpoint() at the same step" in line, line
+
+
+LEAVES = """
+import sys
+import numpy as np
+import torch.distributed as dist
+dist.init_process_group("gloo")
+import dvc_dali
+rank, how = dist.get_rank(), sys.argv[2]
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True)
+if rank == 1:  # its loop ends first (uneven data)
+    if how == "closed":
+        ck.make_checkpoint(10, arrays={"w": np.zeros(3)})
+        ck.close()
+    sys.exit(0)  # "exited": it never checkpoints, and its process ends
+step = 20 if how == "closed" else 10
+if how == "closed":
+    ck.make_checkpoint(10, arrays={"w": np.zeros(3)})
+ck.make_checkpoint(step, arrays={"w": np.ones(3)})
+try:
+    ck.close()
+except dvc_dali.CheckpointWriteError as exc:
+    print("refused:", exc, flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how", ["exited", "closed"])
+def test_a_rank_that_ended_without_the_checkpoint_fails_it_by_name(tmp_path, how):
+    """A rank whose loop ends first (its process exits having never
+    checkpointed, or its Checkpointer closed after step 10) is not waited for
+    as if alive, nor said to have died mid-write: rank 0's checkpoint fails
+    at once, naming the rank, the step and the likely cause."""
+    from tests.helpers.ranks import run_ranks
+
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES)
+    zero, one = run_ranks([sys.executable, str(script), str(tmp_path / "ck"), how], tmp_path,
+                          timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    step = 20 if how == "closed" else 10
+    assert zero.returncode == 3, zero.stdout + zero.stderr[-3000:]
+    assert (f"refused: {tmp_path / 'ck'}: rank 1 of 2 ended (its Checkpointer closed or its "
+            f"process exited) without calling make_checkpoint() for step {step}; step {step} "
+            "is not recorded") in zero.stdout, zero.stdout
+    latest = (tmp_path / "ck" / "LATEST")
+    assert ("step-000000010" in latest.read_text()) if how == "closed" else not latest.exists()

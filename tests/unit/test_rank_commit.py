@@ -63,6 +63,31 @@ def test_decision_table(world, durable, dead, action, detail):
         assert "nothing was recorded" in decision.message or "not recorded" in decision.message
 
 
+LEFT = "ended (its Checkpointer closed or its process exited) without calling make_checkpoint()"
+
+
+# (world size, {rank: durable step}, dead ranks, ranks that left) -> what is said
+@pytest.mark.parametrize("world,durable,dead,left,detail", [
+    (2, {0: 20}, set(), {1}, f"rank 1 of 2 {LEFT} for step 20"),
+    # it left: its lock is free too, yet it did not die mid-write
+    (2, {0: 20}, {1}, {1}, f"rank 1 of 2 {LEFT} for step 20"),
+    (4, {0: 20, 1: 20}, set(), {2, 3}, f"rank 2, 3 of 4 {LEFT}"),
+    # one died before its files were durable: that is said first
+    (4, {0: 20}, {1}, {2}, "rank 1 of 4 ended before its files of step 20"),
+])
+def test_a_rank_that_left_before_the_checkpoint_fails_it_by_name(world, durable, dead, left,
+                                                                   detail):
+    marks = {rank: mark(rank, step) for rank, step in durable.items()}
+    decision = decide(20, world, marks, dead, "ckpt", None, left)
+    assert decision.action == FAIL and detail in decision.message, decision
+    assert "LATEST still names the last complete checkpoint" in decision.message
+
+
+def test_a_rank_that_left_after_its_files_were_durable_is_recorded():
+    marks = {0: mark(0, 20), 1: mark(1, 20)}
+    assert decide(20, 2, marks, {1}, "ckpt", None, {1}).action == RECORD
+
+
 def test_a_failure_says_what_to_do():
     message = decide(20, 2, {0: mark(0, 20)}, {1}).message
     assert "LATEST still names the last complete checkpoint" in message

@@ -1,0 +1,81 @@
+"""How an asynchronous checkpoint ends is never lost: the run's last one
+(step >= total_steps) raises its error at the call, like a synchronous one;
+one that failed and that no wait() or close() read is said at exit and the
+process ends with status 1; a later Checkpointer of the directory in the
+same process (training in phases) resumes the save still in flight, not
+the one before it; and an array is written with its layout, as a
+synchronous save writes it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dvc_dali
+
+from tests.helpers import child_env
+
+ENDS = """
+import collections, sys
+import numpy as np
+import dvc_dali
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True, total_steps=int(sys.argv[2]))
+ck.make_checkpoint(1, arrays={"w": np.ones(2)})
+bad = collections.namedtuple("P", "a b")(1, 2)  # refused by the save, in the background
+try:
+    ck.make_checkpoint(2, arrays={"w": np.ones(2), "bad": bad})
+except TypeError as exc:
+    print("raised at the call:", exc, flush=True)
+    sys.exit(4)
+print("returned", flush=True)  # and the script ends without wait() or close()
+"""
+
+
+@pytest.mark.parametrize("total", [2, 10])
+def test_a_failed_save_is_raised_at_the_last_step_or_said_at_exit(tmp_path, total):
+    script = tmp_path / "ends.py"
+    script.write_text(ENDS)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(total)],
+                          capture_output=True, text=True, env=child_env(), timeout=300)
+    said = proc.stdout + proc.stderr
+    assert dvc_dali.load(tmp_path / "ck").step == 1  # the last complete checkpoint stands
+    if total == 2:  # the last step: waited for at once, raised where it was passed
+        assert proc.returncode == 4 and "raised at the call: 'bad': a P" in said, said
+        return
+    # an early end (the loop broke before total_steps) with nothing waiting
+    assert proc.returncode == 1 and "returned" in proc.stdout, said
+    assert ("the checkpoint of step 2 failed in the background and was never waited for: "
+            "TypeError: 'bad': a P") in said, said
+    assert "this process ends with status 1" in said and "Traceback" not in said, said
+
+
+def test_a_later_checkpointer_resumes_the_save_still_in_flight(tmp_path):
+    """Training in phases without close(): the second phase's Checkpointer is
+    built while the first's last save (large: still being written) is in
+    flight; it resumes that save, never the checkpoint before it."""
+    first = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    first.make_checkpoint(10, arrays={"w": np.zeros(4)})
+    first.wait()
+    first.make_checkpoint(20, arrays={"w": np.ones(4), "big": np.ones(5_000_000)})
+    second = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    assert second.step == 20 and second.arrays["w"].tolist() == [1, 1, 1, 1]
+    first.close()
+    second.close()
+
+
+def test_an_array_keeps_its_layout_as_a_synchronous_save_writes_it(tmp_path):
+    fortran = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    arrays = {"f": fortran, "t": np.arange(6).reshape(2, 3).T}
+    for mode in (False, True):
+        ck = dvc_dali.Checkpointer(tmp_path / str(mode), asynchronous=mode, rng=False)
+        ck.make_checkpoint(1, arrays=arrays)
+        ck.close()
+    sync, asynchronous = (dvc_dali.load(tmp_path / str(m)).arrays for m in (False, True))
+    for name, value in arrays.items():
+        assert asynchronous[name].flags.f_contiguous == sync[name].flags.f_contiguous == (
+            value.flags.f_contiguous), name
+        assert asynchronous[name].strides == sync[name].strides
+        assert np.array_equal(asynchronous[name], value)
