@@ -155,6 +155,7 @@ class Checkpointer:
         if self.asynchronous:
             exit_hooks.watch_unread_saves()
         self._worker: _Background | None = None  # the one background save in flight
+        self._closed = False  # close(): the directory is no longer this Checkpointer's
         self.params = dict(params or {})
         self.total_steps = _checked_total_steps(total_steps)
         # everything the checkpoint restores (restorable.py), by (manifest part, name)
@@ -284,13 +285,16 @@ class Checkpointer:
             self._pending_message = ""
 
     def close(self) -> None:
-        """Wait for a checkpoint in flight and let another process write here.
+        """Wait for a checkpoint in flight and let another process write here;
+        a later `save` or `make_checkpoint` through this Checkpointer is
+        refused (build a new one: it resumes from the last checkpoint).
 
         Raises:
             CheckpointWriteError: the checkpoint in flight could not be
                 written (as `wait`).
         """
         self.wait()
+        self._closed = True
         self._batches.close()  # the last batch's digest appended, its file closed
         if self._ranks is not None:
             self._ranks.close()  # a rank waiting for a checkpoint it never starts is told
@@ -853,6 +857,12 @@ class Checkpointer:
     def _capture(self, step: int, arrays: dict[str, Any] | None,
                  metadata: dict[str, Any] | None) -> store.Capture:
         """Everything a snapshot needs: DALI states read now, arrays referenced."""
+        if self._closed:
+            raise ConfigError(
+                f"Checkpointer({str(self.path)!r}) is closed: it no longer holds the directory "
+                f"(another Checkpointer or process may write it now), so step {step} is not "
+                "saved. Build a new Checkpointer to checkpoint again; it resumes from the last "
+                "checkpoint.")
         self._announce()
         user_arrays = dict(arrays or {})
         rng_state.check_names(user_arrays)  # before anything is captured

@@ -435,3 +435,21 @@ def test_fresh_start_and_resume_false(saved):
     assert dvc_dali.Checkpointer(saved.parent / "nothing").step == 0
     ck = dvc_dali.Checkpointer(saved, resume=False)
     assert not ck.resumed and ck.step == 0 and ck.arrays == {}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_checkpoint_after_close_is_refused(tmp_path, asynchronous):
+    """close() lets another writer have the directory: a save through the
+    closed Checkpointer would write beside it, unlocked; it is refused, and
+    a new Checkpointer goes on from the last checkpoint."""
+    ck = dvc_dali.Checkpointer(tmp_path / "c", asynchronous=asynchronous, rng=False)
+    ck.make_checkpoint(1, arrays={"w": np.zeros(2)})
+    ck.close()
+    ck.close()  # twice: nothing more to do
+    for call in (ck.save, ck.make_checkpoint):
+        with pytest.raises(dvc_dali.ConfigError, match=r"is closed: it no longer holds the "
+                                                        r"directory .* step 2 is not saved"):
+            call(2, arrays={"w": np.ones(2)})
+    again = dvc_dali.Checkpointer(tmp_path / "c", rng=False)
+    assert again.step == 1
+    again.close()
