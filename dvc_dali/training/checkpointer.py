@@ -920,6 +920,11 @@ def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, s
         if (restorable.PIPELINES, stream) in sources:  # one stream, two sources' digests
             raise ValueError(f"dynamic-mode reader {stream!r} has the name of a pipeline "
                              "registered with this Checkpointer; register it under another")
+        if readers.get(stream, (dname, key)) != (dname, key):  # "a" + "b/c", "a/b" + "c"
+            other = readers[stream]
+            raise ValueError(f"dynamic-mode reader {key!r} of {dname!r} and reader "
+                             f"{other[1]!r} of {other[0]!r} would be one stream, {stream!r}, "
+                             "mixing their batch digests; name one of them without '/'")
         if not recorder.track(stream, "dynamic-mode reader"):
             return  # verification off: the reader is left as it is, at no cost
         readers[stream] = (dname, key)

@@ -130,3 +130,18 @@ def test_a_yielded_batch_on_the_host_digests_as_its_arrays():
     assert digest({"a": b_dense, "b": b_ragged}) == batch_digests.digest_arrays([dense, ragged])
     assert digest((ndd.tensor(dense[0]),)) == batch_digests.digest_arrays([dense[:1]])
     assert digest((b_dense,)) != digest((ndd.as_batch(dense + 1),))
+
+
+def test_two_readers_whose_streams_would_be_one_are_refused(tmp_path, images):
+    """Reader "b/c" of dynamic "a" and reader "c" of dynamic "a/b" would both
+    be stream "a/b/c": their digests would mix; the second is refused."""
+    import nvidia.dali.experimental.dynamic as ndd
+
+    import dvc_dali
+
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    ck.dynamic("a").register(ndd.readers.File(file_root=f"{images}/images", seed=1), "b/c")
+    with pytest.raises(ValueError, match=r"reader 'c' of 'a/b' and reader 'b/c' of 'a' would "
+                                         r"be one stream, 'a/b/c'"):
+        ck.dynamic("a/b").register(ndd.readers.File(file_root=f"{images}/images", seed=2), "c")
+    ck.close()
