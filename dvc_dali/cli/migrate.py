@@ -325,18 +325,30 @@ class _Planner:
 
     # persist / always_changed ---------------------------------------------
 
+    def _place(self, mapping: Any, key: str) -> tuple[int, int]:
+        """Where ``key``'s value is written (line, column); a key merged in
+        from an anchor (``<<: *name``) is written nowhere in this mapping."""
+        where = mapping.lc.value(key)
+        if where is None:
+            raise MigrateError(
+                f"{self.name}: '{key}' comes into an output's options through a YAML merge "
+                "key ('<<: *anchor'), so there is no place in the file to edit beside it. Write "
+                f"'{key}' in the output's own options (or add 'persist: true' there by hand), "
+                "then run `dvc-dali migrate` again.")
+        return where
+
     def _value_edit(self, mapping: Any, key: str, text: str) -> Edit:
         """Set the existing ``key``'s value to ``text`` (its comment stays)."""
-        start = self.tx.offset(mapping.lc.value(key))
+        start = self.tx.offset(self._place(mapping, key))
         token = _TOKEN.match(self.tx.text, start)
         return Edit(start, token.end() if token else start, text)
 
     def _insert_after(self, mapping: Any, key: str, content: str) -> Edit:
         """``content`` as a new entry right after ``key``'s."""
         if mapping.fa.flow_style():
-            token = _TOKEN.match(self.tx.text, self.tx.offset(mapping.lc.value(key)))
+            token = _TOKEN.match(self.tx.text, self.tx.offset(self._place(mapping, key)))
             return Edit(token.end(), token.end(), f", {content}")
-        line = mapping.lc.value(key)[0]
+        line = self._place(mapping, key)[0]
         return self.tx.insert_line(line, mapping.lc.key(key)[1], content)
 
     def _append(self, body: Any, owner: Any, key: Any, content: str) -> Edit:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import Any, Optional
 
 from ..core.context import RunContext
 from ..core.errors import RecordError
 from ..core.process_state import STATE
+from ..format import dirlock
 from . import dvc_door, lockfile
 from .outputs import is_checkpoint_dir
 from .stage import STAGE_FIX, find_stage, stage_problems
@@ -61,12 +63,15 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         if not stages:
             raise RecordError(f"no stage '{stage}' in {repo.root_dir}; `dvc stage list` shows "
                               "the stages")
-    removed: list[str] = []
+    found = []
     for stg in stages:
         # a dvc-dali checkpoint, or what a bare make_checkpoint() port persists
         declared = dvc_door.declared_checkpoint_outs(stg)
-        outs = [o for o in stg.outs if o.persist and os.path.exists(o.fs_path)
-                and (is_checkpoint_dir(o) or o.def_path in declared)]
+        found.append((stg, [o for o in stg.outs if o.persist and os.path.exists(o.fs_path)
+                            and (is_checkpoint_dir(o) or o.def_path in declared)]))
+    _refuse_if_training([o for _, outs in found for o in outs], repo.root_dir)  # before any
+    removed: list[str] = []
+    for stg, outs in found:
         for out in outs:
             if os.path.isdir(out.fs_path):
                 shutil.rmtree(out.fs_path)
@@ -80,6 +85,18 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
                           "with a LATEST file or declared `checkpoint: true`)")
     return removed
+
+
+def _refuse_if_training(outs: list[Any], root: str) -> None:
+    """A checkpoint a live process holds (a run training into it) is not
+    reset under it: its next checkpoint would fail, blaming another command."""
+    for out in outs:
+        pid = dirlock.holder(Path(out.fs_path)) if os.path.isdir(out.fs_path) else None
+        if pid is not None:
+            raise RecordError(
+                f"{os.path.relpath(out.fs_path, root)} is in use by process {pid} (a run "
+                "training into it): nothing was reset. Stop that run first (Ctrl-C, or `dvc "
+                "queue kill`), then `dvc-dali reset` again.")
 
 
 def checkpoint_outputs(root: str) -> list[tuple[str, str]]:

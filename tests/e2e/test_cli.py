@@ -79,8 +79,32 @@ def test_show_draws_the_checkpoints_by_step_with_a_branch(project):
     assert "train/acc=" in text
 
 
+HOLD = """
+import sys, dvc_dali
+ck = dvc_dali.Checkpointer("checkpoint")  # a run training into it holds it so
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
 def test_reset_starts_over(project):
+    import subprocess
+
+    from tests.helpers import child_env
+
     run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "30"})
+    # while a process holds the checkpoint (a run training), nothing is reset
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], cwd=project, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env())
+    try:
+        assert holder.stdout.readline() == "held\n"
+        refused = run([*DVC_DALI, "reset"], project, check=False)
+    finally:
+        holder.communicate("")
+    assert refused.returncode != 0 and (project / "checkpoint" / "LATEST").exists()
+    assert (f"checkpoint is in use by process {holder.pid} (a run training into it): nothing "
+            "was reset. Stop that run first") in refused.stdout + refused.stderr, refused
+    assert "Traceback" not in refused.stderr
     out = run([*DVC_DALI, "reset"], project)
     assert "removed checkpoint" in out.stdout and "dvc.lock:train" in out.stdout
     again = run(["dvc", "exp", "run", "-n", "fresh"], project)

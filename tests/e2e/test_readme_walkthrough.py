@@ -157,6 +157,13 @@ def test_readme_commands_run_in_the_order_written(tmp_path):
         ok(p, "finished run")
         assert len(runs(walk.cwd)) == 3
 
+    def best(p):  # README: "the best row of all runs"
+        ok(p, "-step")
+        rows = {n: r["metrics"]["train"]["acc"] for n, r in exp_rows(walk.cwd).items()
+                if re.search(r"-step\d+$", n or "")}
+        named = re.search(r"best by train/acc:max: (\S+) ", out(p)).group(1)
+        assert rows[named] == max(rows.values()), (named, rows)
+
     def quickstart(p):
         ok(p, "Ran experiment(s)")
         (name, steps), = runs(walk.cwd).items()
@@ -178,8 +185,7 @@ def test_readme_commands_run_in_the_order_written(tmp_path):
         ("Your first hour, step by step", "dvc exp run", refused),
         ("Your first hour, step by step", "dvc exp run -S train.steps=80", further),
         ("Your first hour, step by step", "dvc exp run -S train.lr=0.05", new_run),
-        ("Your first hour, step by step", "dvc-dali show --best train/acc:max",
-         lambda p: ok(p, "-step")),
+        ("Your first hour, step by step", "dvc-dali show --best train/acc:max", best),
         ("Quickstart for your own script",
          "mkdir my-project && cd my-project && git init -q && dvc init -q", ok),
         ("Quickstart for your own script", "dvc-dali init --digits", lambda p: ok(p, "1797")),

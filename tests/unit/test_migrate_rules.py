@@ -528,6 +528,24 @@ def test_invalid_yaml_names_the_file_and_place(text, where):
     assert str(err.value).startswith("sub/dvc.yaml: not valid YAML at " + where)
 
 
+ANCHOR = "x-common: &ck\n  checkpoint: true\n  persist: false\nstages:\n  train:\n" \
+         "    cmd: python train.py\n    outs:\n      - model.pt:\n"
+
+
+@pytest.mark.parametrize("options", [
+    "          <<: *ck\n",  # checkpoint and persist merged in from the anchor
+    "          <<: {checkpoint: true}\n",
+])
+def test_options_merged_in_by_a_merge_key_are_refused_by_name(options):
+    """A key merged in (``<<``) has no place in the output's own options to
+    edit beside: one line saying so and what to do, not a traceback."""
+    with pytest.raises(MigrateError) as err:
+        plan(ANCHOR + options, name="dvc.yaml")
+    assert str(err.value).startswith("dvc.yaml: '")
+    assert "through a YAML merge key ('<<: *anchor')" in str(err.value)
+    assert "run `dvc-dali migrate` again" in str(err.value)
+
+
 def test_main_check_then_rewrite(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = "stages:\n  t:\n    cmd: python t.py\n    outs:\n      - c: {checkpoint: true}\n"
