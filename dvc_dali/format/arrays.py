@@ -36,12 +36,15 @@ def _torch_leaf(value) -> tuple[np.ndarray, dict[str, Any]]:
     return host, {"kind": "torch", "torch_dtype": dtype, "torch_view": view, "device": device}
 
 
-def _leaf(path: str, value: Any) -> tuple[np.ndarray, dict[str, Any]] | None:
+def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]] | None:
+    """An array's host copy and how it comes back; None: not an array.
+    ``read`` false: the value itself, nothing copied off its device (only
+    NumPy's refusals are checked)."""
     module = type(value).__module__
     if module.startswith("cupy"):
-        return value.get(), {"kind": "cupy", "device": "gpu"}
+        return (value.get() if read else value), {"kind": "cupy", "device": "gpu"}
     if module.startswith("torch") and hasattr(value, "detach"):
-        return _torch_leaf(value)
+        return _torch_leaf(value) if read else (value, {})
     if isinstance(value, (np.ndarray, np.generic)):
         host = np.asarray(value)
         if host.dtype.hasobject:
@@ -54,7 +57,7 @@ def _leaf(path: str, value: Any) -> tuple[np.ndarray, dict[str, Any]] | None:
             info["scalar"] = True
         return host, info
     if module.startswith("jax") and hasattr(value, "__array__"):
-        return np.asarray(value), {"kind": "jax", "device": "cpu"}
+        return (np.asarray(value) if read else value), {"kind": "jax", "device": "cpu"}
     return None
 
 
@@ -75,8 +78,9 @@ _CONTAINERS = frozenset({dict, OrderedDict, list, tuple})
 
 
 def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
-            depth: int = 0) -> Any:
-    """The JSON tree of ``value``; arrays go to ``add_array``, which returns an index."""
+            depth: int = 0, read: bool = True) -> Any:
+    """The JSON tree of ``value``; arrays go to ``add_array``, which returns an
+    index (``read`` false: the arrays themselves, not copied to the host)."""
     if depth > MAX_TREE_DEPTH:  # what the reader refuses (and a cycle) is refused here
         raise TypeError(f"{name!r}: nested deeper than {MAX_TREE_DEPTH} levels (or refers to "
                         "itself); flatten it")
@@ -84,14 +88,14 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
     if kind in _PLAIN:  # the common cases first: a save flattens its whole tree
         return {"value": value}
     if kind not in _CONTAINERS:  # nothing these exact types are is an array or refused
-        leaf = _leaf(name, value)
+        leaf = _leaf(name, value, read)
         if leaf is not None:
             return {"array": add_array(*leaf)}
         _refuse_subclass(name, value)
     if isinstance(value, dict):
-        return _flatten_dict(name, value, add_array, depth)
+        return _flatten_dict(name, value, add_array, depth, read)
     if isinstance(value, (list, tuple)):
-        return {type(value).__name__: [flatten(f"{name}/{i}", v, add_array, depth + 1)
+        return {type(value).__name__: [flatten(f"{name}/{i}", v, add_array, depth + 1, read)
                                         for i, v in enumerate(value)]}
     if isinstance(value, float) and not math.isfinite(value):
         return {"float": repr(value)}
@@ -102,14 +106,14 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
 
 
 def _flatten_dict(name: str, value: dict, add_array: Callable[[np.ndarray, dict], int],
-                  depth: int) -> dict[str, Any]:
+                  depth: int, read: bool = True) -> dict[str, Any]:
     items = []
     for key, item in value.items():
         if type(key) not in (str, int):
             raise TypeError(f"{name!r}: key {key!r} is a {type(key).__name__}; only str "
                             "and int keys can be saved without pickle")
         items.append([key, type(key).__name__,
-                      flatten(f"{name}/{key}", item, add_array, depth + 1)])
+                      flatten(f"{name}/{key}", item, add_array, depth + 1, read)])
     return {"odict" if type(value) is OrderedDict else "dict": items}
 
 
@@ -261,6 +265,13 @@ def unflatten(tree: Any, leaves: list[np.ndarray], infos: list[dict], cupy=None,
             raise ValueError(f"{where}{': ' if where else ''}array {index}: {exc}") from None
 
     return _build(tree, leaf)
+
+
+def check(name: str, value: Any) -> None:
+    """Raise the TypeError a save of ``value`` would raise, nothing copied:
+    an asynchronous checkpoint checks its arrays on the training thread, so
+    the call that passed them raises, as a synchronous one does."""
+    flatten(name, value, lambda *_: 0, read=False)
 
 
 def snapshot(value: Any) -> Any:

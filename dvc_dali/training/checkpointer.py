@@ -728,7 +728,7 @@ class Checkpointer:
             self._exit_if_preempted(step)
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
-        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        captured = self._capture(step, _checked_snapshot(arrays), metadata)
         self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step,
                                    self.path)
         self._wait_if_last(step)
@@ -748,7 +748,7 @@ class Checkpointer:
         A preempted step (as every rank agreed in `should_save`) is waited
         for, then the process exits."""
         self.wait()  # at most one in flight: checkpoints are recorded in order
-        captured = self._capture(step, arrays_mod.snapshot(dict(arrays or {})), metadata)
+        captured = self._capture(step, _checked_snapshot(arrays), metadata)
         self._worker = _Background(self._ranks.job(captured, self._record_ranks), step,
                                    self.path)
         self._wait_if_last(step)
@@ -907,6 +907,15 @@ class Checkpointer:
                 branched=branched), self._retention)
         if barrier:
             distributed.barrier()
+
+
+def _checked_snapshot(arrays: dict[str, Any] | None) -> dict[str, Any]:
+    """An asynchronous checkpoint's private copy of ``arrays``, refused first
+    as a save would refuse them, so the call that passed them raises."""
+    arrays = dict(arrays or {})
+    for name, value in arrays.items():
+        arrays_mod.check(name, value)
+    return arrays_mod.snapshot(arrays)
 
 
 def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, str], Any],
