@@ -71,6 +71,12 @@ def install_hook() -> None:
 
 
 def on_sigterm(signum: int, _frame) -> None:
+    if STATE.preemption_handled:
+        # the loop asks should_save (preemption.Flag): SIGTERM is one more
+        # checkpoint, then the exit. Reached only where a framework wrapped
+        # this handler into its own (Lightning's signal connector) before
+        # the flag could replace it.
+        return
     logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     # SystemExit unwinds the training loop, so a checkpoint in flight is
     # finished (asynchronous mode) or abandoned whole (its writes are atomic).

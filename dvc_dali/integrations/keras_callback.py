@@ -185,6 +185,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
     def _checkpoint(self, logs: dict[str, Any]) -> None:
         metrics = {key: float(value) for key, value in logs.items()
                    if np.ndim(value) == 0}
+        # an asynchronous checkpoint in flight is recorded first: its row holds
+        # the metrics and the model files as they are when it is recorded
+        self._ck.wait()
         if self._live is not None and metrics:
             self._live.step = self.step
             for key, value in metrics.items():

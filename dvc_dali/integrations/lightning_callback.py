@@ -280,6 +280,9 @@ class DaliCheckpoint(pl.Callback):
                 metrics[name] = float(value)
             except (TypeError, ValueError, RuntimeError):
                 continue  # not a scalar
+        # an asynchronous checkpoint in flight is recorded first: its row holds
+        # the metrics and the model files as they are when it is recorded
+        self._ck.wait()
         if self._live is not None and metrics:
             self._live.step = self.step
             for name, value in metrics.items():

@@ -342,6 +342,17 @@ def cached_out_hashes(stage: Any) -> list[Any]:
     return [out.hash_info for out in stage.outs if out.use_cache and out.hash_info]
 
 
+def row_cached_out_hashes(stage: Any) -> list[Any]:
+    """The hash infos of every cached output a row's dvc.lock names: the
+    stage's, as just recorded, and the other stages' (its data, made by
+    another stage) as locked. A row pushed with its data has them all, as
+    `dvc exp push` would push them."""
+    others = [out.hash_info for s in stage.repo.index.stages
+              if getattr(s, "name", None) and s.addressing != stage.addressing
+              for out in s.outs if out.use_cache and out.hash_info]
+    return cached_out_hashes(stage) + others
+
+
 def push_objects(repo: Any, objs: list[Any]) -> int:
     """Copy the objects (a directory's files before its listing) from the
     local cache to the default DVC remote; returns how many failed. Not

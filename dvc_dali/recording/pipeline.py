@@ -358,7 +358,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
-                        tuple(dvc_door.cached_out_hashes(stg)))
+                        tuple(dvc_door.row_cached_out_hashes(stg)))
 
 
 def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:

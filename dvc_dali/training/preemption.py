@@ -13,6 +13,8 @@ import signal
 import threading
 from typing import Any, Callable, Optional
 
+from ..core.process_state import STATE
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -36,6 +38,7 @@ class Flag:
         the checkpoint."""
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
+        STATE.preemption_handled = True  # exit_hooks.on_sigterm, wrapped, then defers
         for sig in SIGNALS:
             previous = signal.getsignal(sig)
             self._previous[sig] = None if previous in ours else previous

@@ -86,3 +86,12 @@ def test_keras_model_change_on_resume_is_refused(project):
     err = refused.stderr + refused.stdout
     assert "sequential/dense/kernel" in err and "(256, 64)" in err and "(256, 32)" in err, err
     assert "Traceback" not in err and "step     20" not in refused.stdout
+
+
+def test_asynchronous_rows_hold_their_own_steps_metrics(project):
+    """DVC_DALI_ASYNC=1: the callback writes the next step's metrics only
+    once the checkpoint in flight is recorded, so each row holds its own."""
+    run(["dvc", "exp", "run", "-n", "as", *KERAS, "-S", "train.steps=30"], project,
+        env={"DVC_DALI_ASYNC": "1"})
+    rows = exp_rows(project)
+    assert [rows[f"as-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]

@@ -79,3 +79,37 @@ def test_lightning_preempted_saves_at_once_and_resumes_exactly(project, uninterr
     step = int(resumed.stdout.split("resuming from step ")[1].split()[0])
     assert 10 <= step < 60  # the save of step 10 under way, or the next step
     assert model_sha(project) == uninterrupted
+
+
+def test_asynchronous_rows_hold_their_own_steps_metrics(project):
+    """DVC_DALI_ASYNC=1: the callback writes the next step's metrics only
+    once the checkpoint in flight is recorded, so each row holds its own."""
+    run(["dvc", "exp", "run", "-n", "as", *LIGHTNING, "-S", "train.steps=30"], project,
+        env={"DVC_DALI_ASYNC": "1"})
+    rows = exp_rows(project)
+    assert [rows[f"as-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
+
+
+def test_lightning_preempted_under_dvc_exp_run_records_the_next_step(project):
+    """SIGTERM to the trainer under `dvc exp run`, where dvc-dali's own exit
+    line handler is installed before Lightning wraps it into its own: one
+    more checkpoint, recorded as a row, then one "preempted" line."""
+    import psutil
+
+    proc = subprocess.Popen(["dvc", "exp", "run", "-n", "pre", *LIGHTNING], cwd=project,
+                            env=child_env(this_python=True), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # waits on the trainer's own output, not on time
+        seen.append(line)
+        if line.startswith("step     10/60"):
+            trainer, = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if "examples/train.py" in " ".join(p.cmdline())]
+            trainer.send_signal(signal.SIGTERM)
+    proc.wait(timeout=300)
+    said = "".join(seen)
+    assert "terminated (SIGTERM)" not in said, said[-3000:]
+    kept = said.split("preempted (SIGTERM): step ")[1].split()[0]
+    # the step whose checkpoint was under way (its line printed first), or the next
+    assert f"step {kept} is kept as row pre-step{kept}" in said and int(kept) >= 10, said[-3000:]
+    assert exp_rows(project)[f"pre-step{kept}"]["step"] == int(kept)

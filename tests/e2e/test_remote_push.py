@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import git_init, run, template_project
+from tests.helpers.dvc_project import git_init, make_project, run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.remotes import missing_data, remote_rows, with_remotes
 from tests.helpers.rows import exp_refs, exp_rows, row_refs
@@ -65,6 +65,29 @@ def test_a_preempted_run_pushes_its_last_row_before_it_exits(tmp_path):
     on_remote = remote_rows(bare)
     assert set(on_remote) == {"a-step6"} and missing_data(bare, store, on_remote["a-step6"]) \
         == [], out
+
+
+def test_a_preempted_rows_push_holds_the_data_other_stages_made(tmp_path):
+    """The example: its row's dvc.lock names the prepare stage's data too. The
+    row said pushed has all of it on the DVC remote (DVC's own push at the
+    end of a run, which a preempted run never reaches, hid the gap)."""
+    import psutil
+
+    project = make_project(tmp_path / "p", example=True, prepared=True)
+    bare, store = with_remotes(project, tmp_path)
+    proc = start(project, "-n", "a", "-S", "train.steps=100000")
+    while "a-step10" not in remote_rows(bare):  # pushed while training goes on
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    trainer, = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                if "examples/train.py" in " ".join(p.cmdline())]
+    trainer.send_signal(signal.SIGTERM)
+    out = proc.communicate()[0]
+    assert ", pushed to origin; `dvc exp run` resumes" in out, out[-3000:]
+    on_remote = remote_rows(bare)
+    assert len(on_remote) >= 2, on_remote
+    for name, sha in on_remote.items():
+        assert missing_data(bare, store, sha) == [], name
 
 
 def test_a_remote_that_fails_never_stops_training_and_the_rows_push_later(tmp_path):

@@ -30,19 +30,31 @@ def remote_rows(bare: Path) -> dict[str, str]:
 
 
 def missing_data(bare: Path, store: Path, sha: str) -> list[str]:
-    """The cached files a row's dvc.lock names that the DVC remote lacks."""
-    lock = run(["git", "show", f"{sha}:dvc.lock"], bare).stdout
+    """The cached files a row's dvc.lock names that the DVC remote lacks:
+    every stage's outputs (the data another stage made too), but those its
+    dvc.yaml declares `cache: false` (metrics and plots: in git)."""
     import yaml
 
-    missing = []
+    def show(path: str) -> dict:
+        return yaml.safe_load(run(["git", "show", f"{sha}:{path}"], bare).stdout)
+
+    in_git = set()
+    for stage in show("dvc.yaml")["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            for out in stage.get(kind) or []:
+                if isinstance(out, dict):
+                    (path, opts), = out.items()
+                    if isinstance(opts, dict) and opts.get("cache") is False:
+                        in_git.add(path)
 
     def obj(md5: str) -> Path:
         return store / "files" / "md5" / md5[:2] / md5[2:]
 
-    for entry in yaml.safe_load(lock)["stages"].values():
+    missing = []
+    for entry in show("dvc.lock")["stages"].values():
         for out in entry.get("outs", []):
-            if out["path"] not in ("checkpoint", "model"):
-                continue  # metrics and plots are in git (cache: false)
+            if out["path"] in in_git:
+                continue
             if not obj(out["md5"]).exists():
                 missing.append(out["md5"])
             elif out["md5"].endswith(".dir"):
