@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
-from tests.helpers.rows import exp_rows
+from tests.helpers.rows import asynchronous_row_steps, exp_rows
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("nvidia.dali.plugin.tf")
@@ -91,7 +91,4 @@ def test_keras_model_change_on_resume_is_refused(project):
 def test_asynchronous_rows_hold_their_own_steps_metrics(project):
     """DVC_DALI_ASYNC=1: the callback writes the next step's metrics only
     once the checkpoint in flight is recorded, so each row holds its own."""
-    run(["dvc", "exp", "run", "-n", "as", *KERAS, "-S", "train.steps=30"], project,
-        env={"DVC_DALI_ASYNC": "1"})
-    rows = exp_rows(project)
-    assert [rows[f"as-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
+    assert asynchronous_row_steps(project, KERAS) == [10, 20, 30]

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import child_env
 from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
-from tests.helpers.rows import exp_rows
+from tests.helpers.rows import asynchronous_row_steps, exp_rows
 
 pytest.importorskip("lightning")
 pytest.importorskip("nvidia.dali.plugin.pytorch")
@@ -84,10 +84,7 @@ def test_lightning_preempted_saves_at_once_and_resumes_exactly(project, uninterr
 def test_asynchronous_rows_hold_their_own_steps_metrics(project):
     """DVC_DALI_ASYNC=1: the callback writes the next step's metrics only
     once the checkpoint in flight is recorded, so each row holds its own."""
-    run(["dvc", "exp", "run", "-n", "as", *LIGHTNING, "-S", "train.steps=30"], project,
-        env={"DVC_DALI_ASYNC": "1"})
-    rows = exp_rows(project)
-    assert [rows[f"as-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
+    assert asynchronous_row_steps(project, LIGHTNING) == [10, 20, 30]
 
 
 def test_lightning_preempted_under_dvc_exp_run_records_the_next_step(project):
