@@ -71,11 +71,12 @@ def install_hook() -> None:
 
 
 def on_sigterm(signum: int, _frame) -> None:
-    if STATE.preemption_handled:
-        # the loop asks should_save (preemption.Flag): SIGTERM is one more
-        # checkpoint, then the exit. Reached only where a framework wrapped
-        # this handler into its own (Lightning's signal connector) before
-        # the flag could replace it.
+    if STATE.preemption_signal is not None:
+        # preemption.Flag's handler got this signal first and chained here (a
+        # framework had wrapped this handler into its own before the flag
+        # could replace it: Lightning's signal connector): the loop asks
+        # should_save, so it is one more checkpoint, then the exit. Called
+        # directly (that framework put it back), it exits as before.
         return
     logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     # SystemExit unwinds the training loop, so a checkpoint in flight is

@@ -98,7 +98,7 @@ class ProcessState:
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
     unread_hook_installed: bool = False  # exit_hooks: a failed save no wait() read, at exit
-    preemption_handled: bool = False  # preemption.Flag installed: SIGTERM is a checkpoint
+    preemption_signal: Optional[int] = None  # preemption.Flag got it: a checkpoint comes
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet

@@ -38,7 +38,6 @@ class Flag:
         the checkpoint."""
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
-        STATE.preemption_handled = True  # exit_hooks.on_sigterm, wrapped, then defers
         for sig in SIGNALS:
             previous = signal.getsignal(sig)
             self._previous[sig] = None if previous in ours else previous
@@ -46,7 +45,7 @@ class Flag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
-            self.signum = signum
+            self.signum = STATE.preemption_signal = signum  # exit_hooks.on_sigterm defers
         previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)

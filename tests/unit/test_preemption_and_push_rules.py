@@ -29,3 +29,22 @@ def test_backoff_grows_and_caps(failures, seconds):
     ("a", "a", False, "a")])
 def test_run_name(exp, parent_run, branched, expected):
     assert run_name(exp, parent_run, branched) == expected
+
+
+def test_the_exit_line_handler_defers_to_preemption_only_once_the_flag_has_the_signal():
+    """dvc-dali's SIGTERM exit-line handler, where a framework wrapped it into
+    its own (Lightning): reached after the preemption flag took the signal,
+    it returns (one more checkpoint comes, then the exit); called directly
+    (the framework put it back after fit), it exits as before."""
+    from dvc_dali.core import exit_hooks
+    from dvc_dali.core.process_state import STATE
+
+    STATE.preemption_signal = None
+    with pytest.raises(SystemExit) as exited:
+        exit_hooks.on_sigterm(15, None)
+    assert exited.value.code == 143
+    STATE.preemption_signal = 15
+    try:
+        assert exit_hooks.on_sigterm(15, None) is None
+    finally:
+        STATE.preemption_signal = None
