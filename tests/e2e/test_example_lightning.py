@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import child_env
 from tests.helpers.dvc_project import model_sha, run, uninterrupted_run
+from tests.helpers.fuzz_harness import trainer_below
 from tests.helpers.rows import asynchronous_row_steps, exp_rows
 
 pytest.importorskip("lightning")
@@ -91,8 +92,6 @@ def test_lightning_preempted_under_dvc_exp_run_records_the_next_step(project):
     """SIGTERM to the trainer under `dvc exp run`, where dvc-dali's own exit
     line handler is installed before Lightning wraps it into its own: one
     more checkpoint, recorded as a row, then one "preempted" line."""
-    import psutil
-
     proc = subprocess.Popen(["dvc", "exp", "run", "-n", "pre", *LIGHTNING], cwd=project,
                             env=child_env(this_python=True), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -100,8 +99,7 @@ def test_lightning_preempted_under_dvc_exp_run_records_the_next_step(project):
     for line in proc.stdout:  # waits on the trainer's own output, not on time
         seen.append(line)
         if line.startswith("step     10/60"):
-            trainer, = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                        if "examples/train.py" in " ".join(p.cmdline())]
+            trainer = trainer_below(proc.pid)
             trainer.send_signal(signal.SIGTERM)
     proc.wait(timeout=300)
     said = "".join(seen)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.dvc_project import git_init, make_project, run, template_project
+from tests.helpers.fuzz_harness import trainer_below
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.remotes import missing_data, remote_rows, with_remotes
 from tests.helpers.rows import exp_refs, exp_rows, row_refs
@@ -71,16 +72,13 @@ def test_a_preempted_rows_push_holds_the_data_other_stages_made(tmp_path):
     """The example: its row's dvc.lock names the prepare stage's data too. The
     row said pushed has all of it on the DVC remote (DVC's own push at the
     end of a run, which a preempted run never reaches, hid the gap)."""
-    import psutil
-
     project = make_project(tmp_path / "p", example=True, prepared=True)
     bare, store = with_remotes(project, tmp_path)
     proc = start(project, "-n", "a", "-S", "train.steps=100000")
     while "a-step10" not in remote_rows(bare):  # pushed while training goes on
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.05)
-    trainer, = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                if "examples/train.py" in " ".join(p.cmdline())]
+    trainer = trainer_below(proc.pid)
     trainer.send_signal(signal.SIGTERM)
     out = proc.communicate()[0]
     assert ", pushed to origin; `dvc exp run` resumes" in out, out[-3000:]

@@ -79,6 +79,18 @@ def is_train(p: psutil.Process) -> bool:
     return bool(cmd) and os.path.basename(cmd[0]).startswith("python") and TRAIN_SCRIPT in cmd
 
 
+def trainer_below(pid: int) -> psutil.Process:
+    """The one training process below `pid`: a `python examples/train.py`
+    whose parent is not one too. A child the trainer forked carries its
+    command line, and a child that ended may be a zombie until reaped; both
+    are passed over."""
+    found = [k for k in psutil.Process(pid).children(recursive=True) if is_train(k) and _alive(k)]
+    pids = {k.pid for k in found}
+    top = [k for k in found if k.ppid() not in pids]
+    assert len(top) == 1, f"not one trainer below {pid}: {top}"
+    return top[0]
+
+
 class ExpRun:
     """One `dvc exp run ...` in a new session, output to a log file (not a
     pipe: an orphaned trainer or queue worker would keep a pipe open)."""

@@ -33,6 +33,10 @@ user would (counted in Stats, not failures of dvc-dali):
 - changes staged in the git index by a killed run's stash apply: every later
   run fails ("Stash apply resulted in merge conflicts: N uncommitted changes
   exist in the index"); we `git reset` (the working tree stays) and rerun.
+- params.yaml cut short: DVC applies `-S` by rewriting it in place, so a
+  kill in between (or a stash apply that conflicted) leaves it without its
+  `train` section, and every later run fails ("Invalid `--set-param`
+  value"); we `git checkout` it and rerun.
 - HEAD left detached at the baseline (the next runs keep it so), or, when the
   kill falls between DVC's experiment commit and its restore of HEAD, left on
   that experiment commit, which later runs then take as their baseline
@@ -73,6 +77,7 @@ RESUMING = re.compile(r"train: resuming from step (\d+)")
 STARTING = "train: starting on"
 INDEX_LOCKED = "the index is locked"
 STASH_CONFLICT = "Stash apply resulted in merge conflicts"
+PARAMS_BROKEN = "Invalid `--set-param` value"
 # a lock git (or dulwich or libgit2, DVC's gits) leaves when killed between
 # making it and renaming it over the file: "File exists: b'<lock>'" (dulwich),
 # "Unable to create '<lock>': File exists." (git), "failed to lock file
@@ -344,6 +349,16 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             stats.user_fixes["changes staged by a killed run: git reset"] += 1
             say(f"{name}: DVC: {STASH_CONFLICT}: `git reset`, as a user would")
             continue
+        if rc != 0 and PARAMS_BROKEN in out and params_damaged(project):
+            # DVC applies `-S` by rewriting params.yaml in place (open "w",
+            # then dump): a kill in between leaves it cut short, and a stash
+            # apply that conflicted can leave it so too. Every later `-S`
+            # then fails on the missing key; a user restores the file.
+            say(f"{name}: DVC: {PARAMS_BROKEN}, params.yaml is "
+                f"{(project / 'params.yaml').read_text()[:200]!r}: `git checkout`, as a user would")
+            git(project, "checkout", "HEAD", "--", "params.yaml")
+            stats.user_fixes["params.yaml cut short by a kill: git checkout"] += 1
+            continue
         # DVC writes its rwlock (.dvc/tmp/rwlock) and the info file of a
         # running experiment (.dvc/tmp/exps/run/workspace/workspace.run) in
         # place (open "w" + json.dump): a kill of `dvc exp run` in between
@@ -384,6 +399,16 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             stats.problems.append(f"{name}: completed with another model")
         if final:
             return stats
+
+
+def params_damaged(project: Path) -> bool:
+    """params.yaml no longer holds the `train` section the example's stage
+    reads (DVC cut it short), while the committed one does."""
+    try:
+        now = yaml.safe_load((project / "params.yaml").read_text())
+    except yaml.YAMLError:
+        return True
+    return not isinstance(now, dict) or "train" not in now
 
 
 def check_row(project: Path, ref: Reference, row: dict, params: dict) -> None:
