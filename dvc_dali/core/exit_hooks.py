@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 from types import TracebackType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .context import RunContext, debug_requested
 from .errors import DvcDaliError
@@ -98,6 +98,19 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def this_process_only(hook: Callable[..., Any], *args: Any) -> Callable[[], None]:
+    """``hook(*args)`` as an exit hook that does nothing in a child forked
+    later: it inherits the hooks, not the run (its threads, pushes, rank and
+    params are its parent's, which is still running)."""
+    pid = os.getpid()
+
+    def at_exit() -> None:
+        if os.getpid() == pid:
+            hook(*args)
+
+    return at_exit
+
+
 def watch_unread_saves() -> None:
     """Once per process, at its first asynchronous Checkpointer (registered
     that early so that what the program registers later still runs first):
@@ -107,7 +120,7 @@ def watch_unread_saves() -> None:
     missing, and `dvc exp run` would record the run as if it held it."""
     if not STATE.unread_hook_installed:
         STATE.unread_hook_installed = True
-        atexit.register(_say_unread_failures)
+        atexit.register(this_process_only(_say_unread_failures))
 
 
 def _say_unread_failures() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -98,6 +99,10 @@ class ProcessState:
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
     unread_hook_installed: bool = False  # exit_hooks: a failed save no wait() read, at exit
+    ranks_exit_hook_installed: bool = False  # async_ranks: each rank says it exited
+    # async_ranks.AsyncRanks of this process, told at its exit; a forked child
+    # holds none (it must not say that its parent's ranks exited)
+    live_ranks: weakref.WeakSet = field(default_factory=weakref.WeakSet, metadata=_FORK_RESET)
     preemption_signal: Optional[int] = None  # preemption.Flag got it: a checkpoint comes
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents

@@ -28,6 +28,7 @@ import time
 from typing import Any, Optional
 
 from ..reading import gitcmd
+from ..core import exit_hooks
 from ..core.log import logger
 from ..core.process_state import STATE
 from . import dvc_door
@@ -105,7 +106,8 @@ class Pusher:
         # registered at its import, runs after ours): DVC's push uses it.
         import concurrent.futures.thread  # noqa: F401
 
-        getattr(threading, "_register_atexit", atexit.register)(self.close)
+        getattr(threading, "_register_atexit", atexit.register)(
+            exit_hooks.this_process_only(self.close))
 
     # -- the training side -------------------------------------------------
     def push(self, name: str, ref: str, sha: str, objs: list[Any], run_name: str = "") -> None:

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core import atomic_file
+from ..core import atomic_file, exit_hooks
 from ..reading import exp_refs
 from ..core.context import RunContext
 from ..reading.exp_refs import Row
@@ -99,7 +99,8 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
     finally:
         dvc_door.unlock_repo(repo)
     run.start = start
-    atexit.register(_put_params_back, start, repo.root_dir, ctx.lock_timeout)
+    atexit.register(exit_hooks.this_process_only(_put_params_back, start, repo.root_dir,
+                                                 ctx.lock_timeout))
     return start
 
 

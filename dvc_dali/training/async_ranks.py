@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -32,8 +31,10 @@ from ..format import dirlock, store
 from . import distributed, rank_commit, rank_setup
 from .rank_commit import Setup
 from .rank_setup import Announced
+from ..core import exit_hooks
 from ..core.errors import CheckpointWriteError
 from ..core.log import logger
+from ..core.process_state import STATE
 
 LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for are alive
 # a rank that waits this long for a live one says so, then again every WAITING_AGAIN_S:
@@ -41,9 +42,6 @@ LIVENESS_S = 0.5  # how often a waiting rank asks whether the ranks it waits for
 WAITING_S, WAITING_AGAIN_S = 30.0, 300.0
 # what a waiting rank reads of another (_seen)
 ALIVE, DEAD, LEFT = "alive", "dead", "left"
-# this process's AsyncRanks, told at its exit (_say_exited, registered once)
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-_EXIT_HOOK: list[bool] = []
 
 
 class AsyncRanks:
@@ -61,10 +59,10 @@ class AsyncRanks:
         self.announced: Announced | None = None
         self.seq = 0
         self.timings: dict[str, float] = {}
-        if not _EXIT_HOOK:
-            _EXIT_HOOK.append(True)
-            atexit.register(_say_exited)
-        _LIVE.add(self)
+        if not STATE.ranks_exit_hook_installed:
+            STATE.ranks_exit_hook_installed = True
+            atexit.register(exit_hooks.this_process_only(_say_exited))
+        STATE.live_ranks.add(self)
 
     def close(self) -> None:
         """Say that this Checkpointer starts no more checkpoints (``<n>/closed/
@@ -233,7 +231,7 @@ def _say_exited() -> None:
     """At exit (after the saves in flight finished): each AsyncRanks of this
     process says it ended, so no rank waits for ever for one that never
     checkpoints again. The store may be gone already (its host ended)."""
-    for ranks in list(_LIVE):
+    for ranks in list(STATE.live_ranks):
         try:
             ranks.exited()
         except Exception:  # noqa: BLE001 (nobody left to tell)

@@ -126,3 +126,38 @@ def test_a_rank_that_ended_without_the_checkpoint_fails_it_by_name(tmp_path, how
             "is not recorded") in zero.stdout, zero.stdout
     latest = (tmp_path / "ck" / "LATEST")
     assert ("step-000000010" in latest.read_text()) if how == "closed" else not latest.exists()
+
+
+FORKS = """
+import atexit
+import os
+import sys
+import numpy as np
+import torch.distributed as dist
+dist.init_process_group("gloo")
+import dvc_dali
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=True)
+if dist.get_rank() == 1:  # a child of its own, forked, that ends running its exit hooks
+    child = os.fork()
+    if child == 0:  # (not sys.exit: torch's C++ teardown hangs in a forked child)
+        atexit._run_exitfuncs()
+        os._exit(0)
+    os.waitpid(child, 0)
+dist.barrier()  # the child has ended before either rank checkpoints
+ck.make_checkpoint(10, arrays={"w": np.zeros(3)})
+ck.close()
+"""
+
+
+def test_a_forked_child_that_exits_is_not_its_rank_leaving(tmp_path):
+    """The exit of a child a rank forked (atexit hooks run there too) is not
+    the rank's: the other rank still records the step both checkpoint."""
+    from tests.helpers.ranks import run_ranks
+
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    zero, one = run_ranks([sys.executable, str(script), str(tmp_path / "ck")], tmp_path,
+                          timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert zero.returncode == 0, zero.stdout + zero.stderr[-3000:]
+    assert "step-000000010" in (tmp_path / "ck" / "LATEST").read_text()

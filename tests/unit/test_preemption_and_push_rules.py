@@ -48,3 +48,26 @@ def test_the_exit_line_handler_defers_to_preemption_only_once_the_flag_has_the_s
         assert exit_hooks.on_sigterm(15, None) is None
     finally:
         STATE.preemption_signal = None
+
+
+def test_an_exit_hook_does_nothing_in_a_child_forked_later(tmp_path):
+    """A forked child inherits the exit hooks, not the run: a rank's "exited",
+    the params put back, the pushes finished are its parent's to do."""
+    import os
+
+    from dvc_dali.core.exit_hooks import this_process_only
+
+    def mark(name: str) -> None:
+        (tmp_path / name).write_text(str(os.getpid()))
+
+    hook = this_process_only(mark, "ran")
+    child = os.fork()
+    if child == 0:  # the child runs the hook as its interpreter's exit would
+        try:
+            hook()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    assert not (tmp_path / "ran").exists()
+    hook()
+    assert (tmp_path / "ran").read_text() == str(os.getpid())
