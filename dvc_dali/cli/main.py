@@ -69,11 +69,23 @@ def cmd_init(args: argparse.Namespace) -> int:
 
         images = dest / "data" / "images"
         print(f"wrote {write_digits(images)} sample images to {images}/<digit>/")
-        print("next: `git add . && git commit -m start && dvc exp run`")
+        print(f"next: `{setup_commands(dest)}git add . && git commit -m start && dvc exp run`")
     else:
         print("next: put images in data/images/<class>/ (or `dvc-dali init --digits` for "
-              "samples), then `git add . && git commit -m start && dvc exp run`")
+              f"samples), then `{setup_commands(dest)}git add . && git commit -m start && "
+              "dvc exp run`")
     return 0
+
+
+def setup_commands(dest: Path) -> str:
+    """What a directory still needs before `dvc exp run` can run its stage:
+    "git init && " outside a git work tree, "dvc init && " outside a DVC
+    project ("" for neither)."""
+    here = dest.resolve()
+    above = [here, *here.parents]
+    needed = [] if any((d / ".git").exists() for d in above) else ["git init"]
+    needed += [] if any((d / ".dvc").is_dir() for d in above) else ["dvc init"]
+    return "".join(f"{command} && " for command in needed)
 
 
 # --------------------------------------------------------------------------

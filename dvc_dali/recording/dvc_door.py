@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..core.checkpoint_outputs import checkpoint_outputs
-from ..core.errors import RecordError
+from ..core.errors import DvcDaliError, RecordError
 from ..core.log import logger
 
 
@@ -365,6 +365,18 @@ def push_objects(repo: Any, objs: list[Any]) -> int:
             wanted.extend(oid for _, _, oid in Tree.load(repo.cache.local, obj))
     result = repo.cloud.push(wanted)
     return len(result.failed)
+
+
+def check_remote(repo: Any, name: str | None, command: str) -> None:
+    """Refuse a DVC remote that is not configured (an unknown name, or no
+    default) before anything moves, in DVC's words."""
+    try:
+        repo.cloud.get_remote_odb(name=name, command=command)
+    except Exception as exc:
+        raise DvcDaliError(f"DVC remote {name or '(the default)'}: {exc}. `dvc remote list` "
+                           "names this project's DVC remotes; give one with -r, or set the "
+                           "default with `dvc remote default <name>`. Nothing was changed."
+                           ) from None
 
 
 def transfer_revs(repo: Any, revs: list[str], direction: str, remote: str | None = None

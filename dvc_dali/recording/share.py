@@ -83,6 +83,7 @@ def _push_data(root: str, shas: list[str], dvc_remote: str | None
     lacks}, {sha: files of those the local cache lacks too}, DVC's error)."""
     repo = dvc_door.open_repo(root)
     try:
+        dvc_door.check_remote(repo, dvc_remote, "push")
         failure = _transfer(repo, shas, "push", dvc_remote)
         try:
             missing = dvc_door.missing_data(repo, shas, "remote", dvc_remote)
@@ -145,6 +146,12 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
     """Fetch every row of the runs ``names`` from ``git_remote`` with their
     data from the DVC remote; refs land only once their data is here (the
     others: DvcDaliError naming them, after the complete ones landed)."""
+    if dvc_remote is not None:  # one named that is not there: said before git fetches
+        repo = dvc_door.open_repo(root)  # (without one, rows whose data is here still come)
+        try:
+            dvc_door.check_remote(repo, dvc_remote, "fetch")
+        finally:
+            repo.close()
     proc = gitcmd.run(["fetch", "--quiet", "--no-tags", git_remote, f"+refs/exps/*:{_PULLED}/*"],
                       root, check=False, unrunnable=DvcDaliError)
     try:

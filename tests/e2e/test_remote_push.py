@@ -152,6 +152,12 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     assert (fresh / "checkpoint").is_dir()
     nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
     assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
+    for command in ("pull", "push"):  # a DVC remote named that is not configured: said so
+        said = run(["dvc-dali", command, "-r", "nosuch", "origin", "a"], fresh, check=False)
+        assert said.returncode == 1, said.stdout + said.stderr
+        assert f"dvc-dali {command}: DVC remote nosuch: " in said.stderr, said.stderr
+        assert "`dvc remote list`" in said.stderr and "Traceback" not in said.stderr
+        assert "from the machine that recorded them" not in said.stderr, said.stderr
 
 
 def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_path):

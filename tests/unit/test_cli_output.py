@@ -116,3 +116,18 @@ def test_select_refs_takes_every_row_of_a_run_and_dvcs_own_ref():
     assert summarize(targets) == [Removed("a", B1, 2, True), Removed("a", B2, 1, False)]
     assert select_refs(rows, ["b-step1"], own) == []  # a row's name is not a run's
     assert [t.exp for t in select_refs(rows, ["c"], own)] == ["c"]  # a run without rows
+
+
+@pytest.mark.parametrize("made, said", [
+    ((), "git init && dvc init && "),
+    ((".git",), "dvc init && "),
+    ((".git", ".dvc"), ""),
+])
+def test_init_says_the_setup_a_directory_still_needs(tmp_path, made, said):
+    """`dvc-dali init` in a new directory: its "next:" line starts with the
+    `git init` and `dvc init` that `dvc exp run` needs there."""
+    from dvc_dali.cli.main import setup_commands
+
+    for name in made:  # at the top; the stage's directory is below it
+        (tmp_path / name).mkdir()
+    assert setup_commands(tmp_path / "project" / "stage") == said
