@@ -382,6 +382,49 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
                           "process is running")
 
 
+def _doctor_params(report: _Report, root: Path) -> None:
+    """DVC applies `dvc exp run -S` by rewriting params.yaml in place: a kill
+    meanwhile leaves it empty or cut short, and every later `-S` fails on
+    it ("Could not override ..."). Said when the committed one holds more."""
+    from ..reading import gitcmd
+
+    params = root / "params.yaml"
+    try:
+        now = params.read_text(encoding="utf-8")
+    except OSError:
+        return
+    try:  # ./: relative to the DVC root, which may be below the git work tree's top
+        committed = gitcmd.run(["show", "HEAD:./params.yaml"], str(root), check=False,
+                               unrunnable=DvcDaliError)
+    except DvcDaliError:
+        return
+    if committed.returncode != 0 or not params_cut_short(now, committed.stdout):
+        return
+    report(False, f"{params}: {'empty' if not now.strip() else 'cut short'}, while the "
+                  "committed one is not (DVC rewrites it in place for `dvc exp run -S`, and a "
+                  "kill meanwhile leaves it so); `dvc exp run -S` fails on it. Restore it with "
+                  "`git checkout HEAD -- params.yaml` if you did not empty it yourself")
+
+
+def params_cut_short(now: str, committed: str) -> bool:
+    """A params.yaml that is not a mapping (empty, or cut before its first key
+    ended) or not YAML, where the committed one is a mapping. One that holds
+    other keys is an edit, not a cut."""
+    import yaml
+
+    try:
+        was = yaml.safe_load(committed)
+    except yaml.YAMLError:
+        return False
+    if not isinstance(was, dict) or not was:
+        return False
+    try:
+        found = yaml.safe_load(now)
+    except yaml.YAMLError:
+        return True
+    return not isinstance(found, dict)
+
+
 def _doctor_stages(report: _Report, root: Path) -> None:
     from ..core.context import RunContext
     from ..recording import maintenance
@@ -435,6 +478,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         report(False, f"no DVC repository at or above {Path.cwd()}: run `dvc init`")
         return 1
     _doctor_leftovers(report, root)
+    _doctor_params(report, root)
     _doctor_stages(report, root)
     _doctor_gpu(report)
     if args.verify is not None:

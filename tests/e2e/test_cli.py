@@ -125,6 +125,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     (project / ".git/refs/exps/exec").mkdir(parents=True, exist_ok=True)
     (project / ".git/refs/exps/exec/EXEC_BRANCH.lock").write_text("")
     (project / ".git/packed-refs.lock").write_text("")
+    (project / "params.yaml").write_text("")  # as a kill of DVC's rewrite for -S leaves it
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace("always_changed: true",
                                                      "always_changed: false"))
@@ -136,6 +137,8 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert "packed-refs.lock: a git lock left by a killed `dvc exp run`" in bad.stdout
     assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
     assert "workspace.run: unreadable (JSONDecodeError), left by a killed DVC" in bad.stdout
+    assert "params.yaml: empty, while the committed one is not" in bad.stdout, bad.stdout
+    assert "`git checkout HEAD -- params.yaml`" in bad.stdout
 
 
 def test_retention_keeps_last_n_and_the_best(project):

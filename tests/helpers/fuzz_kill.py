@@ -354,7 +354,7 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             # then dump): a kill in between leaves it cut short, and a stash
             # apply that conflicted can leave it so too. Every later `-S`
             # then fails on the missing key; a user restores the file.
-            say(f"{name}: DVC: {PARAMS_BROKEN}, params.yaml is "
+            say(f"{name}: DVC: {PARAMS_BROKEN} (`dvc-dali doctor` names it), params.yaml is "
                 f"{(project / 'params.yaml').read_text()[:200]!r}: `git checkout`, as a user would")
             git(project, "checkout", "HEAD", "--", "params.yaml")
             stats.user_fixes["params.yaml cut short by a kill: git checkout"] += 1

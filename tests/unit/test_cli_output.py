@@ -131,3 +131,19 @@ def test_init_says_the_setup_a_directory_still_needs(tmp_path, made, said):
     for name in made:  # at the top; the stage's directory is below it
         (tmp_path / name).mkdir()
     assert setup_commands(tmp_path / "project" / "stage") == said
+
+
+@pytest.mark.parametrize("now, committed, cut", [
+    ("", "train:\n  steps: 6\n", True),
+    ("train:\n  steps: [", "train:\n  steps: 6\n", True),   # not YAML
+    ("other: 1\n", "train:\n  steps: 6\n", False),            # rewritten: an edit
+    ("# a comment\n", "train:\n  steps: 6\n", True),           # cut after its first line
+    ("train:\n  steps: 7\n", "train:\n  steps: 6\n", False),  # an edit
+    ("train: {}\n", "train:\n  steps: 6\n", False),
+    ("", "", False),                                          # empty when committed too
+    ("", "not: [yaml", False),
+])
+def test_params_cut_short_rule(now, committed, cut):
+    from dvc_dali.cli.main import params_cut_short
+
+    assert params_cut_short(now, committed) is cut
