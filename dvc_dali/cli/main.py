@@ -83,8 +83,10 @@ def setup_commands(dest: Path) -> str:
     project ("" for neither)."""
     here = dest.resolve()
     above = [here, *here.parents]
-    needed = [] if any((d / ".git").exists() for d in above) else ["git init"]
-    needed += [] if any((d / ".dvc").is_dir() for d in above) else ["dvc init"]
+    git_at = next((d for d in above if (d / ".git").exists()), None)
+    needed = [] if git_at else ["git init"]
+    if not any((d / ".dvc").is_dir() for d in above):  # --subdir: below the git top
+        needed.append("dvc init" + (" --subdir" if git_at not in (None, here) else ""))
     return "".join(f"{command} && " for command in needed)
 
 
@@ -345,6 +347,7 @@ def _doctor_versions(report: _Report) -> None:
 
 def _doctor_leftovers(report: _Report, root: Path) -> None:
     """Files a killed run leaves behind, on which later runs fail."""
+    from ..reading.exp_refs import git_dirs
     from ..recording import cut_short
     from ..training.signal_file import in_repo
 
@@ -352,7 +355,10 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
     report(not stale.exists(), f"{stale}: " + ("stale checkpoint signal from a killed run; "
                                                "remove it if no run is active" if stale.exists()
                                                else "no stale signal"))
-    git_dir = root / ".git"
+    try:  # not root/.git: the DVC root may be below the git top, or in a worktree
+        git_dir = Path(git_dirs(str(root))[0])
+    except DvcDaliError:
+        git_dir = root / ".git"
     # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows')
     locks = sorted(git_dir.glob("*.lock")) + sorted(git_dir.glob("refs/**/*.lock"))
     row_locks = set(cut_short.locks(str(git_dir)))
@@ -383,27 +389,50 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
 
 
 def _doctor_params(report: _Report, root: Path) -> None:
-    """DVC applies `dvc exp run -S` by rewriting params.yaml in place: a kill
-    meanwhile leaves it empty or cut short, and every later `-S` fails on
-    it ("Could not override ..."). Said when the committed one holds more."""
+    """DVC applies `dvc exp run -S` by rewriting a params file in place: a
+    kill meanwhile leaves it empty or cut short, and every later `-S` fails
+    on it ("Could not override ..."). Said when the committed one is not."""
     from ..reading import gitcmd
 
-    params = root / "params.yaml"
+    for name in params_files(root):
+        if not name.endswith((".yaml", ".yml", ".json")):
+            continue  # (TOML and Python params files: not parsed here)
+        params = root / name
+        try:
+            now = params.read_text(encoding="utf-8")
+            # ./: relative to the DVC root, which may be below the git work tree's top
+            committed = gitcmd.run(["show", f"HEAD:./{name}"], str(root), check=False,
+                                   unrunnable=DvcDaliError)
+        except (OSError, DvcDaliError):
+            continue
+        if committed.returncode != 0 or not params_cut_short(now, committed.stdout):
+            continue
+        report(False, f"{params}: {'empty' if not now.strip() else 'cut short'}, while the "
+                      "committed one is not (DVC rewrites it in place for `dvc exp run -S`, "
+                      "and a kill meanwhile leaves it so); `dvc exp run -S` fails on it. "
+                      f"Restore it with `git checkout HEAD -- '{params}'` if you did not "
+                      "empty it yourself")
+
+
+def params_files(root: Path) -> list[str]:
+    """params.yaml and the params files dvc.yaml's stages name (relative to
+    the DVC root; a stage's wdir is taken into account)."""
+    import yaml
+
     try:
-        now = params.read_text(encoding="utf-8")
-    except OSError:
-        return
-    try:  # ./: relative to the DVC root, which may be below the git work tree's top
-        committed = gitcmd.run(["show", "HEAD:./params.yaml"], str(root), check=False,
-                               unrunnable=DvcDaliError)
-    except DvcDaliError:
-        return
-    if committed.returncode != 0 or not params_cut_short(now, committed.stdout):
-        return
-    report(False, f"{params}: {'empty' if not now.strip() else 'cut short'}, while the "
-                  "committed one is not (DVC rewrites it in place for `dvc exp run -S`, and a "
-                  "kill meanwhile leaves it so); `dvc exp run -S` fails on it. Restore it with "
-                  "`git checkout HEAD -- params.yaml` if you did not empty it yourself")
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
+                  ).get("stages") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        stages = {}
+    found = ["params.yaml"]
+    for stage in stages.values() if isinstance(stages, dict) else ():
+        if not isinstance(stage, dict):
+            continue
+        wdir = str(stage.get("wdir") or ".")
+        for item in stage.get("params") or ():
+            if isinstance(item, dict):
+                found += [os.path.normpath(os.path.join(wdir, str(f))) for f in item]
+    return list(dict.fromkeys(found))
 
 
 def params_cut_short(now: str, committed: str) -> bool:
@@ -475,7 +504,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _doctor_versions(report)
     root = repo_root()
     if root is None:
-        report(False, f"no DVC repository at or above {Path.cwd()}: run `dvc init`")
+        report(False, f"no DVC repository at or above {Path.cwd()}: run "
+                      f"`{setup_commands(Path.cwd()).removesuffix(' && ') or 'dvc init'}`")
         return 1
     _doctor_leftovers(report, root)
     _doctor_params(report, root)

@@ -34,13 +34,12 @@ def _snapshot(root: Path, path: str, row: str | None, tmp: Path) -> tuple[store.
     """The checkpoint to replay (the workspace's, or ``row``'s) and its row."""
     if row is None:
         return store.read_snapshot(root / path), {}
-    from dvc.api import DVCFileSystem
-
-    from ..reading.loading import _resolve
+    from ..reading.loading import _resolve, revision_fs
 
     sha, found, where = _resolve(row, str(root))
     try:
-        DVCFileSystem(where, rev=sha).get(path, str(tmp / "ck"), recursive=True)
+        fs, in_tree = revision_fs(where, sha, path)
+        fs.get(in_tree, str(tmp / "ck"), recursive=True)
     except Exception as exc:
         raise DvcDaliError(f"cannot read {path} of row {row!r}: {exc}. `dvc-dali show` lists "
                            "the rows; `dvc exp pull <remote> <row>` fetches one.") from None

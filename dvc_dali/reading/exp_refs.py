@@ -113,6 +113,15 @@ def git_dirs(path: str) -> tuple[str, str]:
     return STATE.git_dirs[key]
 
 
+def tree_path(root: str, path: str) -> str:
+    """``path``, relative to ``root`` (a DVC root, which `dvc init --subdir`
+    puts below the git work tree's top), as a path in the repository's
+    commits: relative to that top."""
+    top = git_dirs(root)[1]
+    rel = os.path.relpath(os.path.join(os.path.realpath(root), path), os.path.realpath(top))
+    return rel.replace(os.sep, "/")
+
+
 def iter_checkpoint_refs(git_dir: str, cwd: str, namespace: str = EXPS_NAMESPACE
                          ) -> Iterator[tuple[str, str, int, dict[str, str]]]:
     """(sha, ref, commit time, lineage fields) of every dvc-dali row."""

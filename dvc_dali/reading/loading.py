@@ -161,14 +161,12 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     repo_s = None if repo is None else os.fspath(repo)
     if rev is None and repo_s is None:
         return _loaded(store.read_arrays(Path(path), names), None)
-    from dvc.api import DVCFileSystem  # DVC's public API: rows, caches and remotes
-
     git_rev, row, where = _resolve(rev, repo_s) if rev else ("HEAD", None, repo_s or
                                                              str(_here()))
     rel = os.fspath(path).strip("/")
     with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
         try:  # DVC opens the revision lazily: its errors come with the first file
-            _copy_needed(DVCFileSystem(where, rev=git_rev), rel, Path(tmp), names)
+            _copy_needed(*revision_fs(where, git_rev, rel), Path(tmp), names)
         except DvcDaliError:
             raise
         except Exception as exc:
@@ -177,6 +175,30 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
                 "`dvc-dali show` lists the rows; `dvc exp pull <remote> <row>` fetches one "
                 "from a remote.") from None
         return _loaded(store.read_arrays(Path(tmp), names), row, f"{_label(rev)}:{rel}")
+
+
+def revision_fs(where: str, rev: str, rel: str) -> tuple[Any, str]:
+    """DVC's file system of revision ``rev`` of the project ``where`` (DVC's
+    public API: rows, caches and remotes), and ``rel`` (relative to that
+    project) as a path in it. A DVC root below the git top (`dvc init
+    --subdir`) is a subrepo to it, and its paths start at the top."""
+    from dvc.api import DVCFileSystem
+
+    in_tree = _in_tree(where, rel)
+    return DVCFileSystem(where, rev=rev, subrepos=in_tree != rel), in_tree
+
+
+def _in_tree(where: str, rel: str) -> str:
+    """``rel`` (relative to the DVC root ``where``) as a path from the git
+    work tree's top; as it is where that is not a local git work tree."""
+    from .exp_refs import tree_path
+
+    if not os.path.isdir(where):
+        return rel
+    try:
+        return tree_path(where, rel)
+    except DvcDaliError:
+        return rel
 
 
 def _loaded(snap: store.Snapshot, row: Row | None, where: str = "") -> Loaded:

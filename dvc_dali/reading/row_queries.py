@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .best import best_row as _best_row
 from ..core.errors import DvcDaliError
-from .exp_refs import Row, exp_refs, git_dirs, list_rows, outs_digest
+from .exp_refs import Row, exp_refs, git_dirs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
 from .gitcmd import read_blobs
 
@@ -88,11 +88,13 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     if run is not None:
         found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
                  if exp is None or r["exp"] == exp]
-    files = (metrics_file, "params.yaml") if params else (metrics_file,)
+    files = [tree_path(root, p) for p in ((metrics_file, "params.yaml") if params
+                                          else (metrics_file,))]
     specs = [f"{r['sha']}:{p}" for r in found for p in files]
     theirs = _dvc_experiments(found, refs)
     # one git process for the rows' files and the dvc.lock of DVC's own experiments
-    blobs = read_blobs(root, specs + [f"{sha}:dvc.lock" for _, sha in theirs])
+    lock = tree_path(root, "dvc.lock")
+    blobs = read_blobs(root, specs + [f"{sha}:{lock}" for _, sha in theirs])
     for i, row in enumerate(found):
         metrics = blobs[len(files) * i]
         try:
@@ -285,7 +287,8 @@ def mark_dvc_duplicates(root: str, found: list[Row],
     on that row ("dvc_experiments"), so the two are not taken for two states.
     ``locks``: their dvc.lock files, already read (else read here)."""
     theirs = _dvc_experiments(found, refs)
-    blobs = read_blobs(root, [f"{sha}:dvc.lock" for _, sha in theirs]) if locks is None \
+    lock = tree_path(root, "dvc.lock") if locks is None else ""
+    blobs = read_blobs(root, [f"{sha}:{lock}" for _, sha in theirs]) if locks is None \
         else locks
     by_outs: dict[str, list[str]] = {}
     for (ref, _), blob in zip(theirs, blobs, strict=True):

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 
 from ..reading import gitcmd
 from ..reading.best import best_row
-from ..reading.exp_refs import Row, git_dirs, list_rows
+from ..reading.exp_refs import Row, git_dirs, list_rows, tree_path
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -36,8 +36,8 @@ def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[s
 
 def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional[Any]:
     """The row's DVCLive metrics file, parsed; None when it has none."""
-    proc = gitcmd.run(["--git-dir", git_dir, "show", f"{sha}:{metrics_file}"], cwd=cwd,
-                      check=False)
+    proc = gitcmd.run(["--git-dir", git_dir, "show", f"{sha}:{tree_path(cwd, metrics_file)}"],
+                      cwd=cwd, check=False)
     if proc.returncode != 0:
         return None
     try:

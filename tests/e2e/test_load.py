@@ -157,3 +157,42 @@ def test_rows_and_show_best(finished, monkeypatch):
         "\n")[0], out
     bad = run(["dvc-dali", "show", "--best", "loss"], finished, check=False)
     assert bad.returncode == 1 and "'<metric>:max' or '<metric>:min'" in bad.stderr
+
+
+def test_a_dvc_project_below_the_git_top_reads_its_rows(tmp_path):
+    """`dvc init --subdir` (a monorepo): the rows' files sit under the
+    project's directory in their commits. show reads their metrics, --best
+    and retention find them, load and doctor --verify read a row."""
+    top = tmp_path / "mono"
+    top.mkdir()
+    run(["git", "init", "-q", "-b", "main"], top)
+    run(["git", "config", "user.email", "test@example.invalid"], top)
+    run(["git", "config", "user.name", "test"], top)
+    project = top / "ml"
+    project.mkdir()
+    run([sys.executable, "-m", "dvc", "init", "-q", "--subdir"], project)
+    run([sys.executable, "-m", "dvc_dali.cli", "init", "--digits"], project)
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("steps: 100", "steps: 30"))
+    run(["git", "add", "-A"], top)
+    run(["git", "commit", "-qm", "start"], top)
+    # keep the last row and the worst: retention reads each row's metrics
+    run(["dvc", "exp", "run", "-n", "a"], project,
+        env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/loss:max"})
+    rows = {r["name"]: r for r in dvc_dali.rows(repo=project)}
+    assert set(rows) == {"a-step10", "a-step30"}, rows
+    assert all("train/loss" in r["metrics"] for r in rows.values()), rows
+    shown = run([sys.executable, "-m", "dvc_dali.cli", "show", "--best", "train/loss:min"],
+                project)
+    assert "best by train/loss:min: a-step30 (step 30" in shown.stdout, shown.stdout
+    assert "(= DVC's experiment a)" in shown.stdout, shown.stdout
+    assert dvc_dali.load(rev="a-step10", repo=project).step == 10
+    verified = run([sys.executable, "-m", "dvc_dali.cli", "doctor", "--verify", "a-step10"],
+                   project, check=False)
+    assert "ok   a-step10, pipeline 'train': the 10 batches recorded after step 10 are " \
+           "reproduced exactly" in verified.stdout, verified.stdout + verified.stderr
+    (top / ".git" / "index.lock").write_text("")  # git's, at the top: doctor looks there
+    doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project / "data", check=False)
+    assert doctor.returncode == 1
+    assert f"{top / '.git' / 'index.lock'}: a git lock left by a killed" in doctor.stdout, \
+        doctor.stdout

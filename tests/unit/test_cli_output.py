@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dvc_dali.cli.main import _message, draw_tree, group_runs, parse_batch, render
@@ -120,7 +122,8 @@ def test_select_refs_takes_every_row_of_a_run_and_dvcs_own_ref():
 
 @pytest.mark.parametrize("made, said", [
     ((), "git init && dvc init && "),
-    ((".git",), "dvc init && "),
+    ((".git",), "dvc init --subdir && "),  # the git top is above the stage's directory
+    (("project/stage/.git",), "dvc init && "),
     ((".git", ".dvc"), ""),
 ])
 def test_init_says_the_setup_a_directory_still_needs(tmp_path, made, said):
@@ -128,8 +131,8 @@ def test_init_says_the_setup_a_directory_still_needs(tmp_path, made, said):
     `git init` and `dvc init` that `dvc exp run` needs there."""
     from dvc_dali.cli.main import setup_commands
 
-    for name in made:  # at the top; the stage's directory is below it
-        (tmp_path / name).mkdir()
+    for name in made:  # at the top, or in the stage's directory
+        (tmp_path / name).mkdir(parents=True)
     assert setup_commands(tmp_path / "project" / "stage") == said
 
 
@@ -147,3 +150,16 @@ def test_params_cut_short_rule(now, committed, cut):
     from dvc_dali.cli.main import params_cut_short
 
     assert params_cut_short(now, committed) is cut
+
+
+def test_params_files_are_params_yaml_and_those_the_stages_name(tmp_path):
+    from dvc_dali.cli.main import params_files
+
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n"
+        "  train:\n    cmd: x\n    params: [lr, {config.yaml: [train]}, {params.yaml: []}]\n"
+        "  sub:\n    cmd: y\n    wdir: sub\n    params: [{../other.json: [a]}, {own.yaml: [b]}]\n")
+    assert params_files(tmp_path) == ["params.yaml", "config.yaml", "other.json",
+                                      os.path.join("sub", "own.yaml")]
+    (tmp_path / "dvc.yaml").write_text("stages: [not a mapping")
+    assert params_files(tmp_path) == ["params.yaml"]
