@@ -138,7 +138,7 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert "rwlock: unreadable (JSONDecodeError), left by a killed DVC command" in bad.stdout
     assert "workspace.run: unreadable (JSONDecodeError), left by a killed DVC" in bad.stdout
     assert "params.yaml: empty, while the committed one is not" in bad.stdout, bad.stdout
-    assert "`git checkout HEAD -- params.yaml`" in bad.stdout
+    assert f"`git checkout HEAD -- '{project / 'params.yaml'}'`" in bad.stdout, bad.stdout
 
 
 def test_retention_keeps_last_n_and_the_best(project):
