@@ -305,7 +305,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_reset(args: argparse.Namespace) -> int:
     from ..recording.maintenance import reset_stage
 
-    removed = reset_stage(args.stage)
+    removed = reset_stage(args.stage, str(_project_root("reset")))
     if not removed:
         print("dvc-dali reset: no persisted dvc-dali checkpoint found; nothing to do")
         return 0

@@ -284,3 +284,15 @@ def test_the_example_without_what_it_needs_says_so_in_one_line(tmp_path, framewo
     assert proc.returncode != 0 and "Traceback" not in out, out
     said = [line for line in proc.stderr.splitlines() if all(s in line for s in says)]
     assert len(said) == 1, out
+
+
+@pytest.mark.parametrize("command", [["reset"], ["show"], ["push", "origin", "a"],
+                                     ["pull", "origin", "a"], ["remove", "a"]])
+def test_a_project_command_outside_a_dvc_project_says_where_to_run_it(tmp_path, command):
+    out = subprocess.run([sys.executable, "-m", "dvc_dali.cli", *command], cwd=tmp_path,
+                         capture_output=True, text=True, env=child_env())
+    assert out.returncode == 1, out
+    assert out.stderr.startswith(f"dvc-dali {command[0]}: not inside a DVC repository (no "
+                                 f".dvc above {tmp_path}); run `dvc-dali {command[0]}` in the "
+                                 "project"), out.stderr
+    assert "Traceback" not in out.stderr
