@@ -70,7 +70,19 @@ def install_hook() -> None:
         sys.excepthook = _hook(sys.excepthook)
 
 
+def as_if_not_handled(signum: int) -> None:
+    """In a child forked after dvc-dali's handler was installed (a
+    multiprocessing worker, which is not the run): the signal's default
+    action, as without dvc-dali (``Pool.terminate`` ends each worker with
+    SIGTERM and waits for it)."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 def on_sigterm(signum: int, _frame) -> None:
+    if os.getpid() != STATE.exit_lines_pid:
+        as_if_not_handled(signum)
+        return
     if STATE.preemption_signal is not None:
         # preemption.Flag's handler got this signal first and chained here (a
         # framework had wrapped this handler into its own before the flag
@@ -93,6 +105,7 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
     if STATE.exit_lines_installed or not ctx.under_exp_run:
         return
     STATE.exit_lines_installed = True
+    STATE.exit_lines_pid = os.getpid()
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)

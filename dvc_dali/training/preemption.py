@@ -9,10 +9,12 @@ from inside a signal handler.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any, Callable, Optional
 
+from ..core import exit_hooks
 from ..core.process_state import STATE
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -30,6 +32,7 @@ class Flag:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self._previous: dict[int, Any] = {}
+        self._pid = 0  # the process it was installed in: the run
 
     def install(self, ours: tuple[Callable, ...] = ()) -> None:
         """Handle SIGTERM and SIGUSR1 from now on (main thread only; elsewhere
@@ -42,8 +45,17 @@ class Flag:
             previous = signal.getsignal(sig)
             self._previous[sig] = None if previous in ours else previous
             signal.signal(sig, self._handle)
+        self._pid = os.getpid()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child (a worker): not the run
+            previous = self._previous.get(signum)
+            if callable(previous):  # the application's own, as without dvc-dali
+                signal.signal(signum, previous)
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:
+                exit_hooks.as_if_not_handled(signum)
+            return
         if self.signum is None:
             self.signum = STATE.preemption_signal = signum  # exit_hooks.on_sigterm defers
         previous = self._previous.get(signum)

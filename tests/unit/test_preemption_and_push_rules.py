@@ -39,15 +39,17 @@ def test_the_exit_line_handler_defers_to_preemption_only_once_the_flag_has_the_s
     from dvc_dali.core import exit_hooks
     from dvc_dali.core.process_state import STATE
 
-    STATE.preemption_signal = None
-    with pytest.raises(SystemExit) as exited:
-        exit_hooks.on_sigterm(15, None)
-    assert exited.value.code == 143
-    STATE.preemption_signal = 15
+    import os
+
+    STATE.preemption_signal, STATE.exit_lines_pid = None, os.getpid()  # installed here
     try:
+        with pytest.raises(SystemExit) as exited:
+            exit_hooks.on_sigterm(15, None)
+        assert exited.value.code == 143
+        STATE.preemption_signal = 15
         assert exit_hooks.on_sigterm(15, None) is None
     finally:
-        STATE.preemption_signal = None
+        STATE.preemption_signal, STATE.exit_lines_pid = None, 0
 
 
 def test_an_exit_hook_does_nothing_in_a_child_forked_later(tmp_path):
