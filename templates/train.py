@@ -43,6 +43,7 @@ for step in range(ck.step + 1, p["steps"] + 1):
     # every checkpoint_every steps, and at once on SIGTERM/SIGUSR1 (then it exits)
     if ck.should_save(step, p["checkpoint_every"]) or step == p["steps"]:
         print(f"step {step}/{p['steps']}: loss {loss:.4f}", flush=True)
+        ck.wait()  # DVC_DALI_ASYNC=1: the last checkpoint's row recorded before its files change
         live.step = step  # log first: the recorded checkpoint holds this step's metrics
         live.log_metric("train/loss", loss)
         live.next_step()

@@ -12,8 +12,8 @@ import numpy as np
 import dvc_dali
 
 from tests.helpers import pipelines
-from tests.helpers.dvc_project import make_project, run, sigint_default
-from tests.helpers.rows import exp_rows
+from tests.helpers.dvc_project import make_project, run, sigint_default, template_project
+from tests.helpers.rows import asynchronous_row_steps, exp_rows
 
 
 def test_async_checkpoint_captures_state_at_the_call(data_dir, tmp_path):
@@ -94,3 +94,10 @@ def test_an_early_stop_whose_last_checkpoint_failed_fails_the_run(tmp_path, data
             "CheckpointWriteError: ") in said, said[-3000:]
     assert set(exp_rows(project)) == {"early-step1"}  # no row, and no final experiment
 
+
+
+def test_the_init_templates_asynchronous_rows_hold_their_own_steps_metrics(tmp_path):
+    """`dvc-dali init`'s train.py with DVC_DALI_ASYNC=1: each row holds the
+    metrics (and model) of its own step, not of the next checkpoint's, which
+    the loop wrote while the row was still being recorded."""
+    assert asynchronous_row_steps(template_project(tmp_path, steps=30), []) == [10, 20, 30]
