@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .best import best_row as _best_row
 from ..core.errors import DvcDaliError
-from .exp_refs import Row, exp_refs, git_dirs, list_rows, outs_digest, tree_path
+from .exp_refs import Row, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
 from .gitcmd import read_blobs
 
@@ -209,7 +209,7 @@ def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike 
     lock, stage, out, md5 = entry
     root, step = rows_root(repo), _checkpoint_step(ckpt)
     found = [r for r in list_rows(root) if step is None or r["step"] == step]
-    rel = os.path.relpath(Path(root).resolve() / lock, git_dirs(root)[1])
+    rel = tree_path(root, str(lock))
     blobs = read_blobs(root, [f"{r['sha']}:{rel}" for r in found])
     hits = [r for r, blob in zip(found, blobs, strict=True)
             if blob is not None and _out_md5(blob, stage, out) == md5]
@@ -287,11 +287,11 @@ def mark_dvc_duplicates(root: str, found: list[Row],
     on that row ("dvc_experiments"), so the two are not taken for two states.
     ``locks``: their dvc.lock files, already read (else read here)."""
     theirs = _dvc_experiments(found, refs)
-    lock = tree_path(root, "dvc.lock") if locks is None else ""
-    blobs = read_blobs(root, [f"{sha}:{lock}" for _, sha in theirs]) if locks is None \
-        else locks
+    if locks is None:
+        lock = tree_path(root, "dvc.lock")
+        locks = read_blobs(root, [f"{sha}:{lock}" for _, sha in theirs])
     by_outs: dict[str, list[str]] = {}
-    for (ref, _), blob in zip(theirs, blobs, strict=True):
+    for (ref, _), blob in zip(theirs, locks, strict=True):
         for digest in _lock_outs(blob):
             by_outs.setdefault(digest, []).append(ref.rsplit("/", 1)[-1])
     for row in found:
