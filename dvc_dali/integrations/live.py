@@ -4,14 +4,18 @@ A run killed after its last recorded checkpoint may have logged later rows,
 which the resumed run logs again; DVCLive writes metrics.json in place, so a
 kill can leave it empty, and DVCLive 3.49 repeats a row when resuming from a
 step-0 summary. Trimming the history to the checkpoint's step and setting
-``live.step`` avoids all three.
+``live.step`` avoids all three. An asynchronous checkpoint's row is
+recorded from the files as they are then, so the Live waits for the
+checkpoint in flight before it writes any.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from ..core import atomic_file
 
@@ -43,11 +47,14 @@ def _trim_history(plots: Path, step: int) -> dict[str, float]:
     return last
 
 
-def resume_live(step: int, resumed: bool, dir: str = "dvclive", **kwargs: Any):
+def resume_live(step: int, resumed: bool, dir: str = "dvclive",
+                before_write: Optional[Callable[[], Any]] = None, **kwargs: Any):
     """A ``dvclive.Live`` whose history ends at ``step`` and whose next row is ``step``'s.
 
     DVC records the experiments (``save_dvc_exp=False``), and the stage
     declares the metrics and plots (``dvcyaml=False``), unless overridden.
+    ``before_write``: a weak reference to the Checkpointer's ``wait`` (see
+    `_wait_before_writes`).
     """
     from dvclive import Live
 
@@ -71,7 +78,37 @@ def resume_live(step: int, resumed: bool, dir: str = "dvclive", **kwargs: Any):
     live = Live(dir=dir, resume=resumed, **kwargs)
     live.step = step
     _skip_unsent_studio_data(live)
+    if before_write is not None:
+        _wait_before_writes(live, before_write)
     return live
+
+
+#: the Live methods that write files a row holds (DVCLive 3.49)
+_WRITERS = ("next_step", "sync", "make_summary", "make_report", "make_dvcyaml", "log_image",
+            "log_plot", "log_sklearn_plot", "log_params", "log_artifact", "cache", "end")
+
+
+def _wait_before_writes(live: Any, wait_ref: Callable[[], Any]) -> None:
+    """Each writing method, called on the thread that made the Live, first
+    waits for the checkpoint in flight: with ``asynchronous=True`` a loop that
+    logs the next step's metrics without ``ck.wait()`` would otherwise have
+    the row of the checkpoint still being recorded hold them. The Checkpointer
+    is held weakly: a Live kept longer must not keep its directory locked."""
+    owner = threading.get_ident()
+
+    def waiting(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            wait = wait_ref()
+            if wait is not None and threading.get_ident() == owner:
+                wait()
+            return method(*args, **kwargs)
+        return call
+
+    for name in _WRITERS:
+        method = getattr(live, name, None)
+        if callable(method):
+            setattr(live, name, waiting(method))
 
 
 def _skip_unsent_studio_data(live: Any) -> None:

@@ -16,6 +16,7 @@ import os
 import platform
 import signal
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -627,7 +628,10 @@ class Checkpointer:
         """A ``dvclive.Live`` resumed in step with this checkpoint.
 
         Its history is trimmed to `step` and its ``step`` is `step`, so a
-        resumed run has no repeated or stray rows after a kill.
+        resumed run has no repeated or stray rows after a kill. With
+        ``asynchronous=True`` each of its writes (``next_step``, ``end``,
+        ``log_image``...) first waits for the checkpoint in flight (as
+        `wait`), so a row holds the metrics logged before its checkpoint.
 
         Args:
             dir: the DVCLive directory.
@@ -638,7 +642,8 @@ class Checkpointer:
         """
         from ..integrations.live import resume_live
 
-        return resume_live(self.step, self.resumed, dir, **kwargs)
+        return resume_live(self.step, self.resumed, dir,
+                           before_write=weakref.WeakMethod(self.wait), **kwargs)
 
     # -- saving ------------------------------------------------------------
     def save(self, step: int, arrays: dict[str, Any] | None = None,

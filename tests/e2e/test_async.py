@@ -101,3 +101,17 @@ def test_the_init_templates_asynchronous_rows_hold_their_own_steps_metrics(tmp_p
     metrics (and model) of its own step, not of the next checkpoint's, which
     the loop wrote while the row was still being recorded."""
     assert asynchronous_row_steps(template_project(tmp_path, steps=30), []) == [10, 20, 30]
+
+
+def test_ck_lives_writes_wait_for_the_asynchronous_checkpoint_in_flight(tmp_path):
+    """The loop logs to `ck.live()` without calling `ck.wait()` first: its
+    `next_step` waits for the row still being recorded, so each row holds its
+    own step's metrics (not the next checkpoint's), in --temp runs too."""
+    project = template_project(tmp_path, steps=30)
+    train = project / "train.py"
+    loop = train.read_text()
+    assert "        ck.wait()" in loop
+    train.write_text(loop.replace("        ck.wait()", "        pass"))
+    run(["git", "commit", "-qam", "no wait"], project)
+    assert asynchronous_row_steps(project, [], "tmp", ("--temp",)) == [10, 20, 30]
+    assert asynchronous_row_steps(project, [], "ws") == [10, 20, 30]

@@ -74,10 +74,12 @@ def _exp_prefix(path: Path) -> str:
     return f"{base[:2]}/{base[2:]}"
 
 
-def asynchronous_row_steps(project: Path, framework: list[str]) -> list:
+def asynchronous_row_steps(project: Path, framework: list[str], name: str = "as",
+                           how: tuple[str, ...] = ()) -> list:
     """A 30-step run of the example with DVC_DALI_ASYNC=1 (``framework``: its
-    -S arguments): the step each of its rows 10, 20, 30 holds metrics of."""
-    run([sys.executable, "-m", "dvc", "exp", "run", "-n", "as", *framework, "-S",
+    -S arguments; ``how``: e.g. "--temp"): the step each of its rows 10, 20,
+    30 holds metrics of."""
+    run([sys.executable, "-m", "dvc", "exp", "run", *how, "-n", name, *framework, "-S",
          "train.steps=30"], project, env={"DVC_DALI_ASYNC": "1"})
     rows = exp_rows(project)
-    return [rows[f"as-step{s}"]["step"] for s in (10, 20, 30)]
+    return [rows[f"{name}-step{s}"]["step"] for s in (10, 20, 30)]

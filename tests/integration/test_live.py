@@ -3,13 +3,16 @@ configured, DVCLive's gathering of the data it would post there (every
 metrics file parsed whole at each ``next_step``, a cost that grows with the
 history) is skipped, and the metrics are written as before; where Studio is
 configured (a real HTTP server on this machine standing in for it), the
-data is gathered and posted as DVCLive does."""
+data is gathered and posted as DVCLive does. Its writes wait for an
+asynchronous checkpoint in flight."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import threading
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -17,7 +20,9 @@ import pytest
 pytest.importorskip("dvclive")
 
 import dvclive.live  # noqa: E402
+import numpy as np  # noqa: E402
 
+import dvc_dali  # noqa: E402
 from dvc_dali.integrations.live import resume_live  # noqa: E402
 
 
@@ -89,3 +94,25 @@ def test_with_studio_the_data_is_gathered_and_posted(tmp_path, monkeypatch, pars
         server.shutdown()
     assert len(parsed) >= 2, parsed
     assert "data" in _Studio.events and "start" in _Studio.events, _Studio.events
+
+
+def test_its_writes_wait_for_the_asynchronous_checkpoint_in_flight(tmp_path, monkeypatch):
+    """`next_step` after an asynchronous `make_checkpoint` (a large array:
+    still being written) waits for it, as `ck.wait()` would; a Live kept
+    does not keep its Checkpointer (and so its directory) alive."""
+    monkeypatch.chdir(tmp_path)
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    live = ck.live()
+    ck.make_checkpoint(1, arrays={"big": np.ones(20_000_000)})
+    live.log_metric("train/loss", 0.5)
+    live.next_step()
+    assert "wait_s" in ck.timings  # waited (and took the one in flight)
+    assert ck.make_checkpoint(2, arrays={"w": np.ones(2)}) is None
+    ck.close()
+    kept = weakref.ref(ck)
+    del ck
+    gc.collect()
+    assert kept() is None
+    live.log_metric("train/loss", 0.25)
+    live.next_step()  # its Checkpointer gone: written as DVCLive writes
+    assert json.loads((tmp_path / "dvclive/metrics.json").read_text())["step"] == 1
