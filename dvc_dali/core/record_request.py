@@ -32,3 +32,6 @@ class RecordRequest:
     expect_latest: Optional[str] = None  # LATEST as the Checkpointer just wrote it
     resumed: Optional[bool] = None  # False: a fresh run (no parent row); None: a bare script
     branched: bool = False  # resumed with changed params: its rows are a run of their own
+    # an asynchronous checkpoint's (paths, row_files.Stamps) of the other files
+    # its row holds, taken at the call; None: not compared
+    held_files: Optional[tuple] = None

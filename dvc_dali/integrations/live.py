@@ -83,9 +83,11 @@ def resume_live(step: int, resumed: bool, dir: str = "dvclive",
     return live
 
 
-#: the Live methods that write files a row holds (DVCLive 3.49)
-_WRITERS = ("next_step", "sync", "make_summary", "make_report", "make_dvcyaml", "log_image",
-            "log_plot", "log_sklearn_plot", "log_params", "log_artifact", "cache", "end")
+#: the Live methods that write files a row holds (DVCLive 3.49; log_metric
+#: appends to its plot's .tsv at once)
+_WRITERS = ("log_metric", "next_step", "sync", "make_summary", "make_report", "make_dvcyaml",
+            "log_image", "log_plot", "log_sklearn_plot", "log_params", "log_artifact", "cache",
+            "end")
 
 
 def _wait_before_writes(live: Any, wait_ref: Callable[[], Any]) -> None:

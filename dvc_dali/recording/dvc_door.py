@@ -84,6 +84,18 @@ def stage_files(repo: Any, stage: Any) -> list[str]:
     return paths
 
 
+def row_held_paths(repo: Any, stage: Any, checkpoint: Any) -> list[str]:
+    """Absolute paths of what a row holds besides the checkpoint output
+    ``checkpoint``: the stage's other outputs, metrics and plots, and
+    dvc.yaml's top-level metrics and plots."""
+    from dvc.repo.metrics.show import _collect_top_level_metrics
+
+    paths = {o.fs_path for o in stage.outs if o is not checkpoint}
+    top = [*_collect_top_level_metrics(repo), *repo.index._plot_sources]  # noqa: SLF001
+    paths.update(os.path.join(repo.root_dir, p) for p in top)
+    return sorted(paths)
+
+
 def take_new_gitignores(repo: Any) -> list[str]:
     """The .gitignore files DVC wrote while saving outputs (relative to cwd)."""
     files = list(repo.scm_context.files_to_track)
@@ -353,20 +365,6 @@ def row_cached_out_hashes(stage: Any) -> list[Any]:
     return cached_out_hashes(stage) + others
 
 
-def push_objects(repo: Any, objs: list[Any]) -> int:
-    """Copy the objects (a directory's files before its listing) from the
-    local cache to the default DVC remote; returns how many failed. Not
-    `repo.push`: no repo lock (recordings keep going) and no index walk."""
-    from dvc_data.hashfile.tree import Tree
-
-    wanted = list(objs)
-    for obj in objs:
-        if obj.isdir:  # DVC's push asks for a directory's files by name, not by listing
-            wanted.extend(oid for _, _, oid in Tree.load(repo.cache.local, obj))
-    result = repo.cloud.push(wanted)
-    return len(result.failed)
-
-
 def check_remote(repo: Any, name: str | None, command: str) -> None:
     """Refuse a DVC remote that is not configured (an unknown name, or no
     default) before anything moves, in DVC's words."""
@@ -485,25 +483,40 @@ def missing_data(repo: Any, revs: list[str], where: str, remote: str | None = No
     return {rev: paths for rev, paths in found.items() if paths}
 
 
-def objects_missing(repo: Any, objs: list[Any], where: str) -> list[str]:
-    """The md5s of the objects (a directory's listing and files) that the
-    default DVC remote (``where`` "remote") or the local cache ("cache") lacks."""
-    odb = (repo.cache.local if where == "cache"
-           else repo.cloud.get_remote_odb(command="push"))
-    wanted = []
+def remote_odb(repo: Any, name: str | None = None, command: str = "push") -> Any:
+    """The DVC remote's object database (``name``, else the default; its fs
+    and credentials, as `dvc push` opens them, from this workspace's config);
+    kept by the row pusher across rows."""
+    return repo.cloud.get_remote_odb(name=name, command=command)
+
+
+def rev_out_hashes(repo: Any, revs: list[str]) -> list[Any]:
+    """The hash infos of every cached output the commits' dvc.lock files name."""
+    found = []
+    for _ in repo.brancher(revs=list(revs), workspace=False, sha_only=True):
+        found += [o.hash_info for o in repo.index.outs
+                  if o.use_cache and o.hash_info and o.hash_info.value]
+    return found
+
+
+def download_objects(repo: Any, odb: Any, objs: list[Any]) -> None:
+    """Copy from ``odb`` into the local cache what it lacks of the objects:
+    the directories' listings first (they name the files), then the files."""
+    cache = repo.cache.local
+
+    def fetch(md5s: list[str]) -> None:
+        want = [m for m in dict.fromkeys(md5s) if not os.path.isfile(cache.oid_to_path(m))]
+        there = _present(odb, want)
+        send = [m for m in want if m in there]
+        if send:
+            cache.add([odb.oid_to_path(m) for m in send], odb.fs, send, check_exists=False)
+
+    fetch([o.value for o in objs if o.isdir])
+    files = [o.value for o in objs if not o.isdir]
     for obj in objs:
-        wanted.append(obj.value)
         if obj.isdir:
-            tree = _listing(obj, [repo.cache.local, odb])
-            wanted += [oid.value for _, _, oid in (tree or [])]
-    present = _present(odb, wanted)
-    return [md5 for md5 in wanted if md5 not in present]
-
-
-def remote_odb(repo: Any) -> Any:
-    """The default DVC remote's object database (its fs and credentials, as
-    `dvc push` opens them); kept by the row pusher across rows."""
-    return repo.cloud.get_remote_odb(command="push")
+            files += [oid.value for _, _, oid in (_listing(obj, [cache]) or [])]
+    fetch(files)
 
 
 def upload_objects(repo: Any, odb: Any, objs: list[Any], known: set[str]) -> dict[str, list[str]]:

@@ -64,6 +64,20 @@ def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
     STATE.written_lock_entries[(os.path.realpath(path), stage_name)] = _canonical(entry)
 
 
+def put_back(path: str, text: str, stage_name: str) -> None:
+    """dvc.lock as it was (``text``; "": there was none) before this process
+    wrote the stage's entry, which then no longer counts as its own."""
+    if text:
+        write_atomic(path, text)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+    STATE.forget_files()
+    STATE.written_lock_entries.pop((os.path.realpath(path), stage_name), None)
+
+
 def _canonical(entry: Any) -> str:
     return json.dumps(entry, sort_keys=True, default=str)
 

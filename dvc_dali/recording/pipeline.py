@@ -34,6 +34,7 @@ from ..core.errors import RecordError
 from ..reading.exp_refs import LINEAGE_KEY, list_rows
 from ..core.log import logger
 from ..core.record_request import RecordRequest, Retention
+from ..core import row_files
 from ..core import run as runs
 from ..core.process_state import STATE
 from ..core.run import Run
@@ -339,6 +340,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         outputs.cache_outputs(stg)
     with phases.timed("lockfile"):
         entry = dvc_door.lock_entry(stg)
+        lock_before = lockfile.read(lock_path)[0] if request.held_files else None
         lockfile.write_entry(lock_path, lock_data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
@@ -350,6 +352,8 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                                for p in dvc_door.take_new_gitignores(where.repo)]
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
+    if request.held_files:
+        _refuse_files_written_since(request, lock_path, lock_before, stg.name)
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
@@ -359,6 +363,28 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.row_cached_out_hashes(stg)))
+
+
+def _refuse_files_written_since(request: RecordRequest, lock_path: str, lock_before: str,
+                                stage_name: str) -> None:
+    """An asynchronous checkpoint's row, its commit built: the other files it
+    holds must be those of its step, unchanged since make_checkpoint (see
+    core/row_files.py); else dvc.lock names the last row again and the row
+    is refused."""
+    roots, before = request.held_files
+    written = row_files.changed(before, row_files.restamp(before, roots))
+    if not written:
+        return
+    lockfile.put_back(lock_path, lock_before, stage_name)
+    named = ", ".join(os.path.relpath(p) for p in written[:3])
+    more = f" and {len(written) - 3} more" if len(written) > 3 else ""
+    raise RecordError(
+        f"{named}{more}: written after make_checkpoint({request.step}) returned, before its row "
+        "was recorded (asynchronous=True), so that row would hold a later step's files; step "
+        f"{request.step} is not recorded, its checkpoint files are intact. Write what a row "
+        "holds besides the checkpoint (metrics, plots, other outputs) before make_checkpoint, "
+        "and after `ck.wait()` when a checkpoint may be in flight (the Live of `ck.live()` "
+        "waits by itself).")
 
 
 def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:

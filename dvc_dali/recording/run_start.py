@@ -50,6 +50,8 @@ class RunStart:
     carried: Optional[str] = None
     resumed_row: Optional[Row] = None  # the recorded row the workspace checkpoint is
     later_rows: list[Row] = field(default_factory=list)  # rows its run recorded after it
+    # what a row holds besides the checkpoint (absolute; see core/row_files.py)
+    row_files: list[str] = field(default_factory=list)
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -83,7 +85,8 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
         carried = missed(ctx, repo, stage, checkpoint)
     elif carry_checkpoint and checkpoint is not None:
         carried = carry(ctx, repo, stage, checkpoint)
-    start = RunStart({}, carried=carried)
+    start = RunStart({}, carried=carried,
+                     row_files=dvc_door.row_held_paths(repo, stage, checkpoint))
     start.resumed_row, start.later_rows = _applied_row(ctx, repo, stage)
     # Under DVC's repo lock: `dvc exp run --temp`/`--queue` started meanwhile
     # stashes the workspace (params.yaml at HEAD for a moment) while holding it.

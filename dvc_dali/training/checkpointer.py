@@ -12,6 +12,7 @@ signal_file's (and recording/pipeline.py's).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import signal
@@ -29,7 +30,8 @@ from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
 from . import (async_ranks, distributed, preemption, rank_commit, rank_setup, restorable,
                rng_state, signal_file)
 from ..format import dirlock, store
-from ..core import exit_hooks
+from ..core import exit_hooks, row_files
+from ..core import run as runs
 from .._version import __version__
 from ..core.context import RunContext
 from ..core.errors import CheckpointWriteError, ConfigError, UnchangedCheckpointError
@@ -96,7 +98,10 @@ class Checkpointer:
             run's last one (``step >= total_steps``) is waited for at once.
             A background failure is raised by the next call or `wait`; one
             that nothing waited for is said at exit, and the process ends
-            with status 1. A later Checkpointer of the same directory in
+            with status 1. A row holds the stage's other files (metrics,
+            plots, outputs) as they were at the call: one written before
+            the row was recorded refuses it (`ck.live()`'s writes wait for
+            it; write others after `wait`). A later Checkpointer of the same directory in
             this process waits for the save in flight before reading. Under
             torch.distributed each rank writes its own files in the
             background and rank 0 records the row once every rank's files of
@@ -734,8 +739,9 @@ class Checkpointer:
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, _checked_snapshot(arrays), metadata)
-        self._worker = _Background(lambda: (self._write(captured), self._signal(step)), step,
-                                   self.path)
+        held = self._held_files()
+        self._worker = _Background(lambda: (self._write(captured), self._signal(step, held=held)),
+                                   step, self.path)
         self._wait_if_last(step)
         return None
 
@@ -754,17 +760,26 @@ class Checkpointer:
         for, then the process exits."""
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, _checked_snapshot(arrays), metadata)
-        self._worker = _Background(self._ranks.job(captured, self._record_ranks), step,
-                                   self.path)
+        record = functools.partial(self._record_ranks, held=self._held_files())
+        self._worker = _Background(self._ranks.job(captured, record), step, self.path)
         self._wait_if_last(step)
         if self._agreed_signal is not None:
             self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
         return None
 
-    def _record_ranks(self, step: int, latest: str) -> None:
+    def _held_files(self) -> tuple | None:
+        """At an asynchronous checkpoint, on the training thread: the other
+        files its row will hold, stamped now (core/row_files.py), so the
+        recording refuses a row whose files the loop wrote since; None where
+        this process records no row."""
+        run = runs.current() if self._ctx.mode == "record" and self.rank == 0 else None
+        roots = getattr(run.start, "row_files", None) if run is not None else None
+        return (tuple(roots), row_files.stamp(roots)) if roots else None
+
+    def _record_ranks(self, step: int, latest: str, held: tuple | None = None) -> None:
         """Rank 0's background thread, once every rank's files are durable."""
         self._latest = latest
-        self._signal(step, barrier=False)
+        self._signal(step, barrier=False, held=held)
         for key, value in self._ranks.timings.items():
             self.timings[key] = value
 
@@ -902,14 +917,15 @@ class Checkpointer:
                         captured.step, self.timings["save_s"] * 1000)
         return written
 
-    def _signal(self, step: int, barrier: bool = True) -> None:
+    def _signal(self, step: int, barrier: bool = True, held: tuple | None = None) -> None:
         """Rank 0 signals once every rank has written; all wait for the record
-        (asynchronous across ranks: async_ranks has them wait, ``barrier`` off)."""
+        (asynchronous across ranks: async_ranks has them wait, ``barrier`` off).
+        ``held``: an asynchronous checkpoint's `_held_files`."""
         if self.rank == 0:
             branched = self._branched or bool(self._saved and self._saved.param_changes)
             signal_file.signal_checkpoint(self._ctx, RecordRequest(
                 step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
-                branched=branched), self._retention)
+                branched=branched, held_files=held), self._retention)
         if barrier:
             distributed.barrier()
 

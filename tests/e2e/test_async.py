@@ -115,3 +115,28 @@ def test_ck_lives_writes_wait_for_the_asynchronous_checkpoint_in_flight(tmp_path
     run(["git", "commit", "-qam", "no wait"], project)
     assert asynchronous_row_steps(project, [], "tmp", ("--temp",)) == [10, 20, 30]
     assert asynchronous_row_steps(project, [], "ws") == [10, 20, 30]
+
+
+def test_an_output_written_after_an_asynchronous_checkpoint_refuses_its_row(tmp_path):
+    """The loop saves its model just after `make_checkpoint` returns, while
+    that checkpoint's row is still to be recorded: the row would hold a file
+    of the training after it, so it is refused, naming the file, and
+    dvc.lock names no checkpoint; never a row holding it (--temp too)."""
+    project = template_project(tmp_path, steps=30)
+    train = project / "train.py"
+    save = '        np.save("model/weights.npy", w)  # every output exists when DVC records it\n'
+    call = '        ck.make_checkpoint(step, arrays={"w": w}, metadata={"lr": p["lr"]})\n'
+    loop = train.read_text()
+    assert save + call in loop
+    train.write_text(loop.replace(save + call, call + save))
+    run(["git", "commit", "-qam", "saved after the call"], project)
+    for how, name in ((["--temp"], "tmp"), ([], "ws")):
+        proc = run(["dvc", "exp", "run", *how, "-n", name], project, check=False,
+                   env={"DVC_DALI_ASYNC": "1"})
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0, said[-3000:]
+        assert ("model/weights.npy: written after make_checkpoint(10) returned, before its row "
+                "was recorded (asynchronous=True)") in said, said[-3000:]
+        assert "dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
+    assert exp_rows(project) == {}
+    assert not (project / "dvc.lock").exists()

@@ -104,9 +104,9 @@ def test_its_writes_wait_for_the_asynchronous_checkpoint_in_flight(tmp_path, mon
     ck = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
     live = ck.live()
     ck.make_checkpoint(1, arrays={"big": np.ones(20_000_000)})
-    live.log_metric("train/loss", 0.5)
-    live.next_step()
+    live.log_metric("train/loss", 0.5)  # appends to its .tsv at once
     assert "wait_s" in ck.timings  # waited (and took the one in flight)
+    live.next_step()
     assert ck.make_checkpoint(2, arrays={"w": np.ones(2)}) is None
     ck.close()
     kept = weakref.ref(ck)
