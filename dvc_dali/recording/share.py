@@ -77,6 +77,24 @@ def _transfer(repo: Any, shas: list[str], direction: str, dvc_remote: str | None
     return ""
 
 
+def _send_skipped(repo: Any, shas: list[str], dvc_remote: str | None,
+                  direction: str = "push") -> str:
+    """Move the commits' data again, object by object, with this workspace's
+    DVC remote: DVC's own push and fetch read each commit's .dvc/config, so
+    they skip ("failed to collect") rows recorded before the remote was set
+    up. The error, "" when none; what still lacks is checked after it."""
+    try:
+        odb = dvc_door.remote_odb(repo, dvc_remote, direction)
+        objs = dvc_door.rev_out_hashes(repo, shas)
+        if direction == "push":
+            dvc_door.upload_objects(repo, odb, objs, set())
+        else:
+            dvc_door.download_objects(repo, odb, objs)
+    except Exception as exc:  # said with the rows that lack it
+        return f"{direction} object by object: {type(exc).__name__}: {exc}"
+    return ""
+
+
 def _push_data(root: str, shas: list[str], dvc_remote: str | None
                ) -> tuple[dict[str, list[str]], dict[str, list[str]], str]:
     """`dvc push` of the commits' data; ({sha: files the DVC remote still
@@ -87,6 +105,9 @@ def _push_data(root: str, shas: list[str], dvc_remote: str | None
         failure = _transfer(repo, shas, "push", dvc_remote)
         try:
             missing = dvc_door.missing_data(repo, shas, "remote", dvc_remote)
+            if missing:
+                failure = _send_skipped(repo, sorted(missing), dvc_remote) or failure
+                missing = dvc_door.missing_data(repo, shas, "remote", dvc_remote)
         except RecordError:
             if failure:
                 raise DvcDaliError(failure) from None
@@ -136,7 +157,11 @@ def _fetch_data(root: str, shas: list[str], dvc_remote: str | None
     repo = dvc_door.open_repo(root)
     try:
         failure = _transfer(repo, shas, "fetch", dvc_remote)
-        return dvc_door.missing_data(repo, shas, "cache"), failure
+        missing = dvc_door.missing_data(repo, shas, "cache")
+        if missing:
+            failure = _send_skipped(repo, sorted(missing), dvc_remote, "fetch") or failure
+            missing = dvc_door.missing_data(repo, shas, "cache")
+        return missing, failure
     finally:
         repo.close()
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import dvc_dali
+
 from tests.helpers.dvc_project import git_init, make_project, run, template_project
 from tests.helpers.fuzz_harness import trainer_below
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
@@ -158,6 +160,26 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
         assert f"dvc-dali {command}: DVC remote nosuch: " in said.stderr, said.stderr
         assert "`dvc remote list`" in said.stderr and "Traceback" not in said.stderr
         assert "from the machine that recorded them" not in said.stderr, said.stderr
+
+
+def test_rows_recorded_before_the_remotes_were_set_up_move_with_their_data(tmp_path):
+    """A user trains first and adds the DVC remote later: DVC's push and
+    fetch of a commit read that commit's .dvc/config, which names no remote,
+    and skip it. `dvc-dali push` and `pull` move those rows' data with the
+    workspace's remote, and say so only when it is there."""
+    project = template_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "early", "-S", "train.checkpoint_every=10"], project)
+    bare, store = with_remotes(project, tmp_path, auto_push=False)
+    pushed = run(["dvc-dali", "push", "origin", "early"], project, check=False)
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert missing_data(bare, store, remote_rows(bare)["early-step20"]) == []
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    pulled = run(["dvc-dali", "pull", "origin", "early"], fresh, check=False)
+    assert "pulled 2 rows of early from origin" in pulled.stdout, pulled.stdout + pulled.stderr
+    store.rename(tmp_path / "store-gone")  # the data came with them
+    run(["dvc", "exp", "apply", "early-step10"], fresh)
+    assert dvc_dali.load(fresh / "checkpoint").step == 10
 
 
 def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_path):
