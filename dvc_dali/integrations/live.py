@@ -11,13 +11,15 @@ checkpoint in flight before it writes any.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..core import atomic_file
+from ..core import atomic_file, exit_hooks
 
 
 def _trim_history(plots: Path, step: int) -> dict[str, float]:
@@ -78,6 +80,7 @@ def resume_live(step: int, resumed: bool, dir: str = "dvclive",
     live = Live(dir=dir, resume=resumed, **kwargs)
     live.step = step
     _skip_unsent_studio_data(live)
+    atexit.register(exit_hooks.this_process_only(_close_its_repo, weakref.ref(live)))
     if before_write is not None:
         _wait_before_writes(live, before_write)
     return live
@@ -111,6 +114,21 @@ def _wait_before_writes(live: Any, wait_ref: Callable[[], Any]) -> None:
         method = getattr(live, name, None)
         if callable(method):
             setattr(live, name, waiting(method))
+
+
+def _close_its_repo(live_ref: Callable[[], Any]) -> None:
+    """At exit: the DVC repository DVCLive opened is closed while the
+    interpreter still runs. A run that ends on an error keeps the Live alive
+    to the interpreter's last moment (its frames hold it), where dulwich's
+    finalizers print "Exception ignored ... sys.meta_path is None" tracebacks
+    after the error's one line."""
+    live = live_ref()
+    repo = getattr(live, "_dvc_repo", None) if live is not None else None
+    if repo is not None:
+        try:
+            repo.close()
+        except Exception:  # at exit: nothing more to do with it
+            pass
 
 
 def _skip_unsent_studio_data(live: Any) -> None:

@@ -384,7 +384,8 @@ def _refuse_files_written_since(request: RecordRequest, lock_path: str, lock_bef
         f"{request.step} is not recorded, its checkpoint files are intact. Write what a row "
         "holds besides the checkpoint (metrics, plots, other outputs) before make_checkpoint, "
         "and after `ck.wait()` when a checkpoint may be in flight (the Live of `ck.live()` "
-        "waits by itself).")
+        "waits by itself), or checkpoint synchronously (unset DVC_DALI_ASYNC, "
+        "asynchronous=False) where something else writes them (a framework's logger).")
 
 
 def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:

@@ -137,6 +137,6 @@ def test_an_output_written_after_an_asynchronous_checkpoint_refuses_its_row(tmp_
         assert proc.returncode != 0, said[-3000:]
         assert ("model/weights.npy: written after make_checkpoint(10) returned, before its row "
                 "was recorded (asynchronous=True)") in said, said[-3000:]
-        assert "dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
+        assert "Traceback" not in said, said[-3000:]  # DVCLive's repository closed at exit
     assert exp_rows(project) == {}
     assert not (project / "dvc.lock").exists()
