@@ -415,24 +415,35 @@ def _doctor_params(report: _Report, root: Path) -> None:
 
 
 def params_files(root: Path) -> list[str]:
-    """params.yaml and the params files dvc.yaml's stages name (relative to
-    the DVC root; a stage's wdir is taken into account)."""
+    """params.yaml, the files dvc.yaml's ``vars`` name and the params files
+    its stages name (``foreach``/``matrix`` stages by their ``do``), relative
+    to the DVC root, a stage's wdir taken into account; names DVC would
+    interpolate (``${...}``) are left out. dvc.yaml is read as text, not
+    through DVC, so this works where DVC cannot load the stages (a params
+    file cut short is one such case)."""
     import yaml
 
     try:
-        stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
-                  ).get("stages") or {}
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        stages = {}
+        data = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
     found = ["params.yaml"]
+    found += [str(v).split(":", 1)[0] for v in _listed(data.get("vars")) if isinstance(v, str)]
+    stages = data.get("stages")
     for stage in stages.values() if isinstance(stages, dict) else ():
+        stage = stage.get("do", stage) if isinstance(stage, dict) else None
         if not isinstance(stage, dict):
             continue
         wdir = str(stage.get("wdir") or ".")
-        for item in stage.get("params") or ():
+        for item in _listed(stage.get("params")):
             if isinstance(item, dict):
                 found += [os.path.normpath(os.path.join(wdir, str(f))) for f in item]
-    return list(dict.fromkeys(found))
+    return [f for f in dict.fromkeys(found) if "${" not in f]
+
+
+def _listed(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def params_cut_short(now: str, committed: str) -> bool:

@@ -163,3 +163,14 @@ def test_params_files_are_params_yaml_and_those_the_stages_name(tmp_path):
                                       os.path.join("sub", "own.yaml")]
     (tmp_path / "dvc.yaml").write_text("stages: [not a mapping")
     assert params_files(tmp_path) == ["params.yaml"]
+    (tmp_path / "dvc.yaml").write_text(
+        "vars: [shared.yaml, {x: 1}, more.json:part]\n"
+        "stages:\n"
+        "  each:\n    foreach: [a, b]\n    do:\n      cmd: z ${item}\n      wdir: w\n"
+        "      params:\n        - cfg.yaml: [lr]\n        - ${item}.yaml: [k]\n"
+        "  grid:\n    matrix: {lr: [1, 2]}\n    cmd: g\n"
+        "    params: [{grid.yaml: [lr]}]\n")
+    assert params_files(tmp_path) == ["params.yaml", "shared.yaml", "more.json",
+                                      os.path.join("w", "cfg.yaml"), "grid.yaml"]
+    (tmp_path / "dvc.yaml").write_text("- a list\n")
+    assert params_files(tmp_path) == ["params.yaml"]
