@@ -101,12 +101,12 @@ class Checkpointer:
             with status 1. A row holds the stage's other files (metrics,
             plots, outputs) as they were at the call: one written before
             the row was recorded refuses it (`ck.live()`'s writes wait for
-            it; write others after `wait`). A later Checkpointer of the same directory in
-            this process waits for the save in flight before reading. Under
-            torch.distributed each rank writes its own files in the
-            background and rank 0 records the row once every rank's files of
-            that step are durable (guide "Many processes"). Default: env
-            ``DVC_DALI_ASYNC`` (off).
+            it; write others after `wait`). A later Checkpointer of the
+            same directory in this process waits for the save in flight
+            before reading. Under torch.distributed each rank writes its
+            own files in the background and rank 0 records the row once
+            every rank's files of that step are durable (guide "Many
+            processes"). Default: env ``DVC_DALI_ASYNC`` (off).
         rng: save and restore the global random generators (Python's
             ``random``, NumPy's legacy generator, torch's CPU and CUDA ones)
             with each checkpoint. A damaged saved state is refused at
@@ -634,9 +634,10 @@ class Checkpointer:
 
         Its history is trimmed to `step` and its ``step`` is `step`, so a
         resumed run has no repeated or stray rows after a kill. With
-        ``asynchronous=True`` each of its writes (``next_step``, ``end``,
-        ``log_image``...) first waits for the checkpoint in flight (as
-        `wait`), so a row holds the metrics logged before its checkpoint.
+        ``asynchronous=True`` each of its writes (``log_metric``,
+        ``next_step``, ``end``, ``log_image``...) first waits for the
+        checkpoint in flight (as `wait`), so a row holds the metrics logged
+        before its checkpoint.
 
         Args:
             dir: the DVCLive directory.
