@@ -55,8 +55,7 @@ def resume_live(step: int, resumed: bool, dir: str = "dvclive",
 
     DVC records the experiments (``save_dvc_exp=False``), and the stage
     declares the metrics and plots (``dvcyaml=False``), unless overridden.
-    ``before_write``: a weak reference to the Checkpointer's ``wait`` (see
-    `_wait_before_writes`).
+    ``before_write``: see `_wait_before_writes`.
     """
     from dvclive import Live
 
@@ -93,21 +92,23 @@ _WRITERS = ("log_metric", "next_step", "sync", "make_summary", "make_report", "m
             "end")
 
 
-def _wait_before_writes(live: Any, wait_ref: Callable[[], Any]) -> None:
-    """Each writing method, called on the thread that made the Live, first
-    waits for the checkpoint in flight: with ``asynchronous=True`` a loop that
-    logs the next step's metrics without ``ck.wait()`` would otherwise have
-    the row of the checkpoint still being recorded hold them. The Checkpointer
-    is held weakly: a Live kept longer must not keep its directory locked."""
+def _wait_before_writes(live: Any, guard_ref: Callable[[], Any]) -> None:
+    """Each writing method first waits for the checkpoint in flight: with
+    ``asynchronous=True`` a loop that logs the next step's metrics without
+    ``ck.wait()`` would otherwise have the row of the checkpoint still being
+    recorded hold them; DVCLive's system monitor writes from a thread of its
+    own. ``guard_ref``: a weak reference to the Checkpointer's
+    ``_row_file_write`` (a Live kept must not keep its directory locked)."""
     owner = threading.get_ident()
 
     def waiting(method: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
-            wait = wait_ref()
-            if wait is not None and threading.get_ident() == owner:
-                wait()
-            return method(*args, **kwargs)
+            guard = guard_ref()
+            if guard is None:
+                return method(*args, **kwargs)
+            with guard(threading.get_ident() == owner):
+                return method(*args, **kwargs)
         return call
 
     for name in _WRITERS:

@@ -12,15 +12,18 @@ signal_file's (and recording/pipeline.py's).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import signal
+import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -161,6 +164,8 @@ class Checkpointer:
         if self.asynchronous:
             exit_hooks.watch_unread_saves()
         self._worker: _Background | None = None  # the one background save in flight
+        # a checkpoint taken vs another thread's write of a row's file (_row_file_write)
+        self._row_files_lock = threading.RLock()
         self._closed = False  # close(): the directory is no longer this Checkpointer's
         self.params = dict(params or {})
         self.total_steps = _checked_total_steps(total_steps)
@@ -649,7 +654,7 @@ class Checkpointer:
         from ..integrations.live import resume_live
 
         return resume_live(self.step, self.resumed, dir,
-                           before_write=weakref.WeakMethod(self.wait), **kwargs)
+                           before_write=weakref.WeakMethod(self._row_file_write), **kwargs)
 
     # -- saving ------------------------------------------------------------
     def save(self, step: int, arrays: dict[str, Any] | None = None,
@@ -740,9 +745,10 @@ class Checkpointer:
             return path
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, _checked_snapshot(arrays), metadata)
-        held = self._held_files()
-        self._worker = _Background(lambda: (self._write(captured), self._signal(step, held=held)),
-                                   step, self.path)
+        with self._row_files_lock:
+            held = self._held_files()
+            self._worker = _Background(
+                lambda: (self._write(captured), self._signal(step, held=held)), step, self.path)
         self._wait_if_last(step)
         return None
 
@@ -761,8 +767,9 @@ class Checkpointer:
         for, then the process exits."""
         self.wait()  # at most one in flight: checkpoints are recorded in order
         captured = self._capture(step, _checked_snapshot(arrays), metadata)
-        record = functools.partial(self._record_ranks, held=self._held_files())
-        self._worker = _Background(self._ranks.job(captured, record), step, self.path)
+        with self._row_files_lock:
+            record = functools.partial(self._record_ranks, held=self._held_files())
+            self._worker = _Background(self._ranks.job(captured, record), step, self.path)
         self._wait_if_last(step)
         if self._agreed_signal is not None:
             self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
@@ -776,6 +783,24 @@ class Checkpointer:
         run = runs.current() if self._ctx.mode == "record" and self.rank == 0 else None
         roots = getattr(run.start, "row_files", None) if run is not None else None
         return (tuple(roots), row_files.stamp(roots)) if roots else None
+
+    @contextlib.contextmanager
+    def _row_file_write(self, training_thread: bool) -> Iterator[None]:
+        """Around a write of a file rows hold (`live`'s Live): the checkpoint
+        in flight recorded first. On the training thread, as `wait` (its
+        error raised there); on another (DVCLive's system monitor) it is
+        waited for without taking its result, which the training thread's
+        next call still raises, and no checkpoint is taken until the write
+        is done (else that write would fall between its stamps)."""
+        if training_thread:
+            self.wait()
+            yield
+            return
+        with self._row_files_lock:
+            worker = self._worker
+            if worker is not None:
+                worker.settle()
+            yield
 
     def _record_ranks(self, step: int, latest: str, held: tuple | None = None) -> None:
         """Rank 0's background thread, once every rank's files are durable."""
@@ -1082,6 +1107,10 @@ class _Background:
         """Until every save handed to the background so far has ended."""
         if STATE.background_pool is not None:
             STATE.background_pool.submit(lambda: None).result()
+
+    def settle(self) -> None:
+        """Until it has ended, its result left for `join`."""
+        wait_for_futures([self._future])
 
     def done(self) -> bool:
         return self._future.done()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import subprocess
 import threading
 import weakref
@@ -116,3 +117,36 @@ def test_its_writes_wait_for_the_asynchronous_checkpoint_in_flight(tmp_path, mon
     live.log_metric("train/loss", 0.25)
     live.next_step()  # its Checkpointer gone: written as DVCLive writes
     assert json.loads((tmp_path / "dvclive/metrics.json").read_text())["step"] == 1
+
+
+def test_another_threads_write_waits_and_leaves_the_failure_to_the_training_thread(
+        tmp_path, monkeypatch):
+    """DVCLive's system monitor logs from a thread of its own: its writes
+    wait for the checkpoint in flight too, and a checkpoint that failed is
+    still raised by the training thread's next call, not in that thread."""
+    monkeypatch.chdir(tmp_path)
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    live = ck.live()
+    raised = []
+
+    def monitor():
+        try:
+            live.log_metric("system/cpu", 1.0, timestamp=True)
+        except Exception as exc:  # noqa: BLE001 (what the thread got is the point)
+            raised.append(exc)
+
+    ck.make_checkpoint(1, arrays={"big": np.ones(20_000_000)})
+    writer = threading.Thread(target=monitor)
+    writer.start()
+    writer.join()
+    assert dvc_dali.load(tmp_path / "ck").step == 1  # written before the thread wrote
+    ck.wait()
+    shutil.rmtree(tmp_path / "ck")
+    (tmp_path / "ck").write_text("")  # the next write fails
+    ck.make_checkpoint(2, arrays={"w": np.ones(2)})
+    writer = threading.Thread(target=monitor)
+    writer.start()
+    writer.join()
+    assert raised == []
+    with pytest.raises(dvc_dali.CheckpointWriteError):
+        ck.wait()
