@@ -88,10 +88,14 @@ def row_held_paths(repo: Any, stage: Any, checkpoint: Any) -> list[str]:
     """Absolute paths of what a row holds besides the checkpoint output
     ``checkpoint``: the stage's other outputs, metrics and plots, and
     dvc.yaml's top-level metrics and plots."""
-    from dvc.repo.metrics.show import _collect_top_level_metrics
-
     paths = {o.fs_path for o in stage.outs if o is not checkpoint}
-    top = [*_collect_top_level_metrics(repo), *repo.index._plot_sources]  # noqa: SLF001
+    try:
+        from dvc.repo.metrics.show import _collect_top_level_metrics
+
+        top = [*_collect_top_level_metrics(repo), *repo.index._plot_sources]  # noqa: SLF001
+    except Exception as exc:  # DVC's internals moved: the stage's own files still count
+        logger.debug("top-level metrics and plots not found: %s", exc)
+        top = []
     paths.update(os.path.join(repo.root_dir, p) for p in top)
     return sorted(paths)
 
