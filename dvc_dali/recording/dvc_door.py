@@ -353,9 +353,15 @@ def check_push_remotes(repo: Any, git_remote: str) -> str:
             "or turn auto-push off (`dvc config exp.auto_push false`).") from None
 
 
+def _cached(outs: Any) -> list[Any]:
+    """The hash infos of the outputs DVC caches that have one (a HashInfo
+    is false without a value)."""
+    return [out.hash_info for out in outs if out.use_cache and out.hash_info]
+
+
 def cached_out_hashes(stage: Any) -> list[Any]:
     """The hash infos of the stage's cached outputs, as just recorded."""
-    return [out.hash_info for out in stage.outs if out.use_cache and out.hash_info]
+    return _cached(stage.outs)
 
 
 def row_cached_out_hashes(stage: Any) -> list[Any]:
@@ -363,9 +369,9 @@ def row_cached_out_hashes(stage: Any) -> list[Any]:
     stage's, as just recorded, and the other stages' (its data, made by
     another stage) as locked. A row pushed with its data has them all, as
     `dvc exp push` would push them."""
-    others = [out.hash_info for s in stage.repo.index.stages
+    others = [info for s in stage.repo.index.stages
               if getattr(s, "name", None) and s.addressing != stage.addressing
-              for out in s.outs if out.use_cache and out.hash_info]
+              for info in _cached(s.outs)]
     return cached_out_hashes(stage) + others
 
 
@@ -449,7 +455,7 @@ def _rev_files(repo: Any, odbs: list[Any]) -> list[tuple[str, str]]:
     files = []
     for out in repo.index.outs:
         info = out.hash_info
-        if not (out.use_cache and info and info.value):
+        if not (out.use_cache and info):
             continue
         path = str(out.def_path)
         files.append((f"{path}/ (the whole directory)" if info.isdir else path, info.value))
@@ -498,8 +504,7 @@ def rev_out_hashes(repo: Any, revs: list[str]) -> list[Any]:
     """The hash infos of every cached output the commits' dvc.lock files name."""
     found = []
     for _ in repo.brancher(revs=list(revs), workspace=False, sha_only=True):
-        found += [o.hash_info for o in repo.index.outs
-                  if o.use_cache and o.hash_info and o.hash_info.value]
+        found += _cached(repo.index.outs)
     return found
 
 

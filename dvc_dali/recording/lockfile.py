@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..core import atomic_file
@@ -64,18 +65,44 @@ def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
     STATE.written_lock_entries[(os.path.realpath(path), stage_name)] = _canonical(entry)
 
 
-def put_back(path: str, text: str, stage_name: str) -> None:
-    """dvc.lock as it was (``text``; "": there was none) before this process
-    wrote the stage's entry, which then no longer counts as its own."""
-    if text:
-        write_atomic(path, text)
+@dataclass(frozen=True)
+class Before:
+    """dvc.lock before this process writes a stage's entry: its text (""
+    where there was none) and the entry this process had written last (None:
+    none was its own), so that both can be put back."""
+
+    path: str
+    stage_name: str
+    text: str
+    own: str | None
+
+
+def before_write(path: str, stage_name: str) -> Before:
+    try:
+        with open(path, encoding="utf-8") as fobj:
+            text = fobj.read()
+    except FileNotFoundError:
+        text = ""
+    return Before(path, stage_name, text,
+                  STATE.written_lock_entries.get((os.path.realpath(path), stage_name)))
+
+
+def put_back(before: Before) -> None:
+    """dvc.lock as it was before this process wrote the stage's entry, and
+    the entry it wrote before that counted as its own again."""
+    if before.text:
+        write_atomic(before.path, before.text)
     else:
         try:
-            os.remove(path)
+            os.remove(before.path)
         except FileNotFoundError:
             pass
     STATE.forget_files()
-    STATE.written_lock_entries.pop((os.path.realpath(path), stage_name), None)
+    key = (os.path.realpath(before.path), before.stage_name)
+    if before.own is None:
+        STATE.written_lock_entries.pop(key, None)
+    else:
+        STATE.written_lock_entries[key] = before.own
 
 
 def _canonical(entry: Any) -> str:

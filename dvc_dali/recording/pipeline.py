@@ -340,7 +340,8 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         outputs.cache_outputs(stg)
     with phases.timed("lockfile"):
         entry = dvc_door.lock_entry(stg)
-        lock_before = lockfile.read(lock_path)[0] if request.held_files else None
+        lock_before = (lockfile.before_write(lock_path, stg.name) if request.held_files
+                       else None)
         lockfile.write_entry(lock_path, lock_data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
@@ -353,7 +354,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     if request.held_files:
-        _refuse_files_written_since(request, lock_path, lock_before, stg.name)
+        _refuse_files_written_since(request, lock_before)
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
@@ -365,8 +366,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                         tuple(dvc_door.row_cached_out_hashes(stg)))
 
 
-def _refuse_files_written_since(request: RecordRequest, lock_path: str, lock_before: str,
-                                stage_name: str) -> None:
+def _refuse_files_written_since(request: RecordRequest, lock_before: lockfile.Before) -> None:
     """An asynchronous checkpoint's row, its commit built: the other files it
     holds must be those of its step, unchanged since make_checkpoint (see
     core/row_files.py); else dvc.lock names the last row again and the row
@@ -375,7 +375,7 @@ def _refuse_files_written_since(request: RecordRequest, lock_path: str, lock_bef
     written = row_files.changed(before, row_files.restamp(before, roots))
     if not written:
         return
-    lockfile.put_back(lock_path, lock_before, stage_name)
+    lockfile.put_back(lock_before)
     named = ", ".join(os.path.relpath(p) for p in written[:3])
     more = f" and {len(written) - 3} more" if len(written) > 3 else ""
     raise RecordError(
