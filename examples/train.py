@@ -177,9 +177,6 @@ def main(argv=None) -> int:
         print(f"train: starting on {device}: {steps} steps, batch {p['batch_size']}, "
               f"seed {p['seed']}, lr {lr_value}, checkpoint every {every}")
     start = ck.step
-    if start > steps:
-        print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
-              "writing its model without training")
 
     # DVCLive resumed in step with the checkpoint: later rows of a killed run
     # dropped, a half-written metrics.json repaired, live.step == ck.step.

@@ -184,9 +184,6 @@ def main(argv=None) -> int:
         print(f"train: starting on {device} (torch): {steps} steps, batch {p['batch_size']}, "
               f"seed {p['seed']}, lr {lr}, checkpoint every {every}")
     start = ck.step
-    if start > steps:
-        print(f"train: the checkpoint is at step {start}, past train.steps={steps}; "
-              "writing its model without training")
 
     live = ck.live(args.live) if rank == 0 else _NoLive()  # rank 0 logs and writes the model
 

@@ -8,7 +8,9 @@ one row of a table test (tests/unit/test_resume_decision.py).
 - No checkpoint: ``fresh``.
 - An unfinished run (step < its total_steps, or total_steps unknown):
   ``resume``, saying which params changed (the pipeline is checked later,
-  when it is built).
+  when it is built); ``restart`` from step 0 when total_steps given now is
+  not past its step (resuming would train nothing, and DVC's experiment
+  would record the new step count beside a model trained further).
 - A finished run (step >= its total_steps): ``resume`` with the same params
   and more total_steps; ``nothing`` with the same params and total_steps (a
   rerun under `dvc exp run` is refused: it would train nothing and add an
@@ -126,6 +128,13 @@ def decide(saved_step: int | None, saved_run: Any, params: Mapping[str, Any],
             "nothing changed, so there is nothing to train. Train it further with more steps "
             "(`dvc exp run -S <steps param>=<more>`), start a new run with other params "
             "(`dvc exp run -S ...`), or start over with `dvc-dali reset`"))
+    if not finished and total_steps is not None and total_steps <= saved_step:
+        of = f" of {saved_total} steps" if saved_total is not None else ""
+        return ResumeDecision(RESTART, changes, (
+            f"{checkpoint} holds step {saved_step} of an unfinished run{of}; total_steps is "
+            f"{total_steps} now, so resuming it would train nothing: starting a new run from "
+            "step 0 (the unfinished run's rows stay recorded; `dvc exp apply <row>` restores "
+            "one)"))
     further = (f" to train to step {total_steps} ({'; '.join(steps)})" if steps else "")
     if changes:
         return ResumeDecision(RESUME, changes, f"resuming {checkpoint} at step {saved_step}"

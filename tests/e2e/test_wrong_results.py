@@ -368,3 +368,30 @@ def test_values_that_would_come_back_changed_are_refused_at_save(tmp_path, value
     with pytest.raises(TypeError, match=f"a {what} .*would come back as a plain"):
         ck.save(1, arrays={"v": {"inner": value}})
     assert not (tmp_path / "c" / "LATEST").exists()
+
+
+def test_a_resume_that_would_train_nothing_starts_a_new_run(tmp_path):
+    """A run killed after its checkpoint at step 10 of 20, rerun with `-S
+    train.steps=10`: resuming would train nothing while DVC's experiment
+    recorded train.steps=10 beside it (it did, with exit 0), so a new run
+    of 10 steps trains from step 0, and its model is a fresh 10-step run's."""
+    import numpy as np
+
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        "np.save(\"model/weights.npy\", w)\nlive.end()",
+        "    if step == int(os.environ.get(\"KILL_AT\", \"0\")):\n"
+        "        ck.wait(); os.kill(os.getpid(), 9)\n"
+        "np.save(\"model/weights.npy\", w)\nlive.end()"))
+    run(["git", "commit", "-qam", "kill at"], project)
+    killed = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"KILL_AT": "15"})
+    assert killed.returncode != 0
+    again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=10"], project)
+    said = again.stdout + again.stderr
+    assert "holds step 10 of an unfinished run of 20 steps" in said, said
+    assert "starting a new run from step 0" in said and "step 10/10" in said
+    trained = np.load(project / "model" / "weights.npy")
+    run(["dvc-dali", "reset"], project)
+    run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=10"], project)
+    assert np.array_equal(np.load(project / "model" / "weights.npy"), trained)

@@ -48,7 +48,21 @@ ROWS = [
     # An unfinished run (step < total_steps) resumes; changed params are said.
     ("unfinished, same params", 5, run(), LR1, 10, RESUME, (), ""),
     ("unfinished, more steps now", 5, run(), LR1, 20, RESUME, (), ""),
-    ("unfinished, fewer steps now than done", 5, run(), LR1, 3, RESUME, (), ""),
+    # ... but not when total_steps now is not past its step: it would train
+    # nothing, and DVC's experiment would record 3 steps beside a model of 5.
+    ("unfinished, fewer steps now than done", 5, run(), LR1, 3, RESTART, (),
+     "checkpoint holds step 5 of an unfinished run of 10 steps; total_steps is 3 now, so "
+     "resuming it would train nothing: starting a new run from step 0 (the unfinished run's "
+     "rows stay recorded; `dvc exp apply <row>` restores one)"),
+    ("unfinished, as many steps now as done", 5, run(), LR1, 5, RESTART, (),
+     "checkpoint holds step 5 of an unfinished run of 10 steps; total_steps is 5 now, so "
+     "resuming it would train nothing: starting a new run from step 0 (the unfinished run's "
+     "rows stay recorded; `dvc exp apply <row>` restores one)"),
+    ("total_steps never given, now given and not past", 5, run(LR1, None), LR1, 4, RESTART, (),
+     "checkpoint holds step 5 of an unfinished run; total_steps is 4 now, so resuming it "
+     "would train nothing: starting a new run from step 0 (the unfinished run's rows stay "
+     "recorded; `dvc exp apply <row>` restores one)"),
+    ("unfinished, one step past done", 5, run(), LR1, 6, RESUME, (), ""),
     ("unfinished, total_steps not given now", 5, run(), LR1, None, RESUME, (), ""),
     ("unfinished, lr changed", 5, run(), LR2, 10, RESUME, ("lr: 0.1 -> 0.2",),
      "resuming checkpoint at step 5 with changed params: lr: 0.1 -> 0.2"),
@@ -106,7 +120,7 @@ ROWS = [
     # Parts of the run field that may be absent or not a step count.
     ("empty run field: nothing to compare", 10, {}, LR2, None, RESUME, (), ""),
     ("run without params", 10, {"total_steps": 10}, LR2, 10, RESUME, (), ""),
-    ("run without total_steps", 10, {"params": LR1}, LR2, 1, RESUME, ("lr: 0.1 -> 0.2",),
+    ("run without total_steps", 10, {"params": LR1}, LR2, 20, RESUME, ("lr: 0.1 -> 0.2",),
      "resuming checkpoint at step 10 with changed params: lr: 0.1 -> 0.2"),
     ("total_steps null: never finished", 10, run(LR1, None), LR1, None, RESUME, (), ""),
     ("run field absent (None)", 10, None, LR2, None, RESUME, (), ""),
