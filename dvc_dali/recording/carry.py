@@ -14,13 +14,16 @@ this run was asked to start from).
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Optional
 
+from ..core import atomic_file
 from ..core.context import RunContext
 from ..core.errors import RecordError
 from ..core.log import logger
 from . import dvc_door, lockfile
-from ..reading.exp_refs import git_dirs
+from ..reading import gitcmd
+from ..reading.exp_refs import git_dirs, list_rows, outs_digest, tree_path
 
 
 def _out_md5(entry: Any, def_path: str) -> Optional[str]:
@@ -102,6 +105,7 @@ def _carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     if _workspace_busy(ctx, repo, out):
         return None
     dvc_door.checkout_out(repo, md5, out.fs_path)
+    _carry_history(ctx, repo, stage, entry)
     own = entries[0][0]
     if path != own:  # the row this run resumes from is then found as its parent
         lockfile.write_entry(own, lockfile.read(own)[1], stage.name, entry)
@@ -109,6 +113,37 @@ def _carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
                 "--temp and queued runs)", out.def_path, os.path.relpath(path, ctx.dvc_root)
                 if path != own else "dvc.lock")
     return md5
+
+
+def _carry_history(ctx: RunContext, repo: Any, stage: Any, entry: Any) -> None:
+    """The stage's persisted outputs that DVC does not cache (DVCLive's
+    metrics and plots), as the row recorded with the carried checkpoint
+    holds them: DVC copies neither into --temp and queued runs, so their
+    rows would hold only the steps trained there, where a workspace resume
+    keeps the history (DVC 2 checked the checkpoint's commit out)."""
+    outs = [o for o in stage.outs if o.persist and not o.use_cache]
+    digest = outs_digest(entry)
+    found = [r for r in (list_rows(ctx.dvc_root) if outs else []) if r["outs"] == digest]
+    if not found:
+        return
+    sha, top = found[-1]["sha"], git_dirs(repo.root_dir)[1]
+    for out in outs:
+        tree = tree_path(ctx.dvc_root, os.path.relpath(out.fs_path, repo.root_dir))
+        listing = gitcmd.run(["ls-tree", "-r", "-z", "--name-only", sha, "--", tree],
+                             ctx.dvc_root).stdout
+        paths = [p for p in listing.split("\0") if p]
+        if not paths:
+            continue
+        if os.path.isdir(out.fs_path):  # the baseline's copy: the row's replaces it whole
+            shutil.rmtree(out.fs_path)
+        for path, data in zip(paths, gitcmd.read_blobs(ctx.dvc_root,
+                                                       [f"{sha}:{p}" for p in paths])):
+            if data is not None:
+                dest = os.path.join(top, *path.split("/"))
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                atomic_file.replace_whole(dest, data)
+    logger.info("%s as row %s holds them (DVC does not carry them into --temp and queued "
+                "runs either)", ", ".join(str(o.def_path) for o in outs), found[-1]["name"])
 
 
 def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
@@ -119,8 +154,6 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     md5 = _out_md5(entry, out.def_path)
     if md5 is None or dvc_door.out_in_cache(repo, md5):
         return
-    from ..reading.exp_refs import list_rows, outs_digest
-
     digest = outs_digest(entry)
     named = [r["name"] for r in list_rows(ctx.dvc_root) if r["outs"] == digest]
     row = named[-1] if named else None

@@ -377,14 +377,7 @@ def test_a_resume_that_would_train_nothing_starts_a_new_run(tmp_path):
     of 10 steps trains from step 0, and its model is a fresh 10-step run's."""
     import numpy as np
 
-    project = template_project(tmp_path)
-    train = project / "train.py"
-    train.write_text(train.read_text().replace(
-        "np.save(\"model/weights.npy\", w)\nlive.end()",
-        "    if step == int(os.environ.get(\"KILL_AT\", \"0\")):\n"
-        "        ck.wait(); os.kill(os.getpid(), 9)\n"
-        "np.save(\"model/weights.npy\", w)\nlive.end()"))
-    run(["git", "commit", "-qam", "kill at"], project)
+    project = _killable_template(tmp_path)
     killed = run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"KILL_AT": "15"})
     assert killed.returncode != 0
     again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=10"], project)
@@ -395,3 +388,43 @@ def test_a_resume_that_would_train_nothing_starts_a_new_run(tmp_path):
     run(["dvc-dali", "reset"], project)
     run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=10"], project)
     assert np.array_equal(np.load(project / "model" / "weights.npy"), trained)
+
+
+def _killable_template(tmp_path: Path) -> Path:
+    """The template whose train.py kills itself after step KILL_AT."""
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        "np.save(\"model/weights.npy\", w)\nlive.end()",
+        "    if step == int(os.environ.get(\"KILL_AT\", \"0\")):\n"
+        "        ck.wait(); os.kill(os.getpid(), 9)\n"
+        "np.save(\"model/weights.npy\", w)\nlive.end()"))
+    run(["git", "commit", "-qam", "kill at"], project)
+    return project
+
+
+@pytest.mark.parametrize("how", ["temp", "queue"])
+def test_temp_and_queued_resumes_keep_the_metrics_history(tmp_path, how):
+    """A run killed after its checkpoint at step 10, resumed by `dvc exp run
+    --temp` (or queued): its rows hold DVCLive's history from step 10 on, as
+    a workspace resume's do (they held step 20's alone: DVC carries neither
+    the checkpoint nor DVCLive's persisted files into those runs)."""
+    project = _killable_template(tmp_path)
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"KILL_AT": "15"})
+    if how == "temp":
+        run(["dvc", "exp", "run", "--temp"], project)
+    else:
+        run(["dvc", "exp", "run", "--queue"], project)
+        run(["dvc", "exp", "run", "--run-all", "-j", "1"], project)
+    from dvc_dali.reading.exp_refs import list_rows
+
+    rows = list_rows(str(project))
+    ten = next(r["sha"] for r in rows if r["name"] == "a-step10")
+    resumed = [r for r in rows if r["step"] == 20 and r["parent"] == ten]
+    assert len(resumed) == 1, rows  # it resumed the checkpoint at step 10
+    loss = run(["git", "show", f"{resumed[0]['sha']}:dvclive/plots/metrics/train/loss.tsv"],
+               project).stdout
+    assert [line.split("\t")[0] for line in loss.splitlines()[1:]] == ["10", "20"], loss
+    summary = json.loads(run(["git", "show", f"{resumed[0]['sha']}:dvclive/metrics.json"],
+                             project).stdout)
+    assert summary["step"] == 20, summary
