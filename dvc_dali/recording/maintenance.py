@@ -67,16 +67,18 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
     for stg in stages:
         # a dvc-dali checkpoint, or what a bare make_checkpoint() port persists
         declared = dvc_door.declared_checkpoint_outs(stg)
-        found.append((stg, [o for o in stg.outs if o.persist and os.path.exists(o.fs_path)
-                            and (is_checkpoint_dir(o) or o.def_path in declared)]))
+        found.append((stg, [o for o in stg.outs if o.persist and (
+            o.def_path in declared or is_checkpoint_dir(o) or _locked_checkpoint(stg, o))]))
     _refuse_if_training([o for _, outs in found for o in outs], repo.root_dir)  # before any
     removed: list[str] = []
     for stg, outs in found:
         for out in outs:
             if os.path.isdir(out.fs_path):
                 shutil.rmtree(out.fs_path)
-            else:
+            elif os.path.lexists(out.fs_path):
                 os.unlink(out.fs_path)
+            else:  # deleted by hand: dvc.lock still names it, DVC would check it out
+                continue
             removed.append(os.path.relpath(out.fs_path, repo.root_dir))
         lock_path = dvc_door.lockfile_path(stg)
         if outs and lockfile.remove_entry(lock_path, stg.name):
@@ -85,6 +87,22 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
                           "with a LATEST file or declared `checkpoint: true`)")
     return removed
+
+
+def _locked_checkpoint(stg: Any, out: Any) -> bool:
+    """A persisted output deleted by hand whose dvc.lock entry names a
+    dvc-dali checkpoint directory (one with LATEST, in the cache): the next
+    `dvc exp run` would check it out again and resume it."""
+    if os.path.lexists(out.fs_path):
+        return False
+    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stg))[1], stg.name)
+    md5 = next((item.get("md5") for item in (entry or {}).get("outs") or []
+                if isinstance(item, dict) and item.get("path") == out.def_path), None)
+    if not (isinstance(md5, str) and md5.endswith(".dir")):
+        return False
+    from ..format import store
+
+    return store.LATEST in (dvc_door.tree_listing(stg.repo, md5) or {})
 
 
 def _refuse_if_training(outs: list[Any], root: str) -> None:

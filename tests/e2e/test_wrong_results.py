@@ -5,6 +5,7 @@ Real `dvc exp run` in temporary git + DVC repositories."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -428,3 +429,22 @@ def test_temp_and_queued_resumes_keep_the_metrics_history(tmp_path, how):
     summary = json.loads(run(["git", "show", f"{resumed[0]['sha']}:dvclive/metrics.json"],
                              project).stdout)
     assert summary["step"] == 20, summary
+
+
+def test_reset_after_the_checkpoint_was_deleted_by_hand_starts_over(tmp_path):
+    """`rm -rf checkpoint` then `dvc-dali reset` (an output not declared
+    `checkpoint: true`): dvc.lock's entry still named it, so reset said
+    "nothing to do" and the next `dvc exp run` checked it out and resumed."""
+    import shutil
+
+    project = template_project(tmp_path)
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text("\n".join(line for line in dvc_yaml.read_text().splitlines()
+                                  if "checkpoint: true" not in line) + "\n")
+    run(["git", "commit", "-qam", "undeclared"], project)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.steps=10"], project)
+    shutil.rmtree(project / "checkpoint")
+    reset = run([sys.executable, "-m", "dvc_dali.cli", "reset"], project)
+    assert "removed dvc.lock:train" in reset.stdout, reset.stdout
+    again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=10"], project)
+    assert "starting: 10 steps" in again.stdout + again.stderr
