@@ -30,7 +30,8 @@ from ..core.errors import DvcDaliError
 KEY = "serialized"  # a pipeline entry's manifest field
 
 
-def _snapshot(root: Path, path: str, row: str | None, tmp: Path) -> tuple[store.Snapshot, dict]:
+def _snapshot(root: Path, path: str, row: str | None, tmp: Path
+              ) -> tuple[store.Snapshot | None, dict]:
     """The checkpoint to replay (the workspace's, or ``row``'s) and its row."""
     if row is None:
         return store.read_snapshot(root / path), {}
@@ -67,6 +68,9 @@ def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str],
     working directory) and report each comparison."""
     with tempfile.TemporaryDirectory(prefix="dvc-dali-verify-") as tmp:
         snap, found = _snapshot(root, path, row, Path(tmp))
+        if snap is None:
+            _nothing_to_replay(path, row, report)
+            return
         label = found.get("name") or row or f"{path} (workspace)"
         recorded = _recorded(root, path, snap.manifest, found)
         here = os.getcwd()
@@ -77,6 +81,21 @@ def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str],
                             recorded.get(name, []), report)
         finally:
             os.chdir(here)
+
+
+def _nothing_to_replay(path: str, row: str | None, report: Callable[[bool, str], None]
+                       ) -> None:
+    """No dvc-dali checkpoint (no LATEST): the workspace's before the first
+    run or after `dvc-dali reset` is said; a row asked for is a problem (a
+    bare make_checkpoint() output holds no DALI state to replay)."""
+    if row is None:
+        print(f"--   {path} (workspace): not verified, it holds no dvc-dali checkpoint (before "
+              "the first run, or after `dvc-dali reset`); `dvc-dali doctor --verify ROW` "
+              "verifies a recorded row (`dvc-dali show` lists them)")
+        return
+    report(False, f"{path} of row {row!r}: not verified, it holds no dvc-dali checkpoint (no "
+                  "LATEST: a bare make_checkpoint() output has no DALI state to replay); "
+                  "`dvc-dali show` lists the rows of dvc-dali checkpoints")
 
 
 def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,

@@ -263,3 +263,16 @@ def test_digests_of_another_kind_or_algorithm_are_not_verified_never_proven(proj
                      r"matched; so this resume is not proven exact", said), said
     assert said.count("not verified") == 1, said  # said once
     assert "are those the run it resumes produced" not in said, said
+
+
+def test_doctor_verify_without_a_checkpoint_says_there_is_nothing_to_verify(tmp_path):
+    """Before any run (and with an empty checkpoint directory) --verify says
+    the workspace holds no checkpoint; it ended in a traceback
+    (AttributeError: 'NoneType' object has no attribute 'manifest')."""
+    project = template_project(tmp_path)
+    for _ in range(2):
+        out = run(["dvc-dali", "doctor", "--verify"], project, check=False)
+        assert "Traceback" not in out.stderr, out.stderr
+        assert ("checkpoint (workspace): not verified, it holds no dvc-dali checkpoint"
+                in out.stdout), out.stdout + out.stderr
+        (project / "checkpoint").mkdir(exist_ok=True)
