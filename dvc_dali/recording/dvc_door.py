@@ -54,7 +54,15 @@ def named_stages(repo: Any) -> list[Any]:
         return [s for s in repo.index.stages if getattr(s, "name", None)]
     except Exception as exc:
         raise RecordError(f"cannot load the stages of the DVC repo '{repo.root_dir}': {exc}. "
-                          "Fix dvc.yaml (`dvc stage list` shows the problem).") from exc
+                          f"{_fix_file(getattr(exc, 'path', None))}") from exc
+
+
+def _fix_file(path: Any) -> str:
+    """What to do about the file DVC could not read (its error's ``path``)."""
+    name = os.path.basename(str(path)) if path else "dvc.yaml"
+    restore = (f" (`git checkout -- {path}` restores the committed one)"
+               if name in ("dvc.lock", "params.yaml") else "")
+    return f"Fix {path or name}{restore}; `dvc stage list` shows the problem."
 
 
 def declared_checkpoint_outs(stage: Any) -> set[str]:

@@ -296,3 +296,19 @@ def test_a_project_command_outside_a_dvc_project_says_where_to_run_it(tmp_path, 
                                  f".dvc above {tmp_path}); run `dvc-dali {command[0]}` in the "
                                  "project"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("broken", ["dvc.lock", "dvc.yaml"])
+def test_a_broken_dvc_file_is_named_as_the_one_to_fix(tmp_path, broken):
+    """A dvc.lock cut short blamed dvc.yaml ("Fix dvc.yaml")."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path)
+    (project / broken).write_text("stages: [\n")
+    for command in (["reset"], ["doctor"]):
+        out = subprocess.run([sys.executable, "-m", "dvc_dali.cli", *command], cwd=project,
+                             capture_output=True, text=True, env=child_env())
+        said = out.stdout + out.stderr
+        assert out.returncode == 1 and "Traceback" not in said, said
+        assert f"Fix {broken}" in said, said
+        assert ("Fix dvc.yaml" not in said) if broken != "dvc.yaml" else True, said
