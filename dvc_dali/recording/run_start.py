@@ -29,6 +29,7 @@ from typing import Any, Optional
 from ..core import atomic_file, exit_hooks
 from ..reading import exp_refs
 from ..core.context import RunContext
+from ..core.errors import RecordError
 from ..reading.exp_refs import Row
 from ..core.flat_keys import flat_keys
 from ..core.log import logger
@@ -79,6 +80,7 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
     repo = repo_at(os.getcwd())
     stage = find_stage(repo, ctx.stage, out, ctx.stage)
     guard_workspace(ctx, repo)
+    _refuse_a_rows_name(ctx)
     checkpoint = output_at(stage, out)
     carried = None
     if carry_checkpoint == "late" and checkpoint is not None:
@@ -231,6 +233,24 @@ import dvc.fs, dvc.repo.experiments.refs, dvc.repo.experiments.utils, dvc.rwlock
 wait_for_entry_end(int(sys.argv[3]), sys.argv[6])
 release_exp_lock(sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4])
 """
+
+
+def _refuse_a_rows_name(ctx: RunContext) -> None:
+    """`dvc exp run -f -n NAME` where NAME is a recorded row's: DVC would
+    replace that row's ref with this run's experiment when the run ends (it
+    refuses the name itself only without -f)."""
+    name, base = ctx.dvc_exp_name, ctx.baseline_rev
+    if not (name and base and ctx.dvc_root):
+        return
+    ref = f"refs/exps/{base[:2]}/{base[2:]}/{name}"
+    git_dir = exp_refs.git_dirs(ctx.dvc_root)[0]
+    if any(found == ref for _, found, _, _ in
+           exp_refs.iter_checkpoint_refs(git_dir, ctx.dvc_root, ref)):
+        raise RecordError(
+            f"DVC_EXP_NAME={name!r} (`dvc exp run -n {name}`) is the name of a recorded row on "
+            "this baseline: with -f, DVC would replace that row with this run's experiment "
+            "when the run ends. Name the run otherwise (`-n <another name>`); nothing was "
+            "recorded.")
 
 
 def guard_workspace(ctx: RunContext, repo: Any) -> None:

@@ -448,3 +448,19 @@ def test_reset_after_the_checkpoint_was_deleted_by_hand_starts_over(tmp_path):
     assert "removed dvc.lock:train" in reset.stdout, reset.stdout
     again = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=10"], project)
     assert "starting: 10 steps" in again.stdout + again.stderr
+
+
+def test_a_run_named_as_a_recorded_row_is_refused_even_with_force(tmp_path):
+    """`dvc exp run -f -n x-step10`: DVC replaced the row x-step10 with the
+    new run's experiment when it ended (it refuses the name only without -f)."""
+    project = template_project(tmp_path)
+    run(["dvc", "exp", "run", "-n", "x", "-S", "train.steps=10"], project)
+    row = dict(exp_refs(project))
+    run([sys.executable, "-m", "dvc_dali.cli", "reset"], project)
+    forced = run(["dvc", "exp", "run", "-f", "-n", "x-step10", "-S", "train.steps=10"],
+                 project, check=False)
+    said = forced.stdout + forced.stderr
+    assert forced.returncode != 0 and "Traceback" not in said, said
+    assert "DVC_EXP_NAME='x-step10' (`dvc exp run -n x-step10`) is the name of a recorded row" \
+        in said, said
+    assert dict(exp_refs(project)) == row  # the row as it was
