@@ -117,6 +117,23 @@ def _refuse_if_training(outs: list[Any], root: str) -> None:
                 "queue kill`), then `dvc-dali reset` again.")
 
 
+def runs_in_training(root: str, rows: list[Any]) -> dict[str, int]:
+    """{run name: pid} of the runs a live process is training into a
+    checkpoint of this workspace now: the run of the row its stage's dvc.lock
+    entry names (each recorded row rewrites that entry)."""
+    from ..reading.exp_refs import outs_digest
+
+    found: dict[str, int] = {}
+    for stg, out in _checkpoint_outs(root):
+        pid = dirlock.holder(Path(out.fs_path)) if os.path.isdir(out.fs_path) else None
+        if pid is None:
+            continue
+        entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stg))[1], stg.name)
+        digest = outs_digest(entry)
+        found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
+    return found
+
+
 def checkpoint_outputs(root: str) -> list[tuple[str, str]]:
     """(stage, output path) for every output declared `checkpoint: true` or
     holding a dvc-dali checkpoint, for `dvc-dali doctor`."""

@@ -99,8 +99,13 @@ def test_reset_starts_over(project):
     try:
         assert holder.stdout.readline() == "held\n"
         refused = run([*DVC_DALI, "reset"], project, check=False)
+        # nor are the rows of the run it trains removed under it
+        kept = run([*DVC_DALI, "remove", "a"], project, check=False)
     finally:
         holder.communicate("")
+    assert kept.returncode != 0 and "a-step30" in exp_rows(project)
+    assert (f"run a is training in process {holder.pid} (it holds the checkpoint and records "
+            "its rows): nothing removed") in kept.stderr, kept
     assert refused.returncode != 0 and (project / "checkpoint" / "LATEST").exists()
     assert (f"checkpoint is in use by process {holder.pid} (a run training into it): nothing "
             "was reset. Stop that run first") in refused.stdout + refused.stderr, refused
