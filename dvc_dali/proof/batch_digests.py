@@ -706,6 +706,7 @@ class Recorder:
         self.costs = Costs()
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
+        self._companion_said = False  # that the companion file could not be written
         self._segments = 0  # checkpoints so far: the companion files are pruned every few
         # DVC_DALI_INEXACT=1 past a difference: nothing more goes into the segment
         self._diverged = False
@@ -932,8 +933,9 @@ class Recorder:
                 line = json.dumps({"p": name, "i": index, "d": value}) + "\n"
                 try:
                     self._log.write(line.encode())
-                except OSError:
+                except OSError as exc:
                     self._close_log()  # the manifest still gets them
+                    self._companion_failed(exc)
 
     def _open(self) -> None:
         self._close_log()
@@ -942,7 +944,17 @@ class Recorder:
             # the segment exists from its checkpoint on
             self._log = _Companion(self.directory / f"{self.log_id}.jsonl", self)
         except OSError as exc:
-            logger.debug("batch digests not kept beside the checkpoint (%s)", exc)
+            self._companion_failed(exc)
+
+    def _companion_failed(self, exc: OSError) -> None:
+        """Said once a process: the digests after a checkpoint live only in
+        the next one's manifest, so a resume after a kill cannot compare."""
+        if self._companion_said:
+            return
+        self._companion_said = True
+        logger.warning("batch digests cannot be kept in %s (%s): a run killed before its next "
+                       "checkpoint will resume unverified; fix that directory's permissions "
+                       "or free space", self.directory, exc)
 
     def _close_log(self) -> None:
         if self._log is not None:

@@ -194,6 +194,11 @@ def check(contents: Contents, saved_entry: dict[str, Any], manifest_path: str,
     saved = saved_entry.get(KEY)
     if not saved:
         return
+    if contents.limit <= 0:
+        logger.warning("pipeline %r: the contents of its data, digested when %s was written, "
+                       "are not checked (DVC_DALI_CONTENT_DIGEST_MAX=0): this resume checks "
+                       "their names and sizes only", contents.name, manifest_path)
+        return
     lines = contents.changed(saved)
     if not lines:
         return

@@ -43,6 +43,7 @@ from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
 from ..proof import batch_digests, data_contents
 from ..format import store
 from ..core.errors import CheckpointCorruptError, PipelineMismatchError
+from ..core.log import logger
 from . import rng_state
 
 # the manifest's parts a capture goes to; ANNOTATION: fields of other parts' entries
@@ -334,11 +335,20 @@ class BatchProof:
             return
         manifest = saved.snapshot.manifest
         log_id = batch_digests.log_id_of(manifest)
+        if log_id is not None and not self.recorder.on:
+            logger.warning("the batches after the checkpoint at step %d are not compared with "
+                           "those the run it resumes produced (DVC_DALI_VERIFY_BATCHES=0): this "
+                           "resume is not verified", saved.snapshot.step)
         if log_id is None or not self.recorder.on:
             return
         found = batch_digests.read_companion(self.recorder.directory, log_id)
         if not found and self.from_rows is not None:
             found = self.from_rows(saved.snapshot.step, log_id)
+        companion = self.recorder.directory / f"{log_id}.jsonl"
+        if not found and not companion.is_file():
+            logger.info("no digests of the batches after the checkpoint at step %d were found "
+                        "(%s is missing, and no later row of its run holds them): those "
+                        "batches are not verified", saved.snapshot.step, companion)
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
                              str(saved.manifest_path))
 

@@ -116,3 +116,39 @@ def test_a_reader_naming_its_files_one_by_one_is_checked_too(tmp_path, data_dir)
     said = resumed.stderr
     assert resumed.returncode != 0 and "PipelineMismatchError" in said, said
     assert f"reader.paths ({tar}): changed {tar}" in said, said
+
+
+def test_checks_turned_off_for_a_resume_are_said_not_skipped_silently(tmp_path, killed):
+    """A checkpoint recorded with its data's contents and batch digests,
+    resumed with both checks off on rewritten data: each says, once, that
+    it did not compare (the resume trained on other batches without a word)."""
+    data, ckpt = killed
+    rewrite_same_size_and_mtime(data / "images" / REWRITTEN)
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6, DVC_DALI_CONTENT_DIGEST_MAX="0",
+               DVC_DALI_VERIFY_BATCHES="0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = proc.stderr.splitlines()
+    assert len([line for line in said if "are not checked (DVC_DALI_CONTENT_DIGEST_MAX=0)"
+                in line]) == 1, proc.stderr
+    assert len([line for line in said if "not compared with those the run it resumes produced "
+                "(DVC_DALI_VERIFY_BATCHES=0): this resume is not verified" in line]) == 1, \
+        proc.stderr
+
+
+def test_digests_that_cannot_be_kept_are_said_while_recording_and_resuming(tmp_path, data_dir):
+    """The companion directory blocked (a file where it goes): the recording
+    said nothing (a debug line) and the resume after a kill compared nothing
+    without a word."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    ckpt = tmp_path / "ckpt"
+    blocked = tmp_path / ".ckpt.dvc-dali-batches"  # companion_dir beside the checkpoint
+    blocked.write_text("")
+    proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert proc.stderr.count("batch digests cannot be kept in") == 1, proc.stderr
+    blocked.unlink()
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("no digests of the batches after the checkpoint at step 2 were found"
+            in proc.stderr and "those batches are not verified" in proc.stderr), proc.stderr
