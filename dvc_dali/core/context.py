@@ -31,6 +31,10 @@ SIGNAL_NAME = "DVC_CHECKPOINT"
 # script: this process records its rows itself, nobody watches the signal.
 RECORDS_ITSELF = "DVC_DALI_RECORDS_ITSELF"
 DEFAULT_WAIT_S = 3600.0
+# The longest wait a seconds variable may ask for: ten years. Far longer is no
+# wait anyone means, and a threading wait refuses what it cannot hold
+# (threading.TIMEOUT_MAX; 1e20 s overflows time_t), after the run began.
+MAX_WAIT_S = 315_360_000
 CONTENT_DIGEST_MAX = 1_000_000_000  # bytes of a reader's data digested by content
 
 #: name -> what it means, for the table of docs/reference/environment.md and `dvc-dali doctor`.
@@ -72,15 +76,36 @@ VARIABLES = {
 }
 
 
+def _given(value: str | None) -> str | None:
+    """An environment value, surrounding whitespace stripped; None when unset
+    or empty. A value of only whitespace gives "", which every parser
+    refuses (the same rule for every variable, docs/reference/environment.md)."""
+    return None if value is None or value == "" else value.strip()
+
+
+def _ascii_int(text: str) -> int | None:
+    """The number ``text`` spells in digits 0-9 only, else None: str.isdigit()
+    and int() also take '²' or '٣', and int() refuses 5,000 digits."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # longer than sys.get_int_max_str_digits()
+        return None
+
+
 def parse_keep_last(value: object, source: str) -> int | None:
     """A positive row count, or None (keep every row). ``source`` names where
     the value came from, for the message."""
     if value is None or value == "":
         return None
-    try:  # bool is an int to Python, and int(2.5) would truncate: neither is a count
-        number = None if isinstance(value, (bool, float)) else int(value)
-    except (TypeError, ValueError):
-        number = None
+    if isinstance(value, str):  # ASCII digits, surrounding whitespace stripped
+        number = _ascii_int(value.strip())
+    else:  # bool is an int to Python, and int(2.5) would truncate: neither is a count
+        try:
+            number = None if isinstance(value, (bool, float)) else int(value)
+        except (TypeError, ValueError):
+            number = None
     if not isinstance(number, int) or number < 1:
         raise ConfigError(f"{source}={value!r}: must be a positive integer, the number of "
                           "a run's latest checkpoint rows to keep; unset it to keep every row")
@@ -91,71 +116,82 @@ def parse_keep_best(value: object, source: str) -> str | None:
     """'<metric>:max' or '<metric>:min', or None."""
     if value is None or value == "":
         return None
-    metric, sep, mode = str(value).rpartition(":")
-    if not isinstance(value, str) or not sep or not metric.strip() or mode not in ("max", "min"):
+    text = value.strip() if isinstance(value, str) else ""
+    metric, sep, mode = text.rpartition(":")
+    if not sep or not metric.strip() or mode not in ("max", "min"):
         raise ConfigError(f"{source}={value!r}: must be '<metric>:max' or '<metric>:min', a "
                           "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
-    return value
+    return text
 
 
 def parse_seconds(value: str | None, name: str, default: float = DEFAULT_WAIT_S) -> float:
-    if value is None or value == "":
+    """Seconds from 0 to MAX_WAIT_S (unset or empty: ``default``)."""
+    text = _given(value)
+    if text is None:
         return default
-    try:
-        seconds = float(value)
+    try:  # float() also takes '٣' and '1_0'
+        seconds = float(text) if text.isascii() and "_" not in text else math.nan
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{name}={value!r}: must be a number of seconds (0 or more), e.g. "
-                          f"{name}=600; unset it for the default {default:.0f}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
+        raise ConfigError(f"{name}={value!r}: must be a number of seconds from 0 to "
+                          f"{MAX_WAIT_S} (ten years), e.g. {name}=600; unset it for the "
+                          f"default {default:.0f}")
     return seconds
 
 
 def parse_switch(value: str | None, name: str, default: bool = True) -> bool:
     """'1' or '0' (unset or empty: ``default``)."""
-    if value is None or value == "":
+    text = _given(value)
+    if text is None:
         return default
-    if value not in ("0", "1"):
+    if text not in ("0", "1"):
         raise ConfigError(f"{name}={value!r}: must be 1 (on) or 0 (off); unset it for the "
                           f"default {int(default)}")
-    return value == "1"
+    return text == "1"
 
 
 def parse_bytes(value: str | None, name: str, default: int) -> int:
     """A non-negative number of bytes (unset or empty: ``default``)."""
-    if value is None or value == "":
+    text = _given(value)
+    if text is None:
         return default
-    if not value.isdigit():
-        raise ConfigError(f"{name}={value!r}: must be a number of bytes (0 or more), e.g. "
-                          f"{name}=500000000; unset it for the default {default}")
-    return int(value)
+    number = _ascii_int(text)
+    if number is None:
+        raise ConfigError(f"{name}={value!r}: must be a number of bytes (0 or more, digits "
+                          f"0-9), e.g. {name}=500000000; unset it for the default {default}")
+    return number
 
 
 def parse_count(value: str | None, name: str) -> int:
     """A number of batches (0 or more), or -1 for all (unset, empty or "all")."""
-    if value is None or value.strip().lower() in ("", "all"):
+    text = _given(value)
+    if text is None or text.lower() == "all":
         return -1
-    if not value.strip().isdigit():
-        raise ConfigError(f"{name}={value!r}: must be a number of batches (0 turns it off) or "
-                          f"'all'; unset it for the default, all")
-    return int(value)
+    number = _ascii_int(text)
+    if number is None:
+        raise ConfigError(f"{name}={value!r}: must be a number of batches (digits 0-9; 0 "
+                          "turns it off) or 'all'; unset it for the default, all")
+    return number
 
 
 def parse_signal_file(value: str | None) -> str | None:
     """DVC_DALI_SIGNAL_FILE: an absolute file path (`dvc-dali run` sets one for its child)."""
-    if value is None or value == "":
+    text = _given(value)
+    if text is None:
         return None
-    if not os.path.isabs(value) or os.path.isdir(value):
+    if not os.path.isabs(text) or os.path.isdir(text):
         raise ConfigError(f"DVC_DALI_SIGNAL_FILE={value!r}: must be the absolute path of a "
                           "file, the signal file `dvc-dali run` watches (it sets this for its "
                           f"child); unset it to use .dvc/tmp/{SIGNAL_NAME}")
-    return value
+    return text
 
 
 def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
     """DVC_DALI_DEBUG=1, read without refusing anything: the exit hook asks it
     for an error that may be the refusal of this very variable."""
-    return (os.environ if environ is None else environ).get("DVC_DALI_DEBUG") == "1"
+    value = (os.environ if environ is None else environ).get("DVC_DALI_DEBUG")
+    return value is not None and value.strip() == "1"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ import numpy as np
 from . import arrays as arrays_mod
 from ..core import atomic_file
 from . import manifest_schema, npy, safe_json
-from ..core.errors import CheckpointCorruptError, CheckpointWriteError, RankMismatchError
+from ..core.errors import (CheckpointCorruptError, CheckpointWriteError, ConfigError,
+                           RankMismatchError)
 from ..core.process_state import STATE
 
 FORMAT = manifest_schema.FORMAT
@@ -62,6 +63,9 @@ _SNAPSHOT_NAME = re.compile(r"^step-\d{9,}-[0-9a-f]{8}$")
 _MD5 = manifest_schema.MD5
 _LATEST_ENTRY = re.compile(r"^(rank-\d{5}/)?step-\d{9,}-[0-9a-f]{8}$")
 _FIX = manifest_schema.FIX
+# The largest step (and total_steps) the reader takes (manifest_schema's
+# integers: what an off_t holds); the writer refuses more, before any file.
+MAX_STEP = (1 << 63) - 1
 # Never follow a symlink, never block on a FIFO; fstat then tells what was opened.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -256,28 +260,54 @@ class Snapshot:
         return self.manifest["step"]
 
 
-def _check_step(step: Any, total_steps: Any) -> None:
+class NotJsonError(ConfigError, TypeError):
+    """``metadata`` or ``params`` a manifest cannot hold: a ConfigError (one
+    line, naming the argument), and the TypeError `save` documents."""
+
+
+def check_step(step: Any, where: str = "step") -> None:
+    """A step the reader takes: a Python int from 0 to MAX_STEP (``where``
+    names the argument in the message)."""
     # bool is an int to Python; the reader refuses it, so the writer does too
-    if type(step) is not int or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    if total_steps is not None and (type(total_steps) is not int or total_steps < 0):
-        raise ValueError(f"total_steps must be a non-negative int or None, got "
-                         f"{total_steps!r}")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise ConfigError(f"{where}={step!r}: must be an int from 0 to {MAX_STEP}, the step "
+                          "this checkpoint is of (pass int(step) for a NumPy or torch number)")
+
+
+def _check_step(step: Any, total_steps: Any) -> None:
+    check_step(step)
+    if total_steps is not None and (type(total_steps) is not int
+                                    or not 0 <= total_steps <= MAX_STEP):
+        raise ConfigError(f"total_steps={total_steps!r}: must be an int from 0 to {MAX_STEP} "
+                          "or None, the run's total number of steps")
+
+
+def check_json(value: Any, where: str) -> str:
+    """``value`` as the JSON text a manifest holds; NotJsonError naming
+    ``where`` (the argument) for anything the reader would refuse."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise NotJsonError(f"{where}={shown}: not plain JSON ({exc}); metadata and params must "
+                           "be plain JSON (numbers, strings, lists, dicts; no NaN or infinity): "
+                           "convert it, or save arrays with arrays=") from None
 
 
 def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:
-    """metadata and run as the JSON the manifest will hold; TypeError for
-    anything the reader would refuse, before anything is written."""
+    """metadata and run as the JSON the manifest will hold; NotJsonError (a
+    TypeError) for anything the reader would refuse, before anything is written."""
     try:
         text = json.dumps({"metadata": metadata, "run": run or {}}, sort_keys=True,
                           allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise TypeError(f"metadata and params must be plain JSON (numbers, strings, lists, "
-                        f"dicts): {exc}") from None
+    except (TypeError, ValueError, RecursionError):
+        check_json(metadata, "metadata")  # which one: raised naming it
+        check_json((run or {}).get("params"), "params")
+        text = check_json({"metadata": metadata, "run": run or {}}, "run")
     if text != STATE.meta_checked:  # a run saves the same params (and metadata) again and again
         if safe_json.depth(text.encode()) > safe_json.MAX_DEPTH - 2:
-            raise TypeError(f"metadata and params must be plain JSON nested at most "
-                            f"{safe_json.MAX_DEPTH - 2} levels deep")
+            raise NotJsonError(f"metadata and params must be plain JSON nested at most "
+                               f"{safe_json.MAX_DEPTH - 2} levels deep")
         STATE.meta_checked = text
     return text
 

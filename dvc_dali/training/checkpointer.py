@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import os
 import platform
 import signal
@@ -22,6 +23,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -129,8 +131,10 @@ class Checkpointer:
         world_size (int): the number of ranks (1 alone).
 
     Raises:
-        ConfigError: a bad argument (``total_steps``, ``keep_last``,
-            ``keep_best``) or ``DVC_DALI_*`` variable; under `dvc exp run`, no
+        ConfigError: a bad argument (``path`` not a path, or a file, not a
+            directory; ``params`` not a dict of plain JSON; ``resume``,
+            ``asynchronous`` or ``rng`` not a bool; ``total_steps``,
+            ``keep_last``, ``keep_best``) or ``DVC_DALI_*`` variable; under `dvc exp run`, no
             ``total_steps``, or a checkpoint stage without ``persist: true``
             or ``always_changed: true`` (the message holds the fix).
         CheckpointLockedError: another live process writes ``path`` (named
@@ -151,16 +155,16 @@ class Checkpointer:
                  params: dict[str, Any] | None = None, total_steps: int | None = None,
                  keep_last: int | None = None, keep_best: str | None = None,
                  asynchronous: bool | None = None, rng: bool | None = None) -> None:
-        self.path = Path(path)
-        # The environment and the retention arguments are checked now, before
-        # any training step, not at the first checkpoint.
+        # The environment and the arguments are checked now, before any
+        # training step, not at the first checkpoint.
         exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+        self.path = _checked_arguments(path, resume, params, asynchronous, rng)
         self._ctx = RunContext.from_environ()
         # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
         # process only: torchrun's agent uses it to stop the other ranks)
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._retention = self._ctx.retention(keep_last, keep_best)
-        self.asynchronous = self._ctx.asynchronous if asynchronous is None else bool(asynchronous)
+        self.asynchronous = self._ctx.asynchronous if asynchronous is None else asynchronous
         if self.asynchronous:
             exit_hooks.watch_unread_saves()
         self._worker: _Background | None = None  # the one background save in flight
@@ -203,7 +207,7 @@ class Checkpointer:
             announce=False)
         # the global random generators (rng_state): checked now, saved with each
         # checkpoint, set back at the resume point (_resume_point)
-        if self._ctx.rng if rng is None else bool(rng):
+        if self._ctx.rng if rng is None else rng:
             self._generators = restorable.RandomGenerators()
             self._register(self._generators, announce=False)
 
@@ -686,6 +690,9 @@ class Checkpointer:
             The snapshot directory.
 
         Raises:
+            ConfigError: ``step`` not an int from 0 to 2**63 - 1, ``arrays``
+                not a dict by str names, ``metadata`` not a dict of plain
+                JSON (no NaN; also a ``TypeError``).
             TypeError: a value in ``arrays`` that cannot be saved exactly
                 (a namedtuple, a ``defaultdict`` or another subclass, which
                 would come back as its plain base type), naming where it is.
@@ -693,6 +700,7 @@ class Checkpointer:
             CheckpointWriteError: the disk is full or not writable; the
                 previous checkpoint stands.
         """
+        _check_save_arguments(step, arrays, metadata)
         self.wait()
         return self._write(self._capture(step, arrays, metadata))
 
@@ -723,6 +731,7 @@ class Checkpointer:
             The snapshot directory, or ``None`` when asynchronous.
 
         Raises:
+            ConfigError: as for `save`, at the call (asynchronous too).
             TypeError: as for `save`.
             CheckpointWriteError: as for `save` (asynchronous: from the next
                 call or `wait`, or at once at the last step; never waited
@@ -736,6 +745,7 @@ class Checkpointer:
                 file (``DVC_DALI_SIGNAL_TIMEOUT``).
             SystemExit: after the checkpoint of a preempted step.
         """
+        _check_save_arguments(step, arrays, metadata)
         if self._ranks is not None:
             return self._make_rank_checkpoint(step, arrays, metadata)
         if not self.asynchronous or preemption.FLAG.signum is not None:
@@ -833,7 +843,11 @@ class Checkpointer:
 
         Returns:
             Whether to call `make_checkpoint` now.
+
+        Raises:
+            ConfigError: ``every`` is not a whole number, 1 or more.
         """
+        _check_every(every)
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         if self._late_max is None:
             agreed = preemption.FLAG.signum
@@ -1039,10 +1053,62 @@ def _row_digests(path: str, run: Run) -> Callable[[int, str], dict[str, list[lis
 
 def _checked_total_steps(total_steps: Any) -> int | None:
     if total_steps is not None and (isinstance(total_steps, bool)
-                                    or not isinstance(total_steps, int) or total_steps < 0):
-        raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer, the "
-                          "run's total number of steps")
+                                    or not isinstance(total_steps, int)
+                                    or not 0 <= total_steps <= store.MAX_STEP):
+        raise ConfigError(f"total_steps={total_steps!r}: must be a non-negative integer (at "
+                          f"most {store.MAX_STEP}), the run's total number of steps")
     return total_steps
+
+
+def _checked_arguments(path: Any, resume: Any, params: Any, asynchronous: Any,
+                       rng: Any) -> Path:
+    """Checkpointer's arguments, refused in one line before anything is
+    read or locked (the environment's are RunContext's); returns the path."""
+    for name, value, allowed in (("resume", resume, (bool,)),
+                                 ("asynchronous", asynchronous, (bool, type(None))),
+                                 ("rng", rng, (bool, type(None)))):
+        if not isinstance(value, allowed):  # bool("no") is True: never guessed
+            none = ", or None for the default" if type(None) in allowed else ""
+            raise ConfigError(f"{name}={value!r}: must be True or False{none}")
+    if params is not None and not isinstance(params, Mapping):
+        raise ConfigError(f"params={params!r}: must be a dict of the run's hyperparameters "
+                          "(plain JSON), or None for the stage's own params")
+    store.check_json(dict(params or {}), "params")
+    try:
+        checked = Path(path)
+        is_file = checked.exists() and not checked.is_dir()
+    except (TypeError, ValueError):  # not a path at all; a NUL in it
+        raise ConfigError(f"path={path!r}: must be the checkpoint directory, a str or "
+                          "pathlib.Path such as 'checkpoint' (the stage's checkpoint output)"
+                          ) from None
+    if is_file:
+        raise ConfigError(f"Checkpointer({str(path)!r}): {path} is a file, not a directory; "
+                          "pass the checkpoint directory (the stage's checkpoint output), or "
+                          "move the file away")
+    return checked
+
+
+def _check_save_arguments(step: Any, arrays: Any, metadata: Any) -> None:
+    """save's and make_checkpoint's arguments, refused in one line at the call
+    (an asynchronous checkpoint's too, not from the background)."""
+    store.check_step(step)
+    if arrays is not None and not isinstance(arrays, Mapping):
+        raise ConfigError(f"arrays: must be a dict of arrays by name, not a "
+                          f"{type(arrays).__name__}, e.g. arrays={{'model': model.state_dict()}}")
+    for key in arrays or {}:
+        if not isinstance(key, str):
+            raise ConfigError(f"arrays: the name {key!r} is a {type(key).__name__}; name each "
+                              f"array with a str, e.g. arrays={{{str(key)!r}: ...}}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ConfigError(f"metadata={metadata!r}: must be a dict of plain JSON, or None")
+    store.check_json(dict(metadata or {}), "metadata")
+
+
+def _check_every(every: Any) -> None:
+    """should_save's interval: a whole number of steps, 1 or more."""
+    if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+        raise ConfigError(f"every={every!r}: must be a whole number of steps, 1 or more (1 "
+                          "checkpoints every step), the checkpoint interval")
 
 
 def _publish_one(path: Path, captured: store.Capture) -> Path:

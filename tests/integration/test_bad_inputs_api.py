@@ -1,0 +1,107 @@
+"""Bad arguments to the Checkpointer, make_checkpoint, save and should_save,
+and bad DVC_DALI_* values: each ends a real script with one line naming the
+argument (a ConfigError), no traceback, before anything is written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dvc_dali
+
+PREFIX = "import numpy as np, dvc_dali\nC = dvc_dali.Checkpointer\n"
+
+# id -> (the script's body, the start of the line it must end with)
+CASES = {
+    "path_int": ("C(5)", "ConfigError: path=5: "),
+    "path_none": ("C(None)", "ConfigError: path=None: "),
+    "path_file": ("open('afile', 'w').close(); C('afile')",
+                  "ConfigError: Checkpointer('afile'): afile is a file, not a directory"),
+    "params_list": ("C('ck', params=[1, 2])", "ConfigError: params=[1, 2]: must be a dict"),
+    "params_not_json": ("C('ck', params={'f': object()})", "Error: params={'f': <object"),
+    "params_nan": ("C('ck', params={'lr': float('nan')})", "Error: params={'lr': nan}: "),
+    "rng_str": ("C('ck', rng='no')", "ConfigError: rng='no': must be True or False"),
+    "async_str": ("C('ck', asynchronous='yes')",
+                  "ConfigError: asynchronous='yes': must be True or False"),
+    "resume_str": ("C('ck', resume='no')", "ConfigError: resume='no': must be True or False"),
+    "total_huge": ("C('ck', total_steps=2**63)", "ConfigError: total_steps=9223372036854775808"),
+    "step_neg": ("C('ck').make_checkpoint(-1)", "ConfigError: step=-1: must be an int"),
+    "step_str": ("C('ck').make_checkpoint('1')", "ConfigError: step='1': must be an int"),
+    "step_float": ("C('ck').make_checkpoint(1.5)", "ConfigError: step=1.5: must be an int"),
+    "step_bool": ("C('ck').make_checkpoint(True)", "ConfigError: step=True: must be an int"),
+    "step_huge": ("C('ck').make_checkpoint(2**63)", "ConfigError: step=9223372036854775808: "),
+    "step_async": ("C('ck', asynchronous=True).make_checkpoint(-1)", "ConfigError: step=-1: "),
+    "save_step": ("C('ck').save(-1)", "ConfigError: step=-1: must be an int"),
+    "arrays_list": ("C('ck').make_checkpoint(1, arrays=[1, 2])",
+                    "ConfigError: arrays: must be a dict of arrays by name, not a list"),
+    "arrays_key_int": ("C('ck').make_checkpoint(1, arrays={1: np.ones(2)})",
+                       "ConfigError: arrays: the name 1 is a int"),
+    "metadata_list": ("C('ck').make_checkpoint(1, metadata=[1])", "ConfigError: metadata=[1]: "),
+    "metadata_obj": ("C('ck').make_checkpoint(1, metadata={'x': object()})",
+                     "Error: metadata={'x': <object"),
+    "metadata_nan": ("C('ck').make_checkpoint(1, metadata={'x': float('nan')})",
+                     "Error: metadata={'x': nan}: not plain JSON"),
+    "metadata_async": ("C('ck', asynchronous=True).make_checkpoint(1, metadata={'x': 1e999})",
+                       "Error: metadata={'x': inf}: not plain JSON"),
+    "every_0": ("C('ck').should_save(1, 0)", "ConfigError: every=0: must be a whole number"),
+    "every_neg": ("C('ck').should_save(1, -5)", "ConfigError: every=-5: must be a whole number"),
+    "every_bool": ("C('ck').should_save(1, True)", "ConfigError: every=True: "),
+    "env_grace": ("import os; os.environ['DVC_DALI_PUSH_GRACE'] = '1e20'; C('ck')",
+                  "ConfigError: DVC_DALI_PUSH_GRACE='1e20': must be a number of seconds "
+                  "from 0 to 315360000"),
+    "env_digest_max": ("import os; os.environ['DVC_DALI_CONTENT_DIGEST_MAX'] = '²'; C('ck')",
+                       "ConfigError: DVC_DALI_CONTENT_DIGEST_MAX='²': "),
+    "env_verify": ("import os; os.environ['DVC_DALI_VERIFY_BATCHES'] = '²'; C('ck')",
+                   "ConfigError: DVC_DALI_VERIFY_BATCHES='²': "),
+}
+
+
+def run_case(root: Path, case: str) -> subprocess.CompletedProcess:
+    cwd = root / case
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DVC_") or k == "DVC_NO_ANALYTICS"}
+    env["PYTHONPATH"] = str(Path(dvc_dali.__file__).resolve().parents[1])
+    script = PREFIX + CASES[case][0] + "\nprint('ACCEPTED')\n"
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every case's script, run at once (one interpreter each)."""
+    root = tmp_path_factory.mktemp("bad_inputs_api")
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip(CASES, pool.map(lambda c: run_case(root, c), CASES))) | {"": root}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_argument_ends_in_one_line_naming_it(outcomes, case):
+    proc = outcomes[case]
+    said = [line for line in proc.stderr.splitlines() if "not running under" not in line]
+    assert proc.returncode == 1 and "ACCEPTED" not in proc.stdout, (case, proc.stdout,
+                                                                   proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(said) == 1 and said[0].startswith("dvc-dali: "), said
+    assert said[0][len("dvc-dali: "):].split(": ", 1)[0].endswith("Error")
+    assert CASES[case][1] in said[0], said[0]
+    written = outcomes[""] / case / "ck"
+    assert not (written / "LATEST").exists()  # refused before any checkpoint
+
+
+def test_the_good_values_are_still_taken(tmp_path):
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", resume=False, params={"lr": 0.1},
+                               asynchronous=None, rng=False, total_steps=5)
+    assert ck.should_save(4, 2) and not ck.should_save(3, np.int64(2))
+    ck.make_checkpoint(2, arrays={"w": np.ones(2)}, metadata={"note": "ok"})
+    ck.save(3, arrays=None, metadata=None)
+    ck.close()
+    back = dvc_dali.Checkpointer(str(tmp_path / "ck"), rng=True, asynchronous=False)
+    assert back.step == 3 and back.params == {}
+    back.close()
