@@ -35,6 +35,6 @@ if not logger.handlers:
     logger.addHandler(_StderrHandler())
     # DVC_DALI_DEBUG=1 (see context.py) adds debug lines, such as where a
     # recording's time went; read here too, as the logger exists first.
-    logger.setLevel(logging.DEBUG if os.environ.get("DVC_DALI_DEBUG", "") not in ("", "0")
+    logger.setLevel(logging.DEBUG if os.environ.get("DVC_DALI_DEBUG", "").strip() == "1"
                     else logging.INFO)
     logger.propagate = False

@@ -4,6 +4,7 @@ only whitespace refused, digits 0-9 only, seconds at most ten years."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -100,3 +101,16 @@ def test_debug_requested_follows_the_same_rule():
     assert context.debug_requested({"DVC_DALI_DEBUG": " 1 "})
     assert not context.debug_requested({"DVC_DALI_DEBUG": " 0 "})
     assert not context.debug_requested({})
+
+
+@pytest.mark.parametrize("value, level", [(" 0 ", 20), ("0", 20), ("", 20), (" 1 ", 10),
+                                          ("1", 10)])
+def test_the_loggers_debug_switch_follows_the_same_rule(value, level):
+    """The logger reads DVC_DALI_DEBUG at import: ' 0 ' turned debug lines on."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import dvc_dali.core.log as m; "
+                          "print(m.logger.level)"], capture_output=True, text=True,
+                         env={**os.environ, "DVC_DALI_DEBUG": value}, check=True)
+    assert int(out.stdout) == level
