@@ -42,9 +42,15 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
     stg = find_stage(repo, stage or ctx.stage, checkpoint_path, ctx.stage)
     problems, path = stage_problems(stg, checkpoint_path)
     if problems:
-        dvc2 = ("It is a DVC 2 checkpoint stage (`checkpoint: true`): run `dvc-dali migrate`, "
-                "commit, and `dvc exp run` again; or declare it yourself as:\n"
-                if dvc_door.declared_checkpoint_outs(stg) else "Declare it as:\n")
+        declared = sorted(dvc_door.declared_checkpoint_outs(stg))
+        if path in declared:
+            dvc2 = ("It is a DVC 2 checkpoint stage (`checkpoint: true`): run `dvc-dali "
+                    "migrate`, commit, and `dvc exp run` again; or declare it yourself as:\n")
+        elif declared:  # the script names another directory than the stage's checkpoint
+            dvc2 = (f"Pass its checkpoint output ({', '.join(declared)}) as the checkpoint "
+                    f"path, or declare '{path}' as:\n")
+        else:
+            dvc2 = "Declare it as:\n"
         raise RecordError(
             f"{os.path.relpath(stg.path, repo.root_dir)}: stage '{stg.name}' cannot resume "
             f"from checkpoints under DVC 3: {'; and '.join(problems)}. {dvc2}"

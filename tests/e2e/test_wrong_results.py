@@ -464,3 +464,20 @@ def test_a_run_named_as_a_recorded_row_is_refused_even_with_force(tmp_path):
     assert "DVC_EXP_NAME='x-step10' (`dvc exp run -n x-step10`) is the name of a recorded row" \
         in said, said
     assert dict(exp_refs(project)) == row  # the row as it was
+
+
+def test_a_checkpoint_path_that_is_not_the_stages_output_names_the_output(tmp_path):
+    """Checkpointer("elsewhere") in a stage whose checkpoint output is
+    `checkpoint`: the refusal told to run `dvc-dali migrate`, which has
+    nothing to do there."""
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace('Checkpointer("checkpoint"',
+                                               'Checkpointer("elsewhere"'))
+    run(["git", "commit", "-qam", "another path"], project)
+    proc = run(["dvc", "exp", "run", "-n", "x"], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in said, said
+    assert "'elsewhere' is not one of its outputs" in said, said
+    assert "Pass its checkpoint output (checkpoint) as the checkpoint path" in said, said
+    assert "migrate" not in said, said
