@@ -40,8 +40,9 @@ def require_persisted(stage: Any) -> None:
     if missing:
         raise RecordError(
             f"persisted output(s) {', '.join(missing)} of stage '{stage.addressing}' do not "
-            "exist; write the checkpoint (e.g. Checkpointer.save) before signalling "
-            "make_checkpoint().")
+            "exist; a row holds every persisted output, so write each before make_checkpoint() "
+            "(the metrics and plots too: log them to DVCLive first), or drop it from the "
+            "stage's outputs.")
 
 
 def cache_output(out: Any, stage: Any) -> None:

@@ -481,3 +481,22 @@ def test_a_checkpoint_path_that_is_not_the_stages_output_names_the_output(tmp_pa
     assert "'elsewhere' is not one of its outputs" in said, said
     assert "Pass its checkpoint output (checkpoint) as the checkpoint path" in said, said
     assert "migrate" not in said, said
+
+
+def test_a_checkpoint_before_the_metrics_exist_says_to_log_them_first(tmp_path):
+    """The declared DVCLive files not written yet at make_checkpoint(): the
+    refusal told to write the checkpoint first, which was written."""
+    project = template_project(tmp_path)
+    (project / "train.py").write_text(textwrap.dedent("""\
+        import os, numpy as np, dvc_dali
+        os.makedirs("model", exist_ok=True)
+        np.save("model/weights.npy", np.ones(2))
+        ck = dvc_dali.Checkpointer("checkpoint", params={"a": 1}, total_steps=10)
+        ck.make_checkpoint(10, arrays={"w": np.ones(2)})
+        """))
+    run(["git", "commit", "-qam", "no metrics"], project)
+    proc = run(["dvc", "exp", "run", "-n", "x"], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in said, said
+    assert "dvclive/metrics.json" in said and "log them to DVCLive first" in said, said
+    assert "write the checkpoint (e.g." not in said, said
