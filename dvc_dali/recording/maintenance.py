@@ -64,7 +64,7 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
     was removed."""
     repo = repo_at(root or os.getcwd())
     stages = dvc_door.named_stages(repo)
-    if stage:
+    if stage is not None:  # "" names no stage (it reset every one)
         stages = [s for s in stages if stage in (s.name, s.addressing)]
         if not stages:
             raise RecordError(f"no stage '{stage}' in {repo.root_dir}; `dvc stage list` shows "
@@ -89,7 +89,7 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         lock_path = dvc_door.lockfile_path(stg)
         if outs and lockfile.remove_entry(lock_path, stg.name):
             removed.append(f"{os.path.relpath(lock_path, repo.root_dir)}:{stg.name}")
-    if not removed and stage:
+    if not removed and stage is not None:
         raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
                           "with a LATEST file or declared `checkpoint: true`)")
     return removed

@@ -312,3 +312,13 @@ def test_a_broken_dvc_file_is_named_as_the_one_to_fix(tmp_path, broken):
         assert out.returncode == 1 and "Traceback" not in said, said
         assert f"Fix {broken}" in said, said
         assert ("Fix dvc.yaml" not in said) if broken != "dvc.yaml" else True, said
+
+
+def test_reset_of_an_empty_stage_name_names_no_stage(tmp_path):
+    """`dvc-dali reset --stage ""` reset every stage."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "reset", "--stage", ""],
+                         cwd=project, capture_output=True, text=True, env=child_env())
+    assert out.returncode == 1 and "no stage ''" in out.stderr, out
