@@ -95,9 +95,18 @@ def setup_commands(dest: Path) -> str:
 # --------------------------------------------------------------------------
 
 
-def _by_step(row: dict) -> tuple:
-    # Step first: rows recorded within the same second keep their step order.
-    return row["step"], row["time"], row["name"]
+def _in_step_order(rows: list[Row]) -> Callable[[dict], tuple]:
+    """The sort key of a run's rows: by step; rows of one step in recording
+    order (by time, then a row after its ancestors: times have whole seconds)."""
+    by_sha = {r["sha"]: r for r in rows}
+    ancestors: dict[str, int] = {}
+    for r in rows:
+        seen, node = set(), r
+        while node["parent"] in by_sha and node["parent"] not in seen:
+            seen.add(node["parent"])
+            node = by_sha[node["parent"]]
+        ancestors[r["sha"]] = len(seen)
+    return lambda r: (r["step"], r["time"], ancestors.get(r["sha"], 0), r["name"])
 
 
 def group_runs(rows: list[Row]) -> list[list[Row]]:
@@ -108,7 +117,7 @@ def group_runs(rows: list[Row]) -> list[list[Row]]:
     runs: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
-    groups = [sorted(mine, key=_by_step) for mine in runs.values()]
+    groups = [sorted(mine, key=_in_step_order(mine)) for mine in runs.values()]
     parents = {r["parent"] for r in rows}
     for mine in groups:
         newest = max(mine, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
@@ -120,19 +129,23 @@ def group_runs(rows: list[Row]) -> list[list[Row]]:
 
 def draw_tree(rows: list[Row]) -> list[str]:
     """A run's checkpoints as a tree by step, oldest first; a branch where a
-    run resumed from an older checkpoint of its own. The last row of the run,
-    and of each branch, is drawn with └─."""
+    run resumed from an older checkpoint of its own. A run whose steps went
+    back (``make_checkpoint(3)`` after 5) is drawn as a list by step, rows of
+    one step in recording order. The last row of the run, and of each
+    branch, is drawn with └─."""
     by_sha = {r["sha"]: r for r in rows}
+    order = _in_step_order(rows)
+    back = any(r["step"] < by_sha[r["parent"]]["step"] for r in rows if r["parent"] in by_sha)
     children: dict[str | None, list[Row]] = {}
     for r in rows:
-        parent = r["parent"] if r["parent"] in by_sha else None
+        parent = r["parent"] if r["parent"] in by_sha and not back else None
         children.setdefault(parent, []).append(r)
     drawn: list[tuple[int, str]] = []  # (depth, the row's text)
 
     def chain(start: dict, depth: int) -> None:
         node: dict | None = start
         while node is not None:
-            kids = sorted(children.get(node["sha"], []), key=_by_step)
+            kids = sorted(children.get(node["sha"], []), key=order)
             metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
             same = ", ".join(node.get("dvc_experiments") or [])
             mark = ("  ← latest" if node.get("latest") else "") + (
@@ -144,7 +157,7 @@ def draw_tree(rows: list[Row]) -> list[str]:
                 chain(branch, depth + 1)
             node = kids[0] if kids else None
 
-    for root in sorted(children.get(None, []), key=_by_step):
+    for root in sorted(children.get(None, []), key=order):
         chain(root, 0)
     lines = []
     for i, (depth, text) in enumerate(drawn):
@@ -170,9 +183,28 @@ def render(groups: list[list[Row]], names: dict[str, str]) -> list[str]:
     return lines
 
 
+def _any_row_holds(root: str, rows: list[Row], path: str) -> bool:
+    """Whether a row has metrics, or its commit holds ``path`` (read only
+    when none has metrics: one git process)."""
+    from ..reading.exp_refs import tree_path
+    from ..reading.gitcmd import read_blobs
+
+    if any(r.get("metrics") for r in rows):
+        return True
+    rel = tree_path(root, path)
+    return any(blob is not None for blob in read_blobs(root, [f"{r['sha']}:{rel}"
+                                                              for r in rows]))
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
-    rows = recorded_rows(args.exp, root, args.metrics_file, params=args.json)
+    metrics_file = args.metrics_file or DEFAULT_METRICS
+    rows = recorded_rows(args.exp, root, metrics_file, params=args.json)
+    if args.metrics_file and rows and not _any_row_holds(root, rows, metrics_file):
+        print(f"dvc-dali show: no row holds {metrics_file} (--metrics-file: a DVCLive "
+              "metrics file, relative to the DVC project; default "
+              f"{DEFAULT_METRICS})", file=sys.stderr)
+        return 1
     best = best_row(rows, args.best) if args.best else None
     if best is not None:
         best["best"] = True
@@ -568,7 +600,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p.add_argument("--best", metavar="METRIC:max|min",
                    help="mark and print the best row by a DVCLive metric, e.g. train/acc:max")
-    p.add_argument("--metrics-file", default=DEFAULT_METRICS,
+    p.add_argument("--metrics-file",
                    help=f"metrics file to show (default: {DEFAULT_METRICS})")
     p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
                    f"each {SIGNAL_NAME} signal it makes, as a DVC 3 stage command",

@@ -92,12 +92,16 @@ def _here() -> Path:
     return repo_root() or Path.cwd()
 
 
+class _NotThere(DvcDaliError):
+    """A file of the revision neither in the cache nor on its DVC remote."""
+
+
 def _fetch(fs: Any, src: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         fs.get_file(src, str(dest))
     except FileNotFoundError:
-        raise DvcDaliError(f"{src}: not in the revision read, nor in the cache or the DVC "
+        raise _NotThere(f"{src}: not in the revision read, nor in the cache or the DVC "
                            "remote; is it the checkpoint output's path?") from None
 
 
@@ -129,7 +133,9 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     files come through DVC's own filesystem (``dvc.api.DVCFileSystem``):
     from the local cache, or fetched from the DVC remote, with no
     `dvc exp apply`; only ``LATEST``, the manifests and the files of the
-    arrays in ``names`` are read. Every check of a resume applies (see the
+    arrays in ``names`` are read. A row whose commit names no DVC remote
+    (recorded before `dvc remote add`) is read from the workspace's default
+    remote, as `dvc-dali pull` fetches it. Every check of a resume applies (see the
     guarantees' "Security").
 
     Args:
@@ -150,7 +156,8 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
         ConfigError: ``rev`` names no row or several, or a row without its
             ``sha``.
         DvcDaliError: a file neither in the revision read, nor in the cache
-            or the DVC remote.
+            or the DVC remote; ``rev`` without ``repo`` where the working
+            directory is in no DVC project.
         CheckpointCorruptError: a file missing, truncated or edited.
         CheckpointFormatError: a foreign or newer format.
     """
@@ -165,27 +172,69 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
                                                              str(_here()))
     rel = os.fspath(path).strip("/")
     with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
-        try:  # DVC opens the revision lazily: its errors come with the first file
-            _copy_needed(*revision_fs(where, git_rev, rel), Path(tmp), names)
-        except DvcDaliError:
+        dest = _read_revision(where, git_rev, _label(rev), rel, Path(tmp), names)
+        return _loaded(store.read_arrays(dest, names), row, f"{_label(rev)}:{rel}")
+
+
+def _read_revision(where: str, rev: str, label: str, rel: str, tmp: Path,
+                   names: list[str] | None) -> Path:
+    """The checkpoint ``rel`` of revision ``rev``, copied under ``tmp``: read
+    with the DVC remote the revision's own .dvc/config names; failing that,
+    with this workspace's default remote (a row recorded before `dvc remote
+    add` names none), as `dvc-dali pull` fetches it."""
+    try:  # DVC opens the revision lazily: its errors come with the first file
+        _copy_needed(*revision_fs(where, rev, rel), tmp / "rev", names)
+        return tmp / "rev"
+    except Exception as exc:
+        if isinstance(exc, DvcDaliError) and not isinstance(exc, _NotThere):
             raise
+        first = exc
+    try:
+        remote = _workspace_remote(where)
+    except Exception:  # a config DVC refuses: said by `dvc remote list`; the first error stands
+        remote = None
+    if remote is not None:
+        try:
+            _copy_needed(*revision_fs(where, rev, rel, remote), tmp / "workspace", names)
+            return tmp / "workspace"
         except Exception as exc:
-            raise DvcDaliError(
-                f"cannot read {rel} at revision {_label(rev)!r} of {where}: {exc}. "
-                "`dvc-dali show` lists the rows; `dvc exp pull <remote> <row>` fetches one "
-                "from a remote.") from None
-        return _loaded(store.read_arrays(Path(tmp), names), row, f"{_label(rev)}:{rel}")
+            if isinstance(exc, DvcDaliError) and not isinstance(exc, _NotThere):
+                raise
+    if isinstance(first, DvcDaliError):
+        raise first
+    raise DvcDaliError(
+        f"cannot read {rel} at revision {label!r} of {where}: {first}. `dvc-dali show` lists "
+        "the rows; `dvc-dali pull <git remote> <run>` fetches a run's rows with their data "
+        "(`dvc remote list`: the DVC remote that holds it)") from None
 
 
-def revision_fs(where: str, rev: str, rel: str) -> tuple[Any, str]:
+def _workspace_remote(where: str) -> tuple[str, dict[str, Any]] | None:
+    """(name, settings) of the default DVC remote of the workspace at
+    ``where``, as `dvc push` reads them (its config files, the local one
+    included); None without one, or where no workspace is."""
+    if not os.path.isdir(os.path.join(where, ".dvc")):
+        return None
+    from dvc.api import DVCFileSystem
+
+    config = DVCFileSystem(where).repo.config
+    name = config["core"].get("remote")
+    remotes = config.get("remote") or {}
+    return (name, dict(remotes[name])) if name and name in remotes else None
+
+
+def revision_fs(where: str, rev: str, rel: str,
+                remote: tuple[str, dict[str, Any]] | None = None) -> tuple[Any, str]:
     """DVC's file system of revision ``rev`` of the project ``where`` (DVC's
     public API: rows, caches and remotes), and ``rel`` (relative to that
     project) as a path in it. A DVC root below the git top (`dvc init
-    --subdir`) is a subrepo to it, and its paths start at the top."""
+    --subdir`) is a subrepo to it, and its paths start at the top.
+    ``remote``: (name, settings) of the DVC remote to read from, instead of
+    the one the revision's .dvc/config names."""
     from dvc.api import DVCFileSystem
 
     in_tree = _in_tree(where, rel)
-    return DVCFileSystem(where, rev=rev, subrepos=in_tree != rel), in_tree
+    extra = {} if remote is None else {"remote": remote[0], "remote_config": remote[1]}
+    return DVCFileSystem(where, rev=rev, subrepos=in_tree != rel, **extra), in_tree
 
 
 def _in_tree(where: str, rel: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .best import best_row as _best_row
 from ..core.errors import DvcDaliError
-from .exp_refs import Row, exp_refs, list_rows, outs_digest, tree_path
+from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
 from .gitcmd import read_blobs
 
@@ -69,29 +69,21 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
         The rows.
 
     Raises:
-        ConfigError: ``run`` names no recorded row, or several.
-        DvcDaliError: git cannot read the repository's experiment refs.
+        ConfigError: ``run`` names no recorded row, or several; a
+            ``metrics_file`` outside the DVC project.
+        DvcDaliError: git cannot read the repository's experiment refs; no
+            ``repo``, and the working directory is in no DVC project.
     """
     root = rows_root(repo)
-    # exp_refs refuses a repository git reads only in part (a broken ref); its
-    # git process runs beside list_rows' (two reads of refs/exps), its error first
-    got: dict[str, Any] = {}
-    reader = threading.Thread(target=_into, args=(got, exp_refs, root), daemon=True)
-    reader.start()
-    try:
-        found = list_rows(root, exp if run is None else None)
-    finally:
-        reader.join()
-        if "error" in got:
-            raise got["error"]
-    refs = got["value"]
-    if run is not None:
-        found = [r for r in run_rows(found, the_row(found, run, f"run={_label(run)}", root))
-                 if exp is None or r["exp"] == exp]
+    in_project(root, metrics_file, "the metrics file")
+    every, refs = _rows_and_refs(root)
+    found = every if run is None else run_rows(
+        every, the_row(every, run, f"run={_label(run)}", root))
+    found = [r for r in found if exp is None or r["exp"] == exp]
     files = [tree_path(root, p) for p in ((metrics_file, "params.yaml") if params
                                           else (metrics_file,))]
     specs = [f"{r['sha']}:{p}" for r in found for p in files]
-    theirs = _dvc_experiments(found, refs)
+    theirs = _dvc_experiments(every, refs)
     # one git process for the rows' files and the dvc.lock of DVC's own experiments
     lock = tree_path(root, "dvc.lock")
     blobs = read_blobs(root, specs + [f"{sha}:{lock}" for _, sha in theirs])
@@ -103,8 +95,38 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
             row["metrics"] = {}
         if params:
             row["params"] = _params(blobs[len(files) * i + 1])
-    mark_dvc_duplicates(root, found, refs, blobs[len(specs):])
+    mark_dvc_duplicates(root, found, refs, blobs[len(specs):], every)
     return found
+
+
+def in_project(root: str, path: str, what: str) -> None:
+    """Refuse ``path`` (a file of each row, relative to the DVC root
+    ``root``) when it leads out of the project: rows hold no such file."""
+    from ..core.errors import ConfigError
+
+    top = os.path.realpath(root)  # as tree_path reads the path from it
+    full = os.path.normpath(os.path.join(top, os.fspath(path)))
+    if os.path.commonpath([top, full]) != top:
+        raise ConfigError(f"{what} {path!r} is outside the DVC project {root}: a row holds "
+                          "only the project's files; give a path relative to the project "
+                          f"(default {DEFAULT_METRICS})")
+
+
+def _rows_and_refs(root: str) -> tuple[list[Row], list[tuple[str, str]]]:
+    """Every row (a ref that is a row is never DVC's own experiment, whatever
+    is asked), and every experiment ref. exp_refs refuses a repository git
+    reads only in part (a broken ref); its git process runs beside
+    list_rows' (two reads of refs/exps), its error first."""
+    got: dict[str, Any] = {}
+    reader = threading.Thread(target=_into, args=(got, exp_refs, root), daemon=True)
+    reader.start()
+    try:
+        every = list_rows(root)
+    finally:
+        reader.join()
+        if "error" in got:
+            raise got["error"]
+    return every, got["value"]
 
 
 def _into(got: dict[str, Any], func: Callable[..., Any], *args: Any) -> None:
@@ -127,7 +149,12 @@ def rows_root(repo: str | os.PathLike | None = None) -> str:
     env = os.environ.get("DVC_ROOT")
     if env and os.path.isdir(os.path.join(env, ".dvc")):
         return env
-    return str(repo_root() or Path.cwd())
+    root = repo_root()
+    if root is None:  # a monorepo's git top, above `dvc init --subdir`: paths would miss
+        raise DvcDaliError(f"not inside a DVC repository (no .dvc above {Path.cwd()}); run "
+                           "inside the DVC project (the directory holding .dvc, or below "
+                           "it), or pass repo=")
+    return str(root)
 
 
 def _label(row: object) -> str:
@@ -272,30 +299,51 @@ def _lock_outs(blob: bytes | None) -> set[str]:
             if isinstance(entry, dict) and entry.get("outs")}
 
 
-def _dvc_experiments(found: list[Row], refs: list[tuple[str, str]]
+def _dvc_experiments(every: list[Row], refs: list[tuple[str, str]]
                      ) -> list[tuple[str, str]]:
-    """The refs under refs/exps that are not rows (DVC's own experiments)."""
-    shas = {r["sha"] for r in found}
-    return [(ref, sha) for ref, sha in refs if sha not in shas]
+    """The refs under refs/exps that are not rows (DVC's own experiments);
+    ``every``: all the rows, not only those asked for."""
+    shas, names = {r["sha"] for r in every}, {r["ref"] for r in every}
+    return [(ref, sha) for ref, sha in refs if sha not in shas and ref not in names]
+
+
+def dvc_matches(every: list[Row], theirs: list[tuple[str, set[str]]]) -> dict[str, list[str]]:
+    """{row sha: names of DVC's experiments it is}: ``theirs`` (each DVC
+    experiment's ref, and the outs digests of its dvc.lock) against ``every``
+    row. Only rows on the experiment's baseline with its outputs; of those,
+    its own run's (the same name) if any; of them the newest, one row. Pure."""
+    parents = {r["parent"] for r in every}
+    matched: dict[str, list[str]] = {}
+    for ref, digests in theirs:
+        where = baseline_and_name(ref)
+        if where is None:
+            continue
+        same = [r for r in every if r["baseline"] == where[0] and r.get("outs") in digests]
+        same = [r for r in same if r["exp"] == where[1]] or same
+        if same:
+            row = max(same, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+            matched.setdefault(row["sha"], []).append(where[1])
+    return matched
 
 
 def mark_dvc_duplicates(root: str, found: list[Row],
                         refs: list[tuple[str, str]],
-                        locks: list[bytes | None] | None = None) -> None:
+                        locks: list[bytes | None] | None = None,
+                        every: list[Row] | None = None) -> None:
     """DVC's own experiment of an invocation (`dvc exp run -n NAME` commits it
     when the run ends) holds the same outputs as the run's last row: name it
     on that row ("dvc_experiments"), so the two are not taken for two states.
-    ``locks``: their dvc.lock files, already read (else read here)."""
-    theirs = _dvc_experiments(found, refs)
+    ``locks``: their dvc.lock files, already read (else read here);
+    ``every``: all the rows (default ``found``), ``found`` among them."""
+    every = found if every is None else every
+    theirs = _dvc_experiments(every, refs)
     if locks is None:
         lock = tree_path(root, "dvc.lock")
         locks = read_blobs(root, [f"{sha}:{lock}" for _, sha in theirs])
-    by_outs: dict[str, list[str]] = {}
-    for (ref, _), blob in zip(theirs, locks, strict=True):
-        for digest in _lock_outs(blob):
-            by_outs.setdefault(digest, []).append(ref.rsplit("/", 1)[-1])
+    matched = dvc_matches(every, [(ref, _lock_outs(blob))
+                                  for (ref, _), blob in zip(theirs, locks, strict=True)])
     for row in found:
-        row["dvc_experiments"] = sorted(set(by_outs.get(row.get("outs") or "", [])))
+        row["dvc_experiments"] = sorted(set(matched.get(row["sha"], [])))
 
 
 def best_row(found: list[Row], spec: str) -> Row | None:
