@@ -52,6 +52,10 @@ def _project_root(cmd: str) -> Path:
 
 def cmd_init(args: argparse.Namespace) -> int:
     dest = Path(args.dir)
+    blocked = _init_blocked(dest)
+    if blocked:
+        print(f"dvc-dali init: {blocked}; nothing written.", file=sys.stderr)
+        return 1
     existing = [name for name in TEMPLATES if (dest / name).exists()]
     if args.digits and (dest / "data" / "images").exists():
         existing.append("data/images")  # the user's own images are never mixed with samples
@@ -75,6 +79,18 @@ def cmd_init(args: argparse.Namespace) -> int:
               f"samples), then `{setup_commands(dest)}git add . && git commit -m start && "
               "dvc exp run`")
     return 0
+
+
+def _init_blocked(dest: Path) -> str:
+    """What no --force can write over, found before anything is written (a
+    template half written is worse than none): "" when nothing is."""
+    there = next((d for d in (dest, *dest.parents) if d.exists()), None)
+    if there is not None and not there.is_dir():
+        return f"{there} is a file, not a directory: give the project's directory"
+    dirs = [str(dest / name) for name in TEMPLATES if (dest / name).is_dir()]
+    if dirs:
+        return f"{', '.join(dirs)}: a directory where the template writes a file; move it away"
+    return ""
 
 
 def setup_commands(dest: Path) -> str:

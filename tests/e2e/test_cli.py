@@ -419,3 +419,17 @@ def test_doctor_says_when_no_stage_has_a_checkpoint_output(bare_project):
     out = run([*DVC_DALI, "doctor"], bare_project, check=False)
     assert out.returncode == 1
     assert "BAD  no stage in " in out.stdout and "has a checkpoint output" in out.stdout
+
+
+def test_init_refuses_what_it_cannot_write_before_writing_anything(tmp_path):
+    """A file as the directory (a traceback-like "[Errno 17]"), and a
+    directory where a template file goes (--force wrote part of the
+    template, then failed)."""
+    (tmp_path / "afile").write_text("")
+    for target in ("afile", "afile/sub"):
+        out = run([*DVC_DALI, "init", target], tmp_path, check=False)
+        assert out.returncode == 1 and "afile is a file, not a directory" in out.stderr, out
+    (tmp_path / "p" / "params.yaml").mkdir(parents=True)
+    out = run([*DVC_DALI, "init", "--force", "p"], tmp_path, check=False)
+    assert out.returncode == 1 and "a directory where the template writes a file" in out.stderr
+    assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["params.yaml"]  # nothing
