@@ -36,11 +36,12 @@ def _count(targets, names: Sequence[str]) -> list[Moved]:
                   sum(1 for t in targets if t.exp == n)) for n in dict.fromkeys(names)]
 
 
-def _unknown(targets, names: Sequence[str], where: str) -> None:
+def _unknown(targets, names: Sequence[str], where: str, listed: str) -> None:
+    """Refuse names no run has (``listed``: the command that lists them)."""
     unknown = [n for n in dict.fromkeys(names) if n not in {t.exp for t in targets}]
     if unknown:
         raise DvcDaliError(f"no run named {', '.join(unknown)} {where}: nothing moved. "
-                           "`dvc-dali show` lists the runs here")
+                           f"{listed}")
 
 
 def _row_name(target) -> str:
@@ -124,7 +125,7 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     then their refs to ``git_remote``; a ref whose data did not all reach the
     DVC remote is not pushed (DvcDaliError naming it, after the others went)."""
     targets = select_refs(list_rows(root), names, exp_refs(root))
-    _unknown(targets, names, "in this repository")
+    _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here")
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
@@ -185,7 +186,9 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         fetched = list_rows(root, namespace=_PULLED)
         pulled = [(ref, sha) for ref, sha in _refs_under(root, _PULLED)]
         targets = select_refs(fetched, names, pulled)
-        _unknown(targets, names, f"on {git_remote}")
+        _unknown(targets, names, f"on {git_remote}",
+                 f"`dvc exp list {git_remote}` lists the experiments there (a run's rows are "
+                 "<run>-step<N>)")
         missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
         complete = [t for t in targets if t.sha not in missing]
         done = gitcmd.run(["update-ref", "--stdin"], root, check=False,

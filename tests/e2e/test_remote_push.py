@@ -154,6 +154,7 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     assert (fresh / "checkpoint").is_dir()
     nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
     assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
+    assert "`dvc exp list origin` lists the experiments there" in nosuch.stderr  # not `show`
     for command in ("pull", "push"):  # a DVC remote named that is not configured: said so
         said = run(["dvc-dali", command, "-r", "nosuch", "origin", "a"], fresh, check=False)
         assert said.returncode == 1, said.stdout + said.stderr
