@@ -21,7 +21,7 @@ from ..reading.exp_refs import Row
 from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
     parse_batch,
 )
-from ..reading.row_queries import best_row, rows as recorded_rows
+from ..reading.row_queries import best_row, newest_row, rows as recorded_rows
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -128,15 +128,14 @@ def _in_step_order(rows: list[Row]) -> Callable[[dict], tuple]:
 def group_runs(rows: list[Row]) -> list[list[Row]]:
     """Rows per run (experiment name and baseline), the run with the newest
     row first, each run's rows by step; the newest row of each marked
-    ``latest``. Commit times have whole seconds: where they tie, the end of
-    a chain of rows beats its parents, then the higher step wins."""
+    ``latest`` (row_queries.newest_row)."""
     runs: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
     groups = [sorted(mine, key=_in_step_order(mine)) for mine in runs.values()]
     parents = {r["parent"] for r in rows}
     for mine in groups:
-        newest = max(mine, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+        newest = newest_row(mine, parents)
         for row in mine:
             row["latest"] = row is newest
     groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or ""))

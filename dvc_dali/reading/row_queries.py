@@ -307,6 +307,13 @@ def _dvc_experiments(every: list[Row], refs: list[tuple[str, str]]
     return [(ref, sha) for ref, sha in refs if sha not in shas and ref not in names]
 
 
+def newest_row(rows: list[Row], parents: set[str | None]) -> Row:
+    """The newest of ``rows`` (``parents``: every row's parent). Commit times
+    have whole seconds: where they tie, the end of a chain of rows beats its
+    parents, then the higher step wins."""
+    return max(rows, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+
+
 def dvc_matches(every: list[Row], theirs: list[tuple[str, set[str]]]) -> dict[str, list[str]]:
     """{row sha: names of DVC's experiments it is}: ``theirs`` (each DVC
     experiment's ref, and the outs digests of its dvc.lock) against ``every``
@@ -321,7 +328,7 @@ def dvc_matches(every: list[Row], theirs: list[tuple[str, set[str]]]) -> dict[st
         same = [r for r in every if r["baseline"] == where[0] and r.get("outs") in digests]
         same = [r for r in same if r["exp"] == where[1]] or same
         if same:
-            row = max(same, key=lambda r: (r["time"], r["sha"] not in parents, r["step"]))
+            row = newest_row(same, parents)
             matched.setdefault(row["sha"], []).append(where[1])
     return matched
 
