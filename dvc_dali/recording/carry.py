@@ -26,16 +26,6 @@ from ..reading import gitcmd
 from ..reading.exp_refs import git_dirs, list_rows, outs_digest, tree_path
 
 
-def _out_md5(entry: Any, def_path: str) -> Optional[str]:
-    """The md5 a dvc.lock entry records for the output (a file's, or a
-    directory's ending in .dir)."""
-    for item in (entry or {}).get("outs") or []:
-        if isinstance(item, dict) and item.get("path") == def_path:
-            md5 = item.get("md5")
-            return md5 if isinstance(md5, str) and md5 else None
-    return None
-
-
 def _present(path: str) -> bool:
     """The run already has its checkpoint: a dvc-dali one (LATEST), or a bare
     script's output file, or a directory holding anything."""
@@ -98,7 +88,8 @@ def _carry(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
         _require_cached(ctx, repo, stage, out)
         return None
     entries = _entries(ctx, repo, stage)
-    found = next(((p, e, md5) for p, e in entries if (md5 := _out_md5(e, out.def_path))), None)
+    found = next(((p, e, md5) for p, e in entries
+                  if (md5 := lockfile.out_md5(e, out.def_path))), None)
     if found is None:
         return None
     path, entry, md5 = found
@@ -150,8 +141,8 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     """dvc.lock names a checkpoint that is neither in the workspace nor in the
     cache (a row pulled without its data, a cache cleaned by `dvc gc`): the
     run would start from step 0 while dvc.lock says it resumes. Refused."""
-    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
-    md5 = _out_md5(entry, out.def_path)
+    entry = lockfile.entry_of(stage)
+    md5 = lockfile.out_md5(entry, out.def_path)
     if md5 is None or dvc_door.out_in_cache(repo, md5):
         return
     digest = outs_digest(entry)
@@ -174,7 +165,7 @@ def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
     if not ctx.dvc_root or _workspace_run(ctx, repo):
         return None
     main = _entries(ctx, repo, stage)[1][1]
-    md5 = _out_md5(main, out.def_path)
+    md5 = lockfile.out_md5(main, out.def_path)
     if md5 is None or _workspace_busy(ctx, repo, out):
         return None
     lock_rel = os.path.relpath(dvc_door.lockfile_path(stage), repo.root_dir)
@@ -183,4 +174,4 @@ def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:
                                       lock_rel, stage.name)
     except Exception:
         committed = None
-    return None if _out_md5(committed, out.def_path) == md5 else md5
+    return None if lockfile.out_md5(committed, out.def_path) == md5 else md5

@@ -50,7 +50,7 @@ def _from_git(toplevel: str, sha: str, path: str) -> list[str]:
 def describe(repo: Any, stage: Any, dvc_root: str, data_path: str) -> list[str]:
     """The first changes of ``data_path`` since the row the workspace's
     dvc.lock names; [] when that cannot be told."""
-    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
+    entry = lockfile.entry_of(stage)
     want = os.path.realpath(data_path)
     dep = next((d for d in (entry or {}).get("deps") or [] if isinstance(d, dict) and
                 os.path.realpath(os.path.join(stage.wdir, str(d.get("path")))) == want), None)

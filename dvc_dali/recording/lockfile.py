@@ -53,6 +53,21 @@ def stage_entry(data: Any, stage_name: str) -> Any:
     return (data.get("stages") or {}).get(stage_name) if isinstance(data, dict) else None
 
 
+def entry_of(stage: Any) -> Any:
+    """The stage's entry in its dvc.lock as the file holds it now (None: none)."""
+    return stage_entry(read(dvc_door.lockfile_path(stage))[1], stage.name)
+
+
+def out_md5(entry: Any, def_path: str) -> str | None:
+    """The md5 a dvc.lock entry records for the output (a file's, or a
+    directory's ending in .dir)."""
+    for item in (entry or {}).get("outs") or []:
+        if isinstance(item, dict) and item.get("path") == def_path:
+            md5 = item.get("md5")
+            return md5 if isinstance(md5, str) and md5 else None
+    return None
+
+
 def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
     """Replace the stage's entry in dvc.lock (other stages untouched)."""
     if not data:

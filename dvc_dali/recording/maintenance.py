@@ -101,21 +101,25 @@ def _locked_checkpoint(stg: Any, out: Any) -> bool:
     `dvc exp run` would check it out again and resume it."""
     if os.path.lexists(out.fs_path):
         return False
-    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stg))[1], stg.name)
-    md5 = next((item.get("md5") for item in (entry or {}).get("outs") or []
-                if isinstance(item, dict) and item.get("path") == out.def_path), None)
-    if not (isinstance(md5, str) and md5.endswith(".dir")):
+    entry = lockfile.entry_of(stg)
+    md5 = lockfile.out_md5(entry, out.def_path)
+    if not (md5 and md5.endswith(".dir")):
         return False
     from ..format import store
 
     return store.LATEST in (dvc_door.tree_listing(stg.repo, md5) or {})
 
 
+def _holder(out: Any) -> int | None:
+    """The live process training into the checkpoint directory ``out`` (None: none)."""
+    return dirlock.holder(Path(out.fs_path)) if os.path.isdir(out.fs_path) else None
+
+
 def _refuse_if_training(outs: list[Any], root: str) -> None:
     """A checkpoint a live process holds (a run training into it) is not
     reset under it: its next checkpoint would fail, blaming another command."""
     for out in outs:
-        pid = dirlock.holder(Path(out.fs_path)) if os.path.isdir(out.fs_path) else None
+        pid = _holder(out)
         if pid is not None:
             raise RecordError(
                 f"{os.path.relpath(out.fs_path, root)} is in use by process {pid} (a run "
@@ -131,10 +135,10 @@ def runs_in_training(root: str, rows: list[Any]) -> dict[str, int]:
 
     found: dict[str, int] = {}
     for stg, out in _checkpoint_outs(root):
-        pid = dirlock.holder(Path(out.fs_path)) if os.path.isdir(out.fs_path) else None
+        pid = _holder(out)
         if pid is None:
             continue
-        entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stg))[1], stg.name)
+        entry = lockfile.entry_of(stg)
         digest = outs_digest(entry)
         found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
     return found

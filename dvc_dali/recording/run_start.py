@@ -129,7 +129,7 @@ def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[Row],
     <row>`, or a kill), and the rows its run recorded after it."""
     from . import lockfile, rows
 
-    entry = lockfile.stage_entry(lockfile.read(dvc_door.lockfile_path(stage))[1], stage.name)
+    entry = lockfile.entry_of(stage)
     if not entry or not ctx.dvc_root:
         return None, []
     addr = rows.stage_address(repo.root_dir, stage)
