@@ -35,6 +35,8 @@ class Run:
     # row); None until the run started (before its first row, once)
     branched: Optional[bool] = None
     kept: Optional[tuple[int, str]] = None  # (step, row) it recorded last
+    # checkpoint paths named after its start, found to be the stage's output
+    checked_outs: set[str] = field(default_factory=set)
     # the lineage tip per (main git dir, DVC_EXP_NAME, stage address):
     # (commit sha, step, run name), as this process published it
     tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(

@@ -79,6 +79,11 @@ def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> b
     run = runs.of(ctx)
     if run.branched is None:
         run.branched = _start_bare_run(ctx, run, out, late)
+    elif out is not None and out not in run.checked_outs:
+        # started by `import dvc_dali`, from the declared output: a path named
+        # since (`dvc-dali run --checkpoint`, make_checkpoint's) must be it too
+        check_stage(ctx, out)
+        run.checked_outs.add(out)
     return run.branched
 
 

@@ -199,6 +199,25 @@ def test_run_wrapper_records_a_non_python_trainer(tmp_path):
     assert not (tmp_path / ".dvc/tmp/DVC_CHECKPOINT").exists()
 
 
+@pytest.mark.parametrize("declared", [False, True])
+def test_run_wrapper_refuses_a_checkpoint_path_that_is_not_the_stages_output(tmp_path, declared):
+    """`dvc-dali run --checkpoint nosuchdir`: refused before the command
+    starts, whether the stage's output is declared `checkpoint: true` (where
+    `import dvc_dali` started the run from that output) or not."""
+    shell_project(tmp_path)
+    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
+        "run -- ./train.sh", "run --checkpoint nosuchdir -- ./train.sh")
+    if declared:
+        dvc_yaml = dvc_yaml.replace("persist: true", "persist: true\n          checkpoint: true")
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
+    commit_all(tmp_path)
+    out = run(["dvc", "exp", "run", "-n", "sh"], tmp_path, check=False)
+    assert out.returncode != 0, out.stderr
+    assert "'nosuchdir' is not one of its outputs" in out.stderr, out.stderr
+    assert "recorded sh-step" not in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "checkpoint").exists()  # the command never ran
+
+
 def test_run_wrapper_kills_the_command_when_a_row_cannot_be_recorded(tmp_path):
     """DVC 2 killed the stage's command when a checkpoint failed: the trainer
     would otherwise wait for the signal file to go, for ever (and hold the
