@@ -108,6 +108,7 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
     out = {v: steps / t for v, t in elapsed.items()}
     out["caller_us"] = costs.caller_s / max(costs.batches, 1) * 1e6
     out["thread_cpu_us"] = costs.background_cpu_s / max(costs.background, 1) * 1e6
+    out["per_launch"] = costs.background / costs.groups if costs.groups else 1.0
     return out
 
 
@@ -236,11 +237,13 @@ def _ratio_row(label: str, goal: float, rounds: list[dict[str, float]], what: st
 
 def _cost_row(label: str, rounds: dict[bool, list[dict[str, float]]], unit: str) -> Row:
     rec, res = rounds[False], rounds[True]
+    grouped = median(r.get("per_launch", 1.0) for r in rec)
+    launches = f", {grouped:.1f} batches a launch" if grouped > 1 else ""
     return Row(f"16 {label}: what the digests cost a {unit} on the training thread "
                "(recording / resuming), and on the digest thread (CPU, recording)",
                f"{median(r['caller_us'] for r in rec):.0f} / "
                f"{median(r['caller_us'] for r in res):.0f} us",
-               f"{median(r['thread_cpu_us'] for r in rec):.0f} us", "-")
+               f"{median(r['thread_cpu_us'] for r in rec):.0f} us{launches}", "-")
 
 
 def _not_run(label: str, why: str, goal: str) -> Row:

@@ -73,15 +73,17 @@ digest): DALI's default executor keeps a returned batch alive while it is
 referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
 elements (NumPy views of TensorFlow's tensors, which are not written again
 while referenced). The training thread only hands the batch over
-(:class:`Costs` counts what it spends: benchmark 16 prints it). So are a
-GPU batch's kernels: launched by the digest thread, ordered after what DALI
-has queued on the batch's stream by then (which includes the batch), and
-waited for there. On an H200 that costs ~0.3 ms of CPU a batch while DALI
-decodes (its CUDA calls meet DALI's), ~20 us on the training thread; the
-same launches made on the training thread (collected at the next batch)
-cost it ~270 us a batch for no gain in throughput (docs/design/benchmarks.md).
-The legacy executor (``exec_dynamic=False``) reuses output buffers, so
-there it is done at once, as it is for dynamic-mode readers.
+(:class:`Costs` counts what it spends: benchmark 16 prints it). A GPU
+pipeline's batches go there in groups while they come fast (GROUP_MAX,
+GROUP_WINDOW_S: one launch of the kernel for a group's outputs, ordered
+after what DALI has queued on their streams by then, which includes them,
+and one wait), so a kill loses the digests of at most the batches of the
+last two windows (10 ms each); where they come slowly, of the last batch.
+On an H200 that costs ~0.1 ms of CPU a batch on the digest thread (0.3 ms
+one batch a launch) and ~6 us on the training thread
+(docs/design/benchmarks.md). The legacy executor (``exec_dynamic=False``)
+reuses output buffers, so there it is done at once, as it is for
+dynamic-mode readers.
 """
 
 from __future__ import annotations
@@ -132,6 +134,39 @@ _ID_CHARS = set("0123456789abcdef")
 # the memory. What is not read is not compared: never a false match.
 _LINE_MAX = 1 << 20
 _COMPANION_MAX = 64 << 20
+# Recording a GPU pipeline's batches: while they come fast, they are handed
+# to the digest thread in groups, so that the Python work of a launch and a
+# wait is shared by a group, one launch for all of it (measured on an H200:
+# the digest thread's CPU a batch 290 -> 100 us, the training thread's
+# 13 -> 6 us). A group holds at most GROUP_MAX batches, sized so that at
+# most GROUP_BYTES of outputs are held past their hand-over (group_size),
+# and goes once its first batch is GROUP_WINDOW_S old; a batch that comes
+# more than GROUP_WINDOW_S after the one before goes at once, with those
+# waiting. So a kill loses at most the digests of the batches of the last
+# two windows (a group waiting, one in flight; 2 * GROUP_MAX at most), and
+# of the last batch alone where they come slowly. CPU batches go one at a
+# time: their cost is reading their bytes, which a group does not share.
+GROUP_MAX = 16
+GROUP_BYTES = 32 << 20
+GROUP_WINDOW_S = 0.01
+GROUP_ON_CPU = False  # the tests' switch: the grouped path with a CPU pipeline's batches
+
+
+def group_goes(waiting: int, group_max: int, age_s: float, gap_s: float) -> bool:
+    """Whether the group waiting (``waiting`` batches, the newest included,
+    its first ``age_s`` old, the newest ``gap_s`` after the one before) goes
+    to the digest thread now."""
+    return waiting >= group_max or age_s >= GROUP_WINDOW_S or gap_s > GROUP_WINDOW_S
+
+
+def group_size(bytes_per_batch: float) -> int:
+    """How many batches the next group may hold, from the bytes the last
+    group's outputs held a batch (none known: as many as allowed)."""
+    if bytes_per_batch <= 0:
+        return GROUP_MAX
+    return max(1, min(GROUP_MAX, int(GROUP_BYTES // bytes_per_batch)))
+
+
 # what can explain a dynamic-mode reader's other batch: dynamic mode saves no
 # description of its readers nor digests of their data to name a change from
 UNDESCRIBED = ("a dynamic-mode reader's data and arguments are not described in the "
@@ -159,8 +194,9 @@ def _crc(data: Any, value: int = 0) -> int:
 _crc32: Callable[[Any, int], int] | None = None
 
 
-def _host_digest(tensor_list: Any) -> tuple[str, str]:
-    """(the samples' shapes, CRC-32 of their bytes in order). A dense batch
+def _host_digest(tensor_list: Any) -> tuple[str, str, int]:
+    """(the samples' shapes, CRC-32 of their bytes in order, their size in
+    bytes). A dense batch
     is one buffer and one shape: no per-sample Python work, which a resume
     pays before each batch is handed out."""
     if tensor_list.is_dense_tensor():
@@ -171,11 +207,13 @@ def _host_digest(tensor_list: Any) -> tuple[str, str]:
         except (TypeError, ValueError):
             shape, data = dense.shape(), _host_view(dense)
         shapes = f"{shape[0]}x{tuple(shape[1:])}" if shape else "()"
-        return shapes, f"{HOST}:{_crc(data):08x}"
-    value = 0
+        return shapes, f"{HOST}:{_crc(data):08x}", data.nbytes
+    value = size = 0
     for part in tensor_list:
-        value = _crc(_host_view(part), value)
-    return repr(tensor_list.shape()), f"{HOST}:{value:08x}"
+        view = _host_view(part)
+        value = _crc(view, value)
+        size += view.nbytes
+    return repr(tensor_list.shape()), f"{HOST}:{value:08x}", size
 
 
 def _host_view(part: Any) -> memoryview:
@@ -215,15 +253,6 @@ def _device_output(tl: Any) -> Any:
                   pointers=[tl[i].data_ptr() for i in range(len(shapes))])
 
 
-def _gpu_outputs(outputs: Sequence[Any]) -> dict[int, list[int]]:
-    """The indices of the GPU outputs, by device."""
-    by_device: dict[int, list[int]] = {}
-    for i, tl in enumerate(outputs):
-        if _on_device(tl):
-            by_device.setdefault(tl.device_id(), []).append(i)
-    return by_device
-
-
 def begin(outputs: Sequence[Any]) -> Callable[[], list[str]]:
     """Start one batch's digest: its GPU outputs' kernels are launched now,
     ordered after what DALI has queued on their stream so far, which
@@ -231,48 +260,82 @@ def begin(outputs: Sequence[Any]) -> Callable[[], list[str]]:
     for them, once, hashes the host outputs and returns the batch's digests
     (:func:`digest`'s form). The batch must stay alive until it has
     returned."""
-    outputs = list(outputs)
-    pending: list[tuple[list[int], Callable[[], list[str]]]] = []
-    by_device = _gpu_outputs(outputs)
-    if by_device:
-        from . import device_digest
+    finish = begin_group([outputs])
+    return lambda: finish()[0][0]
 
-        for device, indices in by_device.items():
-            outs = [_device_output(outputs[i]) for i in indices]
-            after = _stream_of([outputs[i] for i in indices], device)
-            pending.append((indices, device_digest.begin(outs, device, after)))
 
-    def finish() -> list[str]:
-        out: list[str] = [""] * len(outputs)
-        for indices, done in pending:
-            for i, value in zip(indices, done()):
-                out[i] = value
-        for i, tl in enumerate(outputs):
-            if not out[i]:
-                shapes, data = _host_digest(tl)
-                out[i] = f"{_dtype_name(tl.dtype)}/{zlib.crc32(shapes.encode()):08x}/{data}"
-        return out
+def begin_group(batches: Sequence[Sequence[Any]]
+                ) -> Callable[[], tuple[list[list[str]], int]]:
+    """:func:`begin` for several batches at once: one launch a device for
+    all their GPU outputs. The function returned gives each batch's digests
+    and the bytes they held (the digest thread sizes its next group by
+    them)."""
+    batches = [list(b) for b in batches]
+    pending, device_bytes = _launch_devices(batches)
+
+    def finish() -> tuple[list[list[str]], int]:
+        out = [[""] * len(outputs) for outputs in batches]
+        for at, done in pending:
+            for (b, i), value in zip(at, done()):
+                out[b][i] = value
+        return out, device_bytes + _host_rest(batches, out)
 
     return finish
+
+
+_Launched = list[tuple[list[tuple[int, int]], Callable[[], list[str]]]]
+
+
+def _launch_devices(batches: list[list[Any]]) -> tuple[_Launched, int]:
+    """The GPU outputs' kernels, one launch a device: ((batch, output)
+    places, its finish) a device, and the bytes they read."""
+    places: dict[int, list[tuple[int, int]]] = {}  # device -> (batch, output)
+    for b, outputs in enumerate(batches):
+        for i, tl in enumerate(outputs):
+            if _on_device(tl):
+                places.setdefault(tl.device_id(), []).append((b, i))
+    if not places:
+        return [], 0
+    from . import device_digest
+
+    pending: _Launched = []
+    nbytes = 0
+    for device, at in places.items():
+        outs = [_device_output(batches[b][i]) for b, i in at]
+        nbytes += sum(out.nbytes for out in outs)
+        after = _streams_of([batches[b][i] for b, i in at], device)
+        pending.append((at, device_digest.begin(outs, device, after)))
+    return pending, nbytes
+
+
+def _host_rest(batches: list[list[Any]], out: list[list[str]]) -> int:
+    """The host outputs' digests into ``out`` (where empty); their bytes."""
+    nbytes = 0
+    for b, outputs in enumerate(batches):
+        for i, tl in enumerate(outputs):
+            if not out[b][i]:
+                shapes, data, size = _host_digest(tl)
+                nbytes += size
+                out[b][i] = f"{_dtype_name(tl.dtype)}/{zlib.crc32(shapes.encode()):08x}/{data}"
+    return nbytes
 
 
 _UNKNOWN = object()
 
 
-def _stream_of(tensor_lists: Sequence[Any], device: int) -> int | None:
-    """The CUDA stream DALI produced these outputs on (the kernels are
-    ordered after it); None where their data is ready for the host already.
-    A DALI without the ``stream`` attribute, or outputs on two streams: the
-    device is synchronized first."""
-    streams = {getattr(tl, "stream", _UNKNOWN) for tl in tensor_lists}
-    known = streams - {_UNKNOWN, None}
-    if _UNKNOWN in streams or len(known) > 1:
+def _streams_of(tensor_lists: Sequence[Any], device: int) -> list[int]:
+    """The CUDA streams DALI produced these outputs on (the kernels are
+    ordered after each); none where their data is ready for the host
+    already. A DALI without the ``stream`` attribute: the device is
+    synchronized first."""
+    streams = [getattr(tl, "stream", _UNKNOWN) for tl in tensor_lists]
+    if any(s is _UNKNOWN for s in streams):
         import cupy
 
         with cupy.cuda.Device(device):
             cupy.cuda.runtime.deviceSynchronize()
-        return None
-    return known.pop() if known else None
+        return []
+    return list(dict.fromkeys(s for s in streams if s is not None))
 
 
 def digest(outputs: Sequence[Any]) -> list[str]:
@@ -623,6 +686,8 @@ class _DigestThread:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=self.NAME, daemon=True)
         self._thread.start()
+        # recorders whose GPU batches may wait in a group: handed over at a drain
+        self.recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
         atexit.register(self.drain)
 
     def submit(self, job: Callable[[], None]) -> None:
@@ -638,11 +703,14 @@ class _DigestThread:
             del job  # not kept while waiting: it holds its Recorder (and its open file)
 
     def drain(self, timeout: float = 60.0) -> bool:
-        """Wait for the jobs handed in so far (not in a forked child, where
-        the thread does not exist); False if they took longer than
+        """Wait for the jobs handed in so far, the groups waiting in recorders
+        handed over first (not in a forked child, where the thread does not
+        exist); False if they took longer than
         ``timeout``. The thread then holds none of them."""
         if not self._thread.is_alive():
             return True
+        for recorder in list(self.recorders):
+            recorder.hand_over()
         done = threading.Event()
         self._jobs.put(done.set)
         return done.wait(timeout)
@@ -661,12 +729,14 @@ class Costs:
     training thread: the wrapper's work after DALI returned, a comparison,
     a wait for the previous digest); ``background``: batches digested on
     the digest thread, ``background_cpu_s`` the CPU seconds it spent on
-    them (digest, companion line)."""
+    them (digest, companion line); ``groups``: how many launches the
+    grouped (GPU) batches took."""
 
     batches: int = 0
     caller_s: float = 0.0
     background: int = 0
     background_cpu_s: float = 0.0
+    groups: int = 0  # GPU groups handed to the digest thread
 
 
 class _Expected:
@@ -700,9 +770,15 @@ class Recorder:
         # None: the manifest only
         self._log: _Companion | None = None
         self._lock = threading.Lock()
-        # held from a batch's hand-over to the digest thread until its digest
-        # is appended: one at a time, so a kill loses at most the last one's
+        # held from a batch's (or group's) hand-over to the digest thread until
+        # its digests are appended: one at a time, appended in order
         self._busy = threading.Lock()
+        self._flushing = threading.Lock()  # a group handed over by one thread at a time
+        self._pending: list[tuple[str, int, Any]] = []  # a GPU group waiting for its hand-over
+        self._group_max = 1  # until a group's bytes are known
+        self._last = float("-inf")  # when the last grouped batch was handed in
+        self._first = 0.0  # when the group waiting began
+        self._grouped: dict[str, bool] = {}  # stream -> its batches go in groups
         self.costs = Costs()
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
@@ -778,21 +854,27 @@ class Recorder:
                   digest_of: Callable[[Any], list[str]] | None = None) -> None:
         start = time.perf_counter()
         try:
-            self._batch(name, outputs, deferred, digest if digest_of is None else digest_of)
+            self._batch(name, outputs, deferred, digest_of)
         finally:
             self.costs.batches += 1
             self.costs.caller_s += time.perf_counter() - start
 
     def _batch(self, name: str, outputs: Any, deferred: bool,
-               digest_of: Callable[[Any], list[str]]) -> None:
-        # No batch is handed out before the digest of the one before it is
-        # written, past the limit too: a kill then loses at most the digest
-        # of the batch in flight, never one a later batch already followed.
-        self._settle()
+               digest_of: Callable[[Any], list[str]] | None) -> None:
         index = self._count[name]
-        self._count[name] = index + 1
-        if self.log_id is None or self._diverged or (self.limit != ALL and index >= self.limit):
+        if digest_of is None and deferred and self._grouped_stream(name, outputs) \
+                and self._records(name, index):
+            self._count[name] = index + 1
+            self._hand_in(name, index, outputs)
             return
+        # No batch is handed out before the digests of those before it are
+        # written, past the limit too: a kill then loses at most the digests
+        # in flight (or waiting in a group), never one a later batch followed.
+        self._settle()
+        self._count[name] = index + 1
+        if self._skipped(index):
+            return
+        digest_of = digest if digest_of is None else digest_of
         expected = self._expected.batches.get(name, []) if self._expected else []
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
@@ -800,6 +882,76 @@ class Recorder:
             self._in_background(name, index, lambda: digest_of(outputs))
         else:
             self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
+
+    def _skipped(self, index: int) -> bool:
+        """Batch ``index`` is neither compared nor recorded: before the first
+        checkpoint, past a difference let through, past the limit."""
+        return self.log_id is None or self._diverged or (self.limit != ALL and index >= self.limit)
+
+    def _records(self, name: str, index: int) -> bool:
+        """Batch ``index`` of ``name`` is to be recorded (not compared, not skipped)."""
+        if self._skipped(index):
+            return False
+        expected = self._expected.batches.get(name, []) if self._expected else []
+        return index >= len(expected)
+
+    def _grouped_stream(self, name: str, outputs: Sequence[Any]) -> bool:
+        """A pipeline with a GPU output: its batches go in groups (looked at once)."""
+        grouped = self._grouped.get(name)
+        if grouped is None:
+            grouped = self._grouped[name] = GROUP_ON_CPU or any(_on_device(o) for o in outputs)
+        return grouped
+
+    def _hand_in(self, name: str, index: int, outputs: Any) -> None:
+        """A GPU batch joins the group waiting; the group goes to the digest
+        thread once full or a window old, or at once when this batch came
+        late."""
+        now = time.perf_counter()
+        with self._lock:
+            if not self._pending:
+                self._first = now
+                if self._last == float("-inf"):  # its first: so an exit hands it over
+                    _digest_thread().recorders.add(self)
+            self._pending.append((name, index, outputs))
+            waiting = len(self._pending)
+        gap, self._last = now - self._last, now
+        if group_goes(waiting, self._group_max, now - self._first, gap):
+            self._flush()
+
+    def hand_over(self) -> None:
+        """The GPU batches waiting in a group go to the digest thread (at the
+        interpreter's exit, by :meth:`_DigestThread.drain`)."""
+        self._flush()
+
+    def _flush(self) -> None:
+        """The group waiting goes to the digest thread, once the one before is done."""
+        with self._flushing:
+            with self._lock:
+                group, self._pending = self._pending, []
+            if not group:
+                return
+            self._busy.acquire()
+            try:
+                _digest_thread().submit(lambda: self._background_group(group))
+            except BaseException:
+                self._busy.release()
+                raise
+
+    def _background_group(self, group: list[tuple[str, int, Any]]) -> None:
+        start = time.thread_time()
+        try:
+            try:
+                values, nbytes = begin_group([outputs for _, _, outputs in group])()
+                self._group_max = group_size(nbytes / len(group))
+            except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
+                values = [self._failed(name, index, exc) for name, index, _ in group]
+            self._append_all([(name, index, value)
+                              for (name, index, _), value in zip(group, values)])
+        finally:
+            self.costs.background += len(group)
+            self.costs.groups += 1
+            self.costs.background_cpu_s += time.thread_time() - start
+            self._busy.release()
 
     def _compare(self, name: str, index: int, expected: list[list[str]], outputs: Any,
                  digest_of: Callable[[Any], list[str]]) -> None:
@@ -845,17 +997,20 @@ class Recorder:
         try:
             return compute()
         except Exception as exc:  # noqa: BLE001 (a digest is evidence, not a reason to fail)
-            with self._lock:
-                first = name not in self._failures_said
-                self._failures_said.add(name)
-            if first:
-                logger.warning(
-                    "%s %r: the digest of batch %d after the last checkpoint failed (%s: %s); "
-                    "it is recorded as failed, so a resume from that checkpoint will say that "
-                    "batch is not verified (said once: later failures are recorded the same "
-                    "way)", self._kinds.get(name, "pipeline"), name, index + 1,
-                    type(exc).__name__, exc)
-            return failed_marker(exc)
+            return self._failed(name, index, exc)
+
+    def _failed(self, name: str, index: int, exc: Exception) -> list[str]:
+        with self._lock:
+            first = name not in self._failures_said
+            self._failures_said.add(name)
+        if first:
+            logger.warning(
+                "%s %r: the digest of batch %d after the last checkpoint failed (%s: %s); "
+                "it is recorded as failed, so a resume from that checkpoint will say that "
+                "batch is not verified (said once: later failures are recorded the same "
+                "way)", self._kinds.get(name, "pipeline"), name, index + 1,
+                type(exc).__name__, exc)
+        return failed_marker(exc)
 
     def _check(self, name: str, index: int, found: Check) -> None:
         if found.outcome != DIFFERS:
@@ -897,8 +1052,9 @@ class Recorder:
                 del done[index if stream == name else self._count.get(stream, 0):]
 
     def _settle(self) -> None:
-        """Wait for the digest in flight: at most one, so a kill loses at most
-        the last batch's, and the digests are appended in order."""
+        """Hand the group waiting over and wait for the digests in flight (one
+        batch's or one group's), so the digests are appended in order."""
+        self._flush()
         with self._busy:
             pass
 
@@ -922,17 +1078,24 @@ class Recorder:
             self._busy.release()
 
     def _append(self, name: str, index: int, value: list[str]) -> None:
+        self._append_all([(name, index, value)])
+
+    def _append_all(self, entries: list[tuple[str, int, list[str]]]) -> None:
+        """Batches' digests, in order: into the manifest's record and the
+        companion file (one write for them all)."""
+        lines = []
         with self._lock:
-            if index != self._recorded.get(name, 0):
-                return  # out of order: never (one in flight, settled at each checkpoint)
-            self._recorded[name] = index + 1
-            done = self._done.setdefault(name, [])
-            if len(done) < MANIFEST_MAX:
-                done.append(value)
-            if self._log is not None:
-                line = json.dumps({"p": name, "i": index, "d": value}) + "\n"
+            for name, index, value in entries:
+                if index != self._recorded.get(name, 0):
+                    continue  # out of order: never (one in flight, settled at each checkpoint)
+                self._recorded[name] = index + 1
+                done = self._done.setdefault(name, [])
+                if len(done) < MANIFEST_MAX:
+                    done.append(value)
+                lines.append(json.dumps({"p": name, "i": index, "d": value}) + "\n")
+            if self._log is not None and lines:
                 try:
-                    self._log.write(line.encode())
+                    self._log.write("".join(lines).encode())
                 except OSError as exc:
                     self._close_log()  # the manifest still gets them
                     self._companion_failed(exc)

@@ -1,27 +1,31 @@
 """The ``mix64`` digest of GPU batches, computed on the device (the door to
 CuPy and CUDA for the batch proof).
 
-One kernel per output per batch: a dense output is its base pointer and
-sample size, a ragged one an array of sample pointers and sizes (copied
-from pinned memory, asynchronously). The kernel adds every 8-byte word's
-term (digest_model: the position is mixed in on the device) into one
-64-bit accumulator; the few bytes of result come back to pinned memory by
-an asynchronous copy, after which an event is recorded. Everything runs on
-a stream of this module's, ordered after DALI's output by an event on the
-stream DALI produced it on: nothing waits on the host while launching.
-:func:`begin` launches and returns the function that waits for that event
-and folds in each output's header (dtype, sample count and shapes), which
-the host computes. While recording, the digest thread does both; a resume,
-before the batch is handed out: one wait a batch.
+One kernel launch for any number of outputs, of one batch or of several
+(the digest thread hands in a group of batches at once, so that its
+Python work a launch is shared by them): each output is a row of a table
+of descriptors (a dense output: its base pointer and sample size; a ragged
+one: the device address of its sample pointers and sizes), which travels
+with the ragged outputs' pointers and sizes in one asynchronous copy from
+pinned memory. The kernel adds every 8-byte word's term (digest_model: the
+position is mixed in on the device) into the output's 64-bit accumulator;
+the accumulators come back to pinned memory by an asynchronous copy, after
+which an event is recorded. Everything runs on a stream of this module's,
+ordered after DALI's outputs by an event on each stream DALI produced them
+on: nothing waits on the host while launching. :func:`begin` launches and
+returns the function that waits for that event and folds in each output's
+header (dtype, sample count and shapes), which the host computes. While
+recording, the digest thread does both; a resume, before the batch is
+handed out: one wait a batch.
 
-Nothing is allocated per batch: the launch buffers (device accumulator,
-pinned result and pointer arrays, event) are slots kept in a pool per
-process (process_state ``device_digests``), taken at launch and given back
-once the result is read, so two recorders never share one in flight; a
-slot's ragged arrays grow to the largest batch seen. The value depends only
-on the bytes, their order and the sample order, never on the device, the
-process or a table: digest_model.py is its specification, and the GPU test
-holds the kernel to it.
+Nothing is allocated per batch: the launch buffers (device accumulators,
+pinned result and table, events) are slots kept in a pool per process
+(process_state ``device_digests``), taken at launch and given back once the
+result is read, so two recorders never share one in flight; a slot's table
+grows to the largest launch seen. The value depends only on the bytes,
+their order and the sample order, never on the device, the process, the
+grouping or a table of constants: digest_model.py is its specification,
+and the GPU test holds the kernel to it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ _THREADS = 256
 _WORDS_PER_THREAD = 4  # a thread's share before another block is started
 _MAX_BLOCKS_X = 1024
 _MAX_BLOCKS_Y = 65535  # CUDA's limit on a grid's y: more samples loop in the kernel
+MAX_OUTPUTS = 65535  # CUDA's limit on a grid's z: one output a z
+_ROW = 6  # words of a descriptor
 
 _SOURCE = r"""
 typedef unsigned long long u64;
@@ -61,21 +67,26 @@ __device__ __forceinline__ u64 word(const unsigned char* p, u64 j, u64 nbytes) {
     return w;
 }
 
-// ptrs/sizes: one entry a sample (ragged), or 0 (dense: base + k * stride, stride bytes)
-extern "C" __global__ void mix64_body(const u64* ptrs, const u64* sizes, u64 base,
-                                      u64 stride, unsigned int n, u64* out) {
-    u64 acc = 0;
-    for (unsigned int k = blockIdx.y; k < n; k += gridDim.y) {
-        const unsigned char* p = (const unsigned char*)(ptrs ? ptrs[k] : base + (u64)k * stride);
+// table: one row of 6 words an output (blockIdx.z): the device addresses of its
+// samples' pointers and sizes (ragged) or 0, 0; its base and sample size in bytes
+// (dense: sample k at base + k * stride); its sample count; its accumulator's index
+extern "C" __global__ void mix64_body(const u64* table, u64* acc) {
+    const u64* row = table + 6 * (u64)blockIdx.z;
+    const u64* ptrs = (const u64*)row[0];
+    const u64* sizes = (const u64*)row[1];
+    u64 base = row[2], stride = row[3], n = row[4];
+    u64 sum = 0;
+    for (u64 k = blockIdx.y; k < n; k += gridDim.y) {
+        const unsigned char* p = (const unsigned char*)(ptrs ? ptrs[k] : base + k * stride);
         u64 nbytes = sizes ? sizes[k] : stride;
         u64 nwords = (nbytes + 7) / 8;
-        u64 key = ((u64)k << 40) + GOLDEN;
+        u64 key = (k << 40) + GOLDEN;
         for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < nwords;
              j += (u64)gridDim.x * blockDim.x)
-            acc += mix(word(p, j, nbytes) ^ mix(key + j));
+            sum += mix(word(p, j, nbytes) ^ mix(key + j));
     }
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    if ((threadIdx.x & 31) == 0 && acc) atomicAdd(out, acc);
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if ((threadIdx.x & 31) == 0 && sum) atomicAdd(acc + row[5], sum);
 }
 """
 
@@ -94,19 +105,32 @@ class Output:
     stride: int = 0
     pointers: list[int] | None = None
 
+    def sizes(self) -> list[int]:
+        """Each sample's bytes."""
+        if self.pointers is None:
+            return [self.stride] * len(self.shapes)
+        return [math.prod(s) * self.itemsize for s in self.shapes]
+
+    @property
+    def nbytes(self) -> int:
+        if self.pointers is None:
+            return self.stride * len(self.shapes)
+        return sum(self.sizes())
+
 
 @dataclass
 class _Slot:
-    """The buffers of one batch in flight on one device."""
+    """The buffers of one launch in flight on one device."""
 
     device: int
     acc: Any  # cupy uint64[capacity]: the accumulators, one an output
     result: Any  # numpy view of pinned memory: where they come back
     result_mem: Any
     done: Any  # cupy Event recorded after the copy back
-    ready: Any  # cupy Event recorded on DALI's stream, waited for by ours
-    ragged: dict[int, tuple[Any, Any, Any, int]] = field(default_factory=dict)
-    # output index -> (pinned numpy uint64[2*cap], its memory, cupy uint64[2*cap], cap)
+    ready: list[Any] = field(default_factory=list)  # Events recorded on DALI's streams
+    table: tuple[Any, Any, Any, int] | None = None
+    # the descriptors and ragged pointers: (pinned numpy uint64[cap], its memory,
+    # cupy uint64[cap], cap)
 
 
 class _Pool:
@@ -133,8 +157,7 @@ class _Pool:
         # done: a blocking event, so the thread that waits for it sleeps
         return _Slot(device, cupy.zeros(capacity, cupy.uint64),
                      np.frombuffer(mem, np.uint64, capacity), mem,
-                     cupy.cuda.Event(block=True, disable_timing=True),
-                     cupy.cuda.Event(block=False, disable_timing=True))
+                     cupy.cuda.Event(block=True, disable_timing=True))
 
     def give(self, slot: _Slot) -> None:
         with self.lock:
@@ -159,22 +182,30 @@ def header_text(out: Output) -> str:
     return digest_model.header_text(out.dtype, out.shapes)
 
 
-def begin(outputs: Sequence[Output], device: int, after: int | None
+def _streams(after: int | Sequence[int] | None) -> list[int]:
+    if after is None:
+        return []
+    return [after] if isinstance(after, int) else list(dict.fromkeys(after))
+
+
+def begin(outputs: Sequence[Output], device: int, after: int | Sequence[int] | None
           ) -> Callable[[], list[str]]:
-    """Launch the digests of one batch's GPU ``outputs`` on ``device``,
-    ordered after the work DALI queued on stream ``after`` (a handle) so
-    far (None: the data is ready on the host's side already). Returns the
-    function that waits for them and returns each output's ``<dtype>/<header
-    CRC>/mix64:<hex>``."""
+    """Launch the digests of GPU ``outputs`` on ``device`` (of one batch or of
+    several: one launch), ordered after the work DALI queued so far on the
+    stream(s) ``after`` (handles; None or none: the data is ready on the
+    host's side already). Returns the function that waits for them and
+    returns each output's ``<dtype>/<header CRC>/mix64:<hex>``."""
     import cupy
 
+    if len(outputs) > MAX_OUTPUTS:
+        raise ValueError(f"{len(outputs)} outputs in one launch: at most {MAX_OUTPUTS}")
     pool = _pool()
     with cupy.cuda.Device(device):  # the digest thread's current device may be another
         stream = pool.stream(device)
         kernel = pool.kernels[device]
-        slot = pool.take(device, len(outputs))
+        slot = pool.take(device, max(1, len(outputs)))
         try:
-            _launch(slot, kernel, stream, outputs, after)
+            _launch(slot, kernel, stream, outputs, _streams(after))
         except BaseException:
             pool.give(slot)
             raise
@@ -190,62 +221,93 @@ def begin(outputs: Sequence[Output], device: int, after: int | None
     return finish
 
 
+@dataclass
+class _Table:
+    """A launch's descriptors (``rows``), then the ragged outputs' pointers
+    and sizes (``extra``); a ragged row's first two words hold the offsets
+    (in words, from the table's start) of its pointers and sizes until they
+    are made device addresses (the rows starting at ``ragged``)."""
+
+    rows: list[int]
+    extra: list[int]
+    ragged: list[int]
+    words: int  # the largest sample's
+    samples: int  # the most of an output
+
+
+def _table(outputs: Sequence[Output]) -> _Table:
+    rows: list[int] = []
+    ragged: list[int] = []
+    extra: list[int] = []
+    words = samples = 0
+    after_rows = _ROW * len(outputs)
+    for i, out in enumerate(outputs):
+        n = len(out.shapes)
+        if n >= digest_model.MAX_SAMPLES:
+            raise ValueError(f"{n} samples: mix64 takes fewer than {digest_model.MAX_SAMPLES}")
+        samples = max(samples, n)
+        if out.pointers is None:
+            rows += [0, 0, out.base, out.stride, n, i]
+            words = max(words, (out.stride + 7) // 8)
+            continue
+        sizes = out.sizes()
+        at = after_rows + len(extra)
+        ragged.append(len(rows))
+        rows += [at, at + n, 0, 0, n, i]
+        extra += list(out.pointers) + sizes
+        words = max([words] + [(s + 7) // 8 for s in sizes])
+    return _Table(rows, extra, ragged, words, samples)
+
+
 def _launch(slot: _Slot, kernel: Any, stream: Any, outputs: Sequence[Output],
-            after: int | None) -> None:
+            after: list[int]) -> None:
     import cupy
     import numpy as np
 
     runtime = cupy.cuda.runtime
-    if after is not None:  # by its handle: no wrapper object a batch
-        runtime.eventRecord(slot.ready.ptr, after)
-        runtime.streamWaitEvent(stream.ptr, slot.ready.ptr, 0)
-    runtime.memsetAsync(slot.acc.data.ptr, 0, 8 * len(outputs), stream.ptr)
-    with stream:
-        for i, out in enumerate(outputs):
-            n = len(out.shapes)
-            if n == 0:
-                continue
-            if n >= digest_model.MAX_SAMPLES:
-                raise ValueError(f"{n} samples: mix64 takes fewer than "
-                                 f"{digest_model.MAX_SAMPLES}")
-            acc = np.uint64(slot.acc.data.ptr + 8 * i)
-            if out.pointers is None:
-                words = (out.stride + 7) // 8
-                args = (np.uint64(0), np.uint64(0), np.uint64(out.base), np.uint64(out.stride),
-                        np.uint32(n), acc)
-            else:
-                sizes = [math.prod(s) * out.itemsize for s in out.shapes]
-                words = (max(sizes) + 7) // 8
-                dev_ptrs = _stage(slot, stream, i, out.pointers, sizes)
-                args = (np.uint64(dev_ptrs), np.uint64(dev_ptrs + 8 * n), np.uint64(0),
-                        np.uint64(0), np.uint32(n), acc)
-            blocks_x = min(_MAX_BLOCKS_X, max(1, -(-words // (_THREADS * _WORDS_PER_THREAD))))
-            kernel((blocks_x, min(n, _MAX_BLOCKS_Y)), (_THREADS,), args)
-    runtime.memcpyAsync(slot.result_mem.ptr, slot.acc.data.ptr, 8 * len(outputs),
+    for k, handle in enumerate(after):  # by their handles: no wrapper object a batch
+        while len(slot.ready) <= k:
+            slot.ready.append(cupy.cuda.Event(block=False, disable_timing=True))
+        runtime.eventRecord(slot.ready[k].ptr, handle)
+        runtime.streamWaitEvent(stream.ptr, slot.ready[k].ptr, 0)
+    m = len(outputs)
+    runtime.memsetAsync(slot.acc.data.ptr, 0, 8 * max(m, 1), stream.ptr)
+    table = _table(outputs)
+    if m and table.samples:
+        dev = _staged(slot, stream, table)
+        blocks_x = min(_MAX_BLOCKS_X,
+                       max(1, -(-table.words // (_THREADS * _WORDS_PER_THREAD))))
+        with stream:
+            kernel((blocks_x, min(table.samples, _MAX_BLOCKS_Y), m), (_THREADS,),
+                   (np.uint64(dev), np.uint64(slot.acc.data.ptr)))
+    runtime.memcpyAsync(slot.result_mem.ptr, slot.acc.data.ptr, 8 * max(m, 1),
                         runtime.memcpyDeviceToHost, stream.ptr)
     slot.done.record(stream)
 
 
-def _stage(slot: _Slot, stream: Any, i: int, pointers: list[int], sizes: list[int]) -> int:
-    """A ragged output's sample pointers, then their sizes, on the device
-    (from pinned memory, copied asynchronously): the device address of the
-    pointers; the slot's arrays grow to the largest batch."""
+def _staged(slot: _Slot, stream: Any, table: _Table) -> int:
+    """The table on the device (from pinned memory, copied asynchronously),
+    its address; the slot's table grows to the largest launch."""
     import cupy
     import numpy as np
 
-    n = len(pointers)
-    host, mem, dev, cap = slot.ragged.get(i, (None, None, None, 0))
-    if cap < n:
-        cap = max(n, 2 * cap)
-        mem = cupy.cuda.alloc_pinned_memory(16 * cap)
-        host = np.frombuffer(mem, np.uint64, 2 * cap)
-        dev = cupy.empty(2 * cap, cupy.uint64)
-        slot.ragged[i] = (host, mem, dev, cap)
-    host[:n] = pointers
-    host[n:2 * n] = sizes
-    cupy.cuda.runtime.memcpyAsync(dev.data.ptr, mem.ptr, 16 * n,
+    rows, extra = table.rows, table.extra
+    total = len(rows) + len(extra)
+    host, mem, dev, cap = slot.table or (None, None, None, 0)
+    if cap < total:
+        cap = max(total, 2 * cap, 64)
+        mem = cupy.cuda.alloc_pinned_memory(8 * cap)
+        host = np.frombuffer(mem, np.uint64, cap)
+        dev = cupy.empty(cap, cupy.uint64)
+        slot.table = (host, mem, dev, cap)
+    base = dev.data.ptr
+    for r in table.ragged:
+        rows[r], rows[r + 1] = base + 8 * rows[r], base + 8 * rows[r + 1]
+    host[:len(rows)] = rows
+    host[len(rows):total] = extra
+    cupy.cuda.runtime.memcpyAsync(base, mem.ptr, 8 * total,
                                   cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-    return dev.data.ptr
+    return base
 
 
 def _named(out: Output, body: int) -> str:

@@ -41,6 +41,16 @@ def outputs(out: Path) -> dict[str, np.ndarray]:
         return {k: npz[k] for k in npz.files}
 
 
+def same_as_uninterrupted(kind: str, data: Path, tmp: Path, resumed: Path, until: int) -> None:
+    """A fresh run of ``kind`` to ``until`` (in ``tmp``/whole) produced every
+    sample the resumed run wrote to ``resumed``."""
+    whole = run(kind, data, tmp / "whole", tmp / "whole.npz", until)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    got, want = outputs(resumed), outputs(tmp / "whole.npz")
+    keys = [k for k in got if k[:4].isdigit()]
+    assert keys and all(np.array_equal(got[k], want[k]) for k in keys)
+
+
 def manifest(ckpt: Path) -> dict:
     name = (ckpt / "LATEST").read_text().split()[0]
     return json.loads((ckpt / name / "manifest.json").read_text())

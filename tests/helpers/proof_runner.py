@@ -10,6 +10,8 @@ OUT (.npz) when it gets to N. KIND "dynamic": a DALI dynamic-mode reader
 (and an RNG) registered on ``Checkpointer.dynamic()`` instead of pipelines.
 PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed on dvc-dali's
 digest thread (counted from 1) raises, as a failing digest would there.
+PROOF_GROUPED=1: the pipelines' batches are recorded in groups, as a GPU
+pipeline's are (batch_digests.GROUP_ON_CPU), however slowly they come.
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ def main() -> None:
     args = ap.parse_args()
     if os.environ.get("PROOF_DIGEST_FAILS"):
         fail_digests_on_the_thread(os.environ["PROOF_DIGEST_FAILS"])
+    if os.environ.get("PROOF_GROUPED"):
+        from dvc_dali.proof import batch_digests
+
+        batch_digests.GROUP_ON_CPU, batch_digests.GROUP_WINDOW_S = True, 3600.0
 
     ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)
     steps = (dynamic_steps(ck, args.data) if args.kind == "dynamic"

@@ -221,3 +221,58 @@ def test_a_gpu_digest_that_fails_is_recorded_as_failed(data_dir, tmp_path, monke
     assert recorded == [["failed:MemoryError"]] * 2
     assert capsys.readouterr().err.count("out of pinned memory") == 1
     ck.close()
+
+
+def test_one_launch_of_several_batches_gives_each_output_its_value():
+    """Dense and ragged outputs of three batches in one launch (as the digest
+    thread hands in a group), the data written on two streams it is ordered
+    after: each output the model's value."""
+    import cupy
+
+    rng = np.random.default_rng(4)
+    dense = [DENSE["32 x 64x64x3 uint8"], DENSE["float32"], DENSE["13-byte samples (words "
+                                                                   "across samples, unaligned)"]]
+    ragged = [rng.integers(0, 256, (i + 1, 5), dtype=np.uint8) for i in range(6)]
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    on_device, outs = [], []
+    for k, host in enumerate(dense):
+        with streams[k % 2]:
+            dev = cupy.asarray(host)
+        on_device.append(dev)
+        outs.append(device_digest.Output(host.dtype.name, [host.shape[1:]] * host.shape[0],
+                                         host.itemsize, base=dev.data.ptr,
+                                         stride=host.itemsize * int(np.prod(host.shape[1:]))))
+    with streams[1]:
+        samples = [cupy.asarray(s) for s in ragged]
+    outs.insert(1, device_digest.Output("uint8", [s.shape for s in ragged], 1,
+                                        pointers=[s.data.ptr for s in samples]))
+    got = device_digest.begin(outs, 0, [s.ptr for s in streams])()
+    want = [dense[0], ragged, dense[1], dense[2]]
+    assert [_hex(g) for g in got] == [digest_model.hexdigest(w) for w in want]
+
+
+def test_two_gpu_pipelines_recorded_in_groups(data_dir, tmp_path, monkeypatch):
+    """Two pipelines on GPU 0 (two streams) through one Checkpointer: their
+    batches go to the digest thread in groups (fewer launches than batches),
+    and each batch's recorded digest is the model's value of what the loop got."""
+    import dvc_dali
+
+    monkeypatch.setattr(batch_digests, "GROUP_WINDOW_S", 3600.0)  # the host copies take time
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", resume=False)
+    pipes = [ck.pipeline(name, _pipeline(data_dir), batch_size=8, num_threads=2, device_id=0,
+                         seed=seed) for name, seed in (("a", 3), ("b", 4))]
+    ck.save(0)
+    kept: dict[str, list] = {"a": [], "b": []}
+    for _ in range(12):
+        for name, pipe in zip("ab", pipes):
+            outputs = pipe.run()
+            kept[name].append([_host_samples(outputs[0]), _host_samples(outputs[1])])
+    ck._batches.wait()  # noqa: SLF001
+    costs = ck._batches.costs  # noqa: SLF001
+    assert costs.background == 24 and costs.groups < 24, costs
+    for name in "ab":
+        recorded = ck._batches._done[name]  # noqa: SLF001
+        assert [[_hex(d[0]), _hex(d[1])] for d in recorded] == [
+            [digest_model.hexdigest(images), digest_model.hexdigest(crops)]
+            for images, crops in kept[name]]
+    ck.close()
