@@ -765,10 +765,12 @@ class Recorder:
         self._count: dict[str, int] = {}
         self._kinds: dict[str, str] = {}  # stream -> what a message calls it
         self._expected: _Expected | None = None
-        # the companion file, open for appending while its segment lasts (an
-        # open and a close a batch cost ~60 us of CPU on a loaded machine);
-        # None: the manifest only
+        # the companion file, open for appending from its segment's first line
+        # until the segment ends (an open and a close a batch cost ~60 us of
+        # CPU on a loaded machine); opened by the digest thread, so a save does
+        # not pay it; None: not open yet, or the manifest only
         self._log: _Companion | None = None
+        self._log_path: Path | None = None  # where it goes; None: the manifest only
         self._lock = threading.Lock()
         # held from a batch's (or group's) hand-over to the digest thread until
         # its digests are appended: one at a time, appended in order
@@ -1093,21 +1095,30 @@ class Recorder:
                 if len(done) < MANIFEST_MAX:
                     done.append(value)
                 lines.append(json.dumps({"p": name, "i": index, "d": value}) + "\n")
-            if self._log is not None and lines:
+            log = self._opened() if lines else None
+            if log is not None:
                 try:
-                    self._log.write("".join(lines).encode())
+                    log.write("".join(lines).encode())
                 except OSError as exc:
                     self._close_log()  # the manifest still gets them
                     self._companion_failed(exc)
 
     def _open(self) -> None:
+        """The segment's companion file, to be opened at its first line (a
+        resume finds no digests in a missing file as in an empty one)."""
         self._close_log()
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            # the segment exists from its checkpoint on
-            self._log = _Companion(self.directory / f"{self.log_id}.jsonl", self)
-        except OSError as exc:
-            self._companion_failed(exc)
+        self._log_path = self.directory / f"{self.log_id}.jsonl"
+
+    def _opened(self) -> _Companion | None:
+        """The companion file open for appending; None when it cannot be (said once)."""
+        if self._log is None and self._log_path is not None:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._log = _Companion(self._log_path, self)
+            except OSError as exc:
+                self._log_path = None
+                self._companion_failed(exc)
+        return self._log
 
     def _companion_failed(self, exc: OSError) -> None:
         """Said once a process: the digests after a checkpoint live only in
@@ -1123,6 +1134,7 @@ class Recorder:
         if self._log is not None:
             self._log.close()
             self._log = None
+        self._log_path = None
 
     def wait(self) -> None:
         """Wait for the digest in flight (at a close)."""

@@ -285,8 +285,9 @@ def test_a_resumed_checkpointer_let_go_frees_its_directory(tmp_path):
 
 
 def test_the_companion_file_is_closed_at_each_save_at_close_and_when_dropped(tmp_path):
-    """A segment's companion file stays open while the segment lasts (an
-    open and a close a batch cost ~60 us of CPU on a loaded machine), and is
+    """A segment's companion file is opened at its first line (by the digest
+    thread, not by the save), stays open while the segment lasts (an open
+    and a close a batch cost ~60 us of CPU on a loaded machine), and is
     closed at the next save, at close(), and when a Checkpointer dropped
     without close() is collected: never more than one open, none left."""
     import gc
@@ -312,10 +313,11 @@ def test_the_companion_file_is_closed_at_each_save_at_close_and_when_dropped(tmp
         first = held()
         assert len(first) == 1, first
         ck.save(2)
+        assert held() == []  # the next one is opened by its first line, not by the save
         pipelines.outputs_of(pipe)
+        ck._batches.wait()  # noqa: SLF001 (the digest in flight, appended)
         second = held()
         assert len(second) == 1 and second != first, (first, second)
-        ck._batches.wait()  # noqa: SLF001 (the digest in flight, appended)
         log_id = batch_digests.log_id_of(manifest(ckpt))
         assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1
         assert len(manifest(ckpt)["pipelines"]["train"]["batches"]["digests"]) == 3

@@ -319,11 +319,15 @@ def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
         (tmp_path / name).write_bytes(b"")
     rec = bd.Recorder(tmp_path, bd.ALL, False)
     rec.track("s", "dataset")
-    rec.checkpoint({"s": {}})  # a new segment: 206 files, the pruning handed to the thread
+    rec.checkpoint({"s": {}})  # a new segment, the pruning handed to the thread
     assert bd._digest_thread().drain()  # jobs run in order: the pruning ran before this
     left = sorted(p.name for p in tmp_path.glob("*.jsonl"))
-    assert len(left) == bd._KEEP_LOGS and left[-1] == f"{rec.log_id}.jsonl"
-    assert left[0] == old[6]  # the 6 oldest went
+    assert len(left) == bd._KEEP_LOGS and left[0] == old[5]  # the 5 oldest went
+    # the new segment's file is made by its first line, not by the save
+    assert f"{rec.log_id}.jsonl" not in left
+    rec.observe("s", [np.zeros(3, np.uint8)], bd.digest_arrays)
+    assert (tmp_path / f"{rec.log_id}.jsonl").read_bytes().count(b"\n") == 1
+    rec.close()
 
 
 def test_companion_files_are_pruned_at_the_first_checkpoint_and_every_50th(tmp_path,
