@@ -335,7 +335,7 @@ def _streams_of(tensor_lists: Sequence[Any], device: int) -> list[int]:
         with cupy.cuda.Device(device):
             cupy.cuda.runtime.deviceSynchronize()
         return []
-    return list(dict.fromkeys(s for s in streams if s is not None))
+    return [s for s in streams if s is not None]  # device_digest keeps each once
 
 
 def digest(outputs: Sequence[Any]) -> list[str]:
@@ -808,7 +808,7 @@ class Recorder:
         self._expected = _Expected(batches, step, why, where)
         self._checks = {}
         self._diverged = False
-        self._open()
+        self._start_log()
 
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
         """Digest each batch ``pipe`` returns from ``outputs()`` and
@@ -877,7 +877,7 @@ class Recorder:
         if self._skipped(index):
             return
         digest_of = digest if digest_of is None else digest_of
-        expected = self._expected.batches.get(name, []) if self._expected else []
+        expected = self._expected_of(name)
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
         elif deferred:  # a GPU batch's kernels too: launched and waited for there
@@ -892,16 +892,19 @@ class Recorder:
 
     def _records(self, name: str, index: int) -> bool:
         """Batch ``index`` of ``name`` is to be recorded (not compared, not skipped)."""
-        if self._skipped(index):
-            return False
-        expected = self._expected.batches.get(name, []) if self._expected else []
-        return index >= len(expected)
+        return not self._skipped(index) and index >= len(self._expected_of(name))
+
+    def _expected_of(self, name: str) -> list[list[str]]:
+        """The recorded digests a resume compares ``name``'s batches with."""
+        return self._expected.batches.get(name, []) if self._expected else []
 
     def _grouped_stream(self, name: str, outputs: Sequence[Any]) -> bool:
         """A pipeline with a GPU output: its batches go in groups (looked at once)."""
         grouped = self._grouped.get(name)
         if grouped is None:
             grouped = self._grouped[name] = GROUP_ON_CPU or any(_on_device(o) for o in outputs)
+            if grouped:  # so that the interpreter's exit hands its group waiting over
+                _digest_thread().recorders.add(self)
         return grouped
 
     def _hand_in(self, name: str, index: int, outputs: Any) -> None:
@@ -912,21 +915,16 @@ class Recorder:
         with self._lock:
             if not self._pending:
                 self._first = now
-                if self._last == float("-inf"):  # its first: so an exit hands it over
-                    _digest_thread().recorders.add(self)
             self._pending.append((name, index, outputs))
             waiting = len(self._pending)
         gap, self._last = now - self._last, now
         if group_goes(waiting, self._group_max, now - self._first, gap):
-            self._flush()
+            self.hand_over()
 
     def hand_over(self) -> None:
-        """The GPU batches waiting in a group go to the digest thread (at the
-        interpreter's exit, by :meth:`_DigestThread.drain`)."""
-        self._flush()
-
-    def _flush(self) -> None:
-        """The group waiting goes to the digest thread, once the one before is done."""
+        """The group waiting goes to the digest thread, once the one before is
+        done (when full, at a save, a wait, a close and the interpreter's
+        exit: :meth:`_DigestThread.drain`)."""
         with self._flushing:
             with self._lock:
                 group, self._pending = self._pending, []
@@ -1056,7 +1054,7 @@ class Recorder:
     def _settle(self) -> None:
         """Hand the group waiting over and wait for the digests in flight (one
         batch's or one group's), so the digests are appended in order."""
-        self._flush()
+        self.hand_over()
         with self._busy:
             pass
 
@@ -1103,7 +1101,7 @@ class Recorder:
                     self._close_log()  # the manifest still gets them
                     self._companion_failed(exc)
 
-    def _open(self) -> None:
+    def _start_log(self) -> None:
         """The segment's companion file, to be opened at its first line (a
         resume finds no digests in a missing file as in an empty one)."""
         self._close_log()
@@ -1171,7 +1169,7 @@ class Recorder:
             self._count = dict.fromkeys(self._count, 0)
             self._expected = None
             self._diverged = False
-            self._open()
+            self._start_log()
         if self._segments % _PRUNE_EVERY == 0:
             directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
             _digest_thread().submit(lambda: _prune(directory))

@@ -30,6 +30,7 @@ and the GPU test holds the kernel to it.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import zlib
@@ -105,8 +106,10 @@ class Output:
     stride: int = 0
     pointers: list[int] | None = None
 
+    @functools.cached_property
     def sizes(self) -> list[int]:
-        """Each sample's bytes."""
+        """Each sample's bytes (a ragged output's: computed once, read by the
+        launch's table and by the group's byte count)."""
         if self.pointers is None:
             return [self.stride] * len(self.shapes)
         return [math.prod(s) * self.itemsize for s in self.shapes]
@@ -115,7 +118,7 @@ class Output:
     def nbytes(self) -> int:
         if self.pointers is None:
             return self.stride * len(self.shapes)
-        return sum(self.sizes())
+        return sum(self.sizes)
 
 
 @dataclass
@@ -250,7 +253,7 @@ def _table(outputs: Sequence[Output]) -> _Table:
             rows += [0, 0, out.base, out.stride, n, i]
             words = max(words, (out.stride + 7) // 8)
             continue
-        sizes = out.sizes()
+        sizes = out.sizes
         at = after_rows + len(extra)
         ragged.append(len(rows))
         rows += [at, at + n, 0, 0, n, i]
