@@ -188,6 +188,21 @@ def test_a_digest_that_fails_on_the_thread_is_said_once_and_not_verified_at_the_
     assert "are those the run it resumes produced" not in proc.stderr, proc.stderr
 
 
+def test_a_run_that_ended_at_its_checkpoint_resumes_with_nothing_said(tmp_path):
+    """The most common resume (more steps after a finished run): no batch
+    followed the last checkpoint, so no companion file was made; the resume
+    has nothing to compare and says nothing, neither a proof nor a warning."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 2, save_at=[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    assert not (companion(ckpt) / f"{log_id}.jsonl").exists()
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dvc-dali" not in proc.stderr, proc.stderr
+    same_as_uninterrupted("source", tmp_path, tmp_path, tmp_path / "resumed.npz", 4)
+
+
 def test_the_next_checkpoint_holds_them_and_a_resume_of_it_reads_them(tmp_path):
     # killed after a second checkpoint: the digests of steps 3-4 are in step
     # 4's manifest (for a resume of step 2's row elsewhere: test_stage_batch_proof),
