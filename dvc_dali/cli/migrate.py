@@ -626,13 +626,15 @@ def _migrate(file: Path, check: bool) -> int:
     if check:
         for change in changes:
             print(f"{file}: needs {change}")
-        print(f"run `dvc-dali migrate {file}` to make {'them' if len(changes) > 1 else 'it'}")
+        print(f"run `dvc-dali migrate {shlex.quote(str(file))}` to make "
+              f"{'them' if len(changes) > 1 else 'it'}")
         return 1
     _write_atomic(file, rewrite(text, files, str(file)))
     for change in changes:
         print(f"{file}: {change}")
-    print(f"review with `git diff {file}`, then commit it before `dvc exp run` "
-          f"(`git commit {file} -m 'Migrate checkpoint stages to DVC 3'`)")
+    shown = shlex.quote(str(file))  # the commands said are pasted into a shell
+    print(f"review with `git diff {shown}`, then commit it before `dvc exp run` "
+          f"(`git commit {shown} -m 'Migrate checkpoint stages to DVC 3'`)")
     return 0
 
 

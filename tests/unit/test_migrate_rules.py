@@ -563,6 +563,22 @@ def test_main_check_then_rewrite(tmp_path, capsys, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["dvc.yaml"]  # no temporary file left
 
 
+def test_main_quotes_the_file_in_the_commands_it_says(tmp_path, capsys, monkeypatch):
+    """A path with a space or a quote: the commands said can be pasted into
+    a shell as they are (they were not quoted)."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "my project's"
+    folder.mkdir()
+    (folder / "dvc.yaml").write_text(
+        "stages:\n  t:\n    cmd: python t.py\n    outs:\n      - c: {checkpoint: true}\n")
+    quoted = """'my project'"'"'s/dvc.yaml'"""
+    assert main("my project's/dvc.yaml", check=True) == 1
+    assert f"run `dvc-dali migrate {quoted}` to make them" in capsys.readouterr().out
+    assert main("my project's", check=False) == 0
+    out = capsys.readouterr().out
+    assert f"review with `git diff {quoted}`" in out and f"`git commit {quoted} -m " in out
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "missing.yaml: no such file"),
     ("stages: [\n", "missing.yaml: not valid YAML at line 2"),
