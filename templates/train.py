@@ -1,5 +1,6 @@
 """A minimal training script with dvc-dali checkpoints (run it with `dvc exp run`)."""
 import os
+import sys
 
 import numpy as np
 import yaml
@@ -10,7 +11,11 @@ import dvc_dali
 p = {"data": "data/images", "steps": 100, "checkpoint_every": 10, "batch_size": 16,
      "seed": 0, "lr": 0.1, **(yaml.safe_load(open("params.yaml")) or {}).get("train", {})}
 # The file reader labels <data>/<class>/ folders 0, 1, ... in sorted order.
-classes = len([d for d in os.listdir(p["data"]) if os.path.isdir(os.path.join(p["data"], d))])
+classes = len([d for d in os.listdir(p["data"]) if os.path.isdir(os.path.join(p["data"], d))]
+              if os.path.isdir(p["data"]) else [])
+if not classes:
+    sys.exit(f"train.py: {p['data']} holds no <class>/ folders: put your images in "
+             f"{p['data']}/<class>/ (or run `dvc-dali init --digits` for samples), then rerun")
 
 
 @pipeline_def

@@ -45,6 +45,12 @@ class UnsupportedPipelineError(DvcDaliError):
     other than a one-argument callable)."""
 
 
+class PipelineBuildError(DvcDaliError):
+    """DALI could not build a pipeline (before any saved state was set into
+    it): the message names the pipeline, the operator, the line of the
+    script that made it, and what DALI found wrong."""
+
+
 class SignalError(DvcDaliError):
     """The DVC_CHECKPOINT signal file could not be written, or was never
     answered (``DVC_DALI_SIGNAL_TIMEOUT``)."""

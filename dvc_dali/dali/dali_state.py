@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import warnings
 from typing import Any
@@ -28,6 +29,7 @@ from ..core.errors import (
     ConfigError,
     CheckpointCorruptError,
     CheckpointFormatError,
+    PipelineBuildError,
     UnnamedOperatorWarning,
     UnsupportedPipelineError,
 )
@@ -81,18 +83,52 @@ def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
 
 def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = "") -> None:
     """Build ``pipe``, restoring ``state`` (read from ``state_file``) if given,
-    as Pipeline(checkpoint=...) would: DALI restores only at build()."""
-    if state is not None:
-        pipe._checkpoint = state
+    as Pipeline(checkpoint=...) would: DALI restores only at build(), after
+    its backend is built, so the two are done apart here: a pipeline that
+    cannot be built (no files found, a bad argument) is said to be that, not
+    a damaged checkpoint."""
+    pipe._checkpoint = None
     try:
         pipe.build()
     except RuntimeError as exc:
-        if state is None:
-            raise
+        raise PipelineBuildError(build_failure(name, str(exc))) from exc
+    if state is None:
+        return
+    pipe._checkpoint = state
+    try:
+        pipe._restore_state_from_checkpoint()
+    except (RuntimeError, ValueError) as exc:
         raise CheckpointCorruptError(
             f"{state_file}: DALI could not restore pipeline {name!r} from it "
             f"({str(exc).splitlines()[0]}). Restore an earlier checkpoint with "
             "`dvc exp apply <row>`, or start over with `dvc-dali reset`.") from exc
+
+
+_DALI_OPERATOR = re.compile(r"Error in (\w+) operator `([^`]+)`")
+_DALI_WHERE = re.compile(r'File "([^"]+)", line (\d+)')
+_DALI_ASSERT = re.compile(r'^Assert on ".*" failed: ')
+
+
+def build_failure(name: str, text: str) -> str:
+    """The one line said of DALI's build error ``text`` (its operator, where
+    the script made it, what DALI found), without DALI's traceback and C++
+    context."""
+    lines = [line.strip() for line in text.splitlines()]
+    found = next((i for i, line in enumerate(lines) if line == "encountered:"), None)
+    rest = [line for line in (lines[found + 1:] if found is not None else lines)
+            if line and not line.startswith(("C++ context:", "Current pipeline object",
+                                             "Critical error when building"))]
+    what = _DALI_ASSERT.sub("", rest[0]) if rest else "an error with no message"
+    operator = _DALI_OPERATOR.search(text)
+    where = _DALI_WHERE.findall(text)
+    at = ""
+    if operator:
+        at = f" in its {operator.group(1)} operator {operator.group(2)}"
+    if where:
+        path, line = where[-1]
+        at += f" (made at {os.path.basename(path)}, line {line})"
+    return (f"DALI could not build pipeline {name!r}{at}: {what} Fix the pipeline's "
+            "arguments or the files it reads, then rerun.")
 
 
 def build_graph(pipe: Any) -> None:

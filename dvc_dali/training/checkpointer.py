@@ -395,6 +395,8 @@ class Checkpointer:
                 purpose after a content change).
             UnsupportedPipelineError: an ``external_source`` DALI cannot
                 restore.
+            PipelineBuildError: DALI cannot build the pipeline (no files
+                found, a bad argument), naming the operator and the line.
 
         Warns:
             UnnamedOperatorWarning: a stateful operator without ``name=``.

@@ -62,6 +62,26 @@ def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     assert [rows[f"tpl-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
 
 
+def test_the_init_template_without_images_says_what_to_do(tmp_path):
+    """A new user's first `dvc exp run` before the images are in place: one
+    line each, no traceback (both were DALI's or Python's tracebacks)."""
+    make_project(tmp_path, message=None)
+    run([*DVC_DALI, "init"], tmp_path)
+    (tmp_path / "data/images").mkdir(parents=True)
+    commit_all(tmp_path)
+    no_class = run(["dvc", "exp", "run"], tmp_path, check=False)
+    assert no_class.returncode != 0 and "Traceback" not in no_class.stderr, no_class.stderr
+    assert "train.py: data/images holds no <class>/ folders: put your images in " \
+        "data/images/<class>/" in no_class.stderr, no_class.stderr
+    (tmp_path / "data/images/cat").mkdir()
+    no_file = run(["dvc", "exp", "run"], tmp_path, check=False)
+    assert no_file.returncode != 0 and "Traceback" not in no_file.stderr, no_file.stderr
+    assert "PipelineBuildError: DALI could not build pipeline 'train' in its CPU operator " \
+        "nvidia.dali.fn.readers.file (made at train.py, line " in no_file.stderr, no_file.stderr
+    assert "): No files found. Fix the pipeline's arguments or the files it reads" \
+        in no_file.stderr, no_file.stderr
+
+
 def test_show_draws_the_checkpoints_by_step_with_a_branch(project):
     run(["dvc", "exp", "run", "-n", "a"], project)
     run(["dvc", "exp", "apply", "a-step30"], project)

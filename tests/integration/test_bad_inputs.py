@@ -279,6 +279,23 @@ def test_changed_data_under_the_same_file_root(tmp_path):
         resume(ckpt, data)
 
 
+def test_a_pipeline_dali_cannot_build_is_said_in_one_line(tmp_path):
+    """The images gone (their class folders left): DALI's build error, said
+    in one line naming the operator and the script's line (it was DALI's
+    RuntimeError with its C++ context; a resume meets the changed listing
+    first, test_changed_data_under_the_same_file_root)."""
+    data = pipelines.make_data(tmp_path / "data")
+    ckpt = tmp_path / "ckpt"
+    for image in (data / "images").rglob("*.jpg"):
+        image.unlink()
+    with pytest.raises(dvc_dali.PipelineBuildError) as raised:
+        resume(ckpt, data)
+    assert re.fullmatch(r"DALI could not build pipeline 'train' in its CPU operator "
+                        r"nvidia\.dali\.fn\.readers\.file \(made at pipelines\.py, line \d+\): "
+                        r"No files found\. Fix the pipeline's arguments or the files it reads, "
+                        r"then rerun\.", str(raised.value)), raised.value
+
+
 def test_changed_file_list_contents(tmp_path, data_dir):
     listing = tmp_path / "list.txt"
     files = sorted((data_dir / "images").rglob("*.jpg"))
