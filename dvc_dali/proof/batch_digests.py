@@ -765,10 +765,11 @@ class Recorder:
         self._count: dict[str, int] = {}
         self._kinds: dict[str, str] = {}  # stream -> what a message calls it
         self._expected: _Expected | None = None
-        # the companion file, open for appending from its segment's first line
+        # the companion file, open for appending from its segment's start
         # until the segment ends (an open and a close a batch cost ~60 us of
-        # CPU on a loaded machine); opened by the digest thread, so a save does
-        # not pay it; None: not open yet, or the manifest only
+        # CPU on a loaded machine); opened by the digest thread right after
+        # the save, so a save does not pay it; None: not open yet, or the
+        # manifest only
         self._log: _Companion | None = None
         self._log_path: Path | None = None  # where it goes; None: the manifest only
         self._lock = threading.Lock()
@@ -1102,10 +1103,17 @@ class Recorder:
                     self._companion_failed(exc)
 
     def _start_log(self) -> None:
-        """The segment's companion file, to be opened at its first line (a
-        resume finds no digests in a missing file as in an empty one)."""
+        """The segment's companion file, to be made by the digest thread
+        (:meth:`_make_log`), or by the segment's first line."""
         self._close_log()
         self._log_path = self.directory / f"{self.log_id}.jsonl"
+
+    def _make_log(self, path: Path | None) -> None:
+        """The companion file of the segment a save began, opened (made) on
+        the digest thread, unless the segment has ended since."""
+        with self._lock:
+            if path is not None and self._log_path == path:
+                self._opened()
 
     def _opened(self) -> _Companion | None:
         """The companion file open for appending; None when it cannot be (said once)."""
@@ -1170,6 +1178,11 @@ class Recorder:
             self._expected = None
             self._diverged = False
             self._start_log()
+            path = self._log_path
+        # made now, empty, off the training thread (jobs run in order, so
+        # before the segment's first line): a resume then tells a checkpoint
+        # no batch followed (an empty file) from digests lost (no file)
+        _digest_thread().submit(lambda: self._make_log(path))
         if self._segments % _PRUNE_EVERY == 0:
             directory = self.directory  # off the training thread: an unlink takes ~0.5 ms here
             _digest_thread().submit(lambda: _prune(directory))

@@ -344,9 +344,13 @@ class BatchProof:
         found = batch_digests.read_companion(self.recorder.directory, log_id)
         if not found and self.from_rows is not None:
             found = self.from_rows(saved.snapshot.step, log_id)
-        # nothing found is not said here: the companion file is made at its
-        # segment's first digest, so a run that ended at the checkpoint has
-        # none; a batch without a digest is said "not verified" where it comes
+        # the file is made (empty) right after its save: missing, the digests
+        # of whatever batches followed the checkpoint were lost
+        companion = self.recorder.directory / f"{log_id}.jsonl"
+        if not found and not companion.is_file():
+            logger.info("no digests of the batches after the checkpoint at step %d were found "
+                        "(%s is missing, and no later row of its run holds them): those "
+                        "batches are not verified", saved.snapshot.step, companion)
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
                              str(saved.manifest_path))
 

@@ -190,13 +190,15 @@ def test_a_digest_that_fails_on_the_thread_is_said_once_and_not_verified_at_the_
 
 def test_a_run_that_ended_at_its_checkpoint_resumes_with_nothing_said(tmp_path):
     """The most common resume (more steps after a finished run): no batch
-    followed the last checkpoint, so no companion file was made; the resume
-    has nothing to compare and says nothing, neither a proof nor a warning."""
+    followed the last checkpoint, so its companion file is empty; the resume
+    has nothing to compare and says nothing, neither a proof nor a warning
+    (a461b54 made the file at the first line, and the resume said the
+    digests were missing)."""
     ckpt = tmp_path / "ckpt"
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 2, save_at=[2])
     assert proc.returncode == 0, proc.stderr[-3000:]
     log_id = batch_digests.log_id_of(manifest(ckpt))
-    assert not (companion(ckpt) / f"{log_id}.jsonl").exists()
+    assert (companion(ckpt) / f"{log_id}.jsonl").read_bytes() == b""  # made, no batch
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dvc-dali" not in proc.stderr, proc.stderr
@@ -300,8 +302,8 @@ def test_a_resumed_checkpointer_let_go_frees_its_directory(tmp_path):
 
 
 def test_the_companion_file_is_closed_at_each_save_at_close_and_when_dropped(tmp_path):
-    """A segment's companion file is opened at its first line (by the digest
-    thread, not by the save), stays open while the segment lasts (an open
+    """A segment's companion file is opened right after its save (by the
+    digest thread, not by the save), stays open while the segment lasts (an open
     and a close a batch cost ~60 us of CPU on a loaded machine), and is
     closed at the next save, at close(), and when a Checkpointer dropped
     without close() is collected: never more than one open, none left."""
@@ -328,10 +330,11 @@ def test_the_companion_file_is_closed_at_each_save_at_close_and_when_dropped(tmp
         first = held()
         assert len(first) == 1, first
         ck.save(2)
-        assert held() == []  # the next one is opened by its first line, not by the save
+        assert batch_digests._digest_thread().drain()  # noqa: SLF001 (it made the next one)
+        second = held()
         pipelines.outputs_of(pipe)
         ck._batches.wait()  # noqa: SLF001 (the digest in flight, appended)
-        second = held()
+        assert held() == second
         assert len(second) == 1 and second != first, (first, second)
         log_id = batch_digests.log_id_of(manifest(ckpt))
         assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 1

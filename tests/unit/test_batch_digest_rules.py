@@ -322,9 +322,9 @@ def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
     rec.checkpoint({"s": {}})  # a new segment, the pruning handed to the thread
     assert bd._digest_thread().drain()  # jobs run in order: the pruning ran before this
     left = sorted(p.name for p in tmp_path.glob("*.jsonl"))
-    assert len(left) == bd._KEEP_LOGS and left[0] == old[5]  # the 5 oldest went
-    # the new segment's file is made by its first line, not by the save
-    assert f"{rec.log_id}.jsonl" not in left
+    # the new segment's file made (by the thread, after the save) and kept
+    assert len(left) == bd._KEEP_LOGS and left[-1] == f"{rec.log_id}.jsonl"
+    assert left[0] == old[6]  # the 6 oldest went
     rec.observe("s", [np.zeros(3, np.uint8)], bd.digest_arrays)
     assert (tmp_path / f"{rec.log_id}.jsonl").read_bytes().count(b"\n") == 1
     rec.close()
