@@ -9,6 +9,7 @@ Tested against the DVC range pyproject.toml declares.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import time
 from typing import Any
@@ -588,6 +589,21 @@ def _exp_lock_parts(tmp_dir: str, hardlink: bool):
     path = os.path.join(tmp_dir, EXEC_TMP_DIR)
     os.makedirs(path, exist_ok=True)
     return path, localfs, WORKSPACE_STASH
+
+
+def executor_dirs(repo: Any) -> list[str]:
+    """The directories DVC runs `--temp` and queued experiments in, each a
+    project of its own (TempDirExecutor: a temporary directory made under
+    .dvc/tmp/exps/standalone/ for `--temp`, under .dvc/tmp/exps/ for a
+    queued run), those that hold a dvc.yaml yet."""
+    from dvc.repo.experiments.utils import EXEC_TMP_DIR
+
+    if not repo.tmp_dir:
+        return []
+    top = os.path.join(repo.tmp_dir, EXEC_TMP_DIR)
+    found = glob.glob(os.path.join(top, "tmp*")) + glob.glob(
+        os.path.join(top, "standalone", "tmp*"))
+    return sorted(d for d in found if os.path.isfile(os.path.join(d, "dvc.yaml")))
 
 
 def workspace_run_info(repo: Any) -> str | None:

@@ -129,18 +129,26 @@ def _refuse_if_training(outs: list[Any], root: str) -> None:
 
 def runs_in_training(root: str, rows: list[Any]) -> dict[str, int]:
     """{run name: pid} of the runs a live process is training into a
-    checkpoint of this workspace now: the run of the row its stage's dvc.lock
-    entry names (each recorded row rewrites that entry)."""
+    checkpoint now, in this workspace or in the directory DVC runs a
+    `--temp` or queued experiment in: the run of the row its stage's
+    dvc.lock entry there names (each recorded row rewrites that entry)."""
     from ..reading.exp_refs import outs_digest
 
     found: dict[str, int] = {}
-    for stg, out in _checkpoint_outs(root):
-        pid = _holder(out)
-        if pid is None:
+    for where in [root, *dvc_door.executor_dirs(repo_at(root))]:
+        try:
+            outs = _checkpoint_outs(where)
+        except RecordError:  # an executor's directory being made or removed
+            if where == root:
+                raise
             continue
-        entry = lockfile.entry_of(stg)
-        digest = outs_digest(entry)
-        found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
+        for stg, out in outs:
+            pid = _holder(out)
+            if pid is None:
+                continue
+            entry = lockfile.entry_of(stg)
+            digest = outs_digest(entry)
+            found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
     return found
 
 

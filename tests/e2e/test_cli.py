@@ -107,6 +107,75 @@ sys.stdin.read()
 """
 
 
+GATED = """
+import os, pathlib, time, dvc_dali
+gate = pathlib.Path(os.environ["GATE"])
+ck = dvc_dali.Checkpointer("checkpoint", total_steps=2)
+ck.make_checkpoint(1)
+(gate / f"at1-{os.getpid()}").touch()
+while not (gate / "go").exists():  # held here, between two rows, until the test lets go
+    time.sleep(0.05)
+ck.make_checkpoint(2)
+"""
+
+
+def _wait_for(found, what: str) -> None:
+    """Until found() (an event in files); the cap is for a stuck run, not a timing."""
+    deadline = time.monotonic() + 480
+    while not found():
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.05)
+
+
+def test_remove_refuses_a_temp_or_queued_run_in_training(tmp_path):
+    """`dvc-dali remove` of a `--temp` or queued run still training: refused
+    (it removed its rows, and the run recorded the next ones and DVC's
+    experiment under the same name: the run came back); once they end, done."""
+    import subprocess
+
+    from tests.helpers import child_env
+    from tests.helpers.dvc_project import queue_report, wait_queue
+
+    project, gate = tmp_path / "p", tmp_path / "gate"
+    gate.mkdir()
+    make_project(project, message=None)
+    (project / "dvc.yaml").write_text(
+        "stages:\n  train:\n    cmd: python train.py\n    deps: [train.py]\n    outs:\n"
+        "      - checkpoint: {persist: true, checkpoint: true}\n    always_changed: true\n")
+    (project / "train.py").write_text(GATED)
+    commit_all(project, "gated")
+    env = {"GATE": str(gate)}
+    temp = subprocess.Popen(["dvc", "exp", "run", "--temp", "-n", "t"], cwd=project, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=child_env(env, this_python=True))
+    try:
+        run(["dvc", "exp", "run", "--queue", "-n", "q"], project, env=env)
+        # the worker inherits its output: not a pipe (run() would wait for the worker)
+        subprocess.run(["dvc", "queue", "start"], cwd=project, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env=child_env(env, this_python=True),
+                       check=True)
+        _wait_for(lambda: len(list(gate.glob("at1-*"))) == 2, "first checkpoint of both runs")
+        _wait_for(lambda: {"t-step1", "q-step1"} <= set(exp_rows(project)), "rows of step 1")
+        refused = {name: run([*DVC_DALI, "remove", name], project, check=False)
+                   for name in ("t", "q")}
+    finally:
+        (gate / "go").touch()
+        said = temp.communicate()[0]
+    assert temp.returncode == 0, said[-3000:]
+    wait_queue(project, lambda st: st.get("q") == "Success", "end of the queued run",
+               lambda st: queue_report(project, st))
+    for name, proc in refused.items():
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc
+        assert f"run {name} is training in process " in proc.stderr, proc.stderr
+        assert "nothing removed" in proc.stderr, proc.stderr
+    rows = exp_rows(project)
+    assert {"t-step1", "t-step2", "q-step1", "q-step2"} <= set(rows), sorted(rows)
+    removed = run([*DVC_DALI, "remove", "t", "q"], project)
+    assert "removed 2 rows of t" in removed.stdout and "removed 2 rows of q" in removed.stdout, \
+        removed.stdout
+    assert not {"t-step1", "q-step1"} & set(exp_rows(project))
+
+
 def test_reset_starts_over(project):
     import subprocess
 
