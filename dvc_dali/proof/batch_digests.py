@@ -1109,11 +1109,20 @@ class Recorder:
         self._log_path = self.directory / f"{self.log_id}.jsonl"
 
     def _make_log(self, path: Path | None) -> None:
-        """The companion file of the segment a save began, opened (made) on
-        the digest thread, unless the segment has ended since."""
+        """The companion file of the segment a save began, made on the digest
+        thread: opened while the segment lasts; made empty where it ended
+        already (a close or another save right after it: no batch followed)."""
+        if path is None:
+            return
         with self._lock:
-            if path is not None and self._log_path == path:
+            if self._log_path == path:
                 self._opened()
+                return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        except OSError:
+            pass  # as for no file: the resume says its digests were not found
 
     def _opened(self) -> _Companion | None:
         """The companion file open for appending; None when it cannot be (said once)."""

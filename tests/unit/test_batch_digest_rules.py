@@ -330,6 +330,26 @@ def test_companion_files_beyond_the_newest_200_are_removed(tmp_path):
     rec.close()
 
 
+def test_a_segment_closed_before_the_thread_made_its_file_gets_it_empty(tmp_path):
+    """A save, then close() before the digest thread got to the new segment's
+    file (the thread held busy here, as a loaded machine does): the file is
+    made all the same, empty, so a resume of that checkpoint finds that no
+    batch followed it, not digests lost."""
+    import threading
+
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    go = threading.Event()
+    bd._digest_thread().submit(go.wait)
+    rec.checkpoint({"s": {}})
+    rec.close()
+    assert not (tmp_path / f"{rec.log_id}.jsonl").exists()  # the thread has not run yet
+    go.set()
+    assert bd._digest_thread().drain()
+    assert (tmp_path / f"{rec.log_id}.jsonl").read_bytes() == b""
+    assert rec._log is None  # nothing left open
+
+
 def test_companion_files_are_pruned_at_the_first_checkpoint_and_every_50th(tmp_path,
                                                                            monkeypatch):
     pruned = []
