@@ -623,16 +623,15 @@ def _migrate(file: Path, check: bool) -> int:
     if not changes:
         print(_nothing_to_do(file, text))
         return 0
+    shown = shlex.quote(str(file))  # the commands said are pasted into a shell
     if check:
         for change in changes:
             print(f"{file}: needs {change}")
-        print(f"run `dvc-dali migrate {shlex.quote(str(file))}` to make "
-              f"{'them' if len(changes) > 1 else 'it'}")
+        print(f"run `dvc-dali migrate {shown}` to make {'them' if len(changes) > 1 else 'it'}")
         return 1
     _write_atomic(file, rewrite(text, files, str(file)))
     for change in changes:
         print(f"{file}: {change}")
-    shown = shlex.quote(str(file))  # the commands said are pasted into a shell
     print(f"review with `git diff {shown}`, then commit it before `dvc exp run` "
           f"(`git commit {shown} -m 'Migrate checkpoint stages to DVC 3'`)")
     return 0

@@ -1120,7 +1120,7 @@ class Recorder:
                 return
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+            _Companion(path, self).close()
         except OSError:
             pass  # as for no file: the resume says its digests were not found
 

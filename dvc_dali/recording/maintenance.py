@@ -135,20 +135,26 @@ def runs_in_training(root: str, rows: list[Any]) -> dict[str, int]:
     from ..reading.exp_refs import outs_digest
 
     found: dict[str, int] = {}
-    for where in [root, *dvc_door.executor_dirs(repo_at(root))]:
-        try:
-            outs = _checkpoint_outs(where)
-        except RecordError:  # an executor's directory being made or removed
-            if where == root:
-                raise
+    for stg, out in _training_outs(root):
+        pid = _holder(out)
+        if pid is None:
             continue
-        for stg, out in outs:
-            pid = _holder(out)
-            if pid is None:
-                continue
-            entry = lockfile.entry_of(stg)
-            digest = outs_digest(entry)
-            found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
+        entry = lockfile.entry_of(stg)
+        digest = outs_digest(entry)
+        found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
+    return found
+
+
+def _training_outs(root: str) -> list[tuple[Any, Any]]:
+    """The checkpoint outputs of the workspace at ``root`` and of the
+    directories DVC runs its `--temp` and queued experiments in (one being
+    made or removed is passed over)."""
+    found = _checkpoint_outs(root)
+    for where in dvc_door.executor_dirs(repo_at(root)):
+        try:
+            found += _checkpoint_outs(where)
+        except RecordError:
+            continue
     return found
 
 
