@@ -47,9 +47,17 @@ def read_params(path: Path) -> dict:
     if params["framework"] not in ("numpy", "torch", "keras", "lightning"):
         sys.exit(f"{path}: train.framework is {params['framework']!r}; use numpy, torch, "
                  "keras or lightning")
-    for key in ("steps", "checkpoint_every", "batch_size", "hidden"):
-        if int(params[key]) < 1:
-            sys.exit(f"{path}: train.{key} is {params[key]!r}; it must be a positive integer")
+    for key, least in (("steps", 1), ("checkpoint_every", 1), ("batch_size", 1), ("hidden", 1),
+                       ("seed", 0)):
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive integer" if least else "an integer, 0 or more"
+            sys.exit(f"{path}: train.{key} is {value!r}; it must be {kind}")
+    for key in ("lr", "adam_lr"):
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < float("inf"):
+            sys.exit(f"{path}: train.{key} is {value!r}; it must be a number, 0 or more")
     return params
 
 

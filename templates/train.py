@@ -10,6 +10,11 @@ import dvc_dali
 
 p = {"data": "data/images", "steps": 100, "checkpoint_every": 10, "batch_size": 16,
      "seed": 0, "lr": 0.1, **(yaml.safe_load(open("params.yaml")) or {}).get("train", {})}
+for key in ("steps", "checkpoint_every", "batch_size", "seed", "lr"):
+    kind = "a number" if key == "lr" else "a whole number"
+    if isinstance(p[key], bool) or not isinstance(p[key], (int, float) if key == "lr" else int):
+        sys.exit(f"train.py: params.yaml train.{key} is {p[key]!r}, not {kind}: set it "
+                 f"(`dvc exp run -S train.{key}=...` or in params.yaml), then rerun")
 # The file reader labels <data>/<class>/ folders 0, 1, ... in sorted order.
 classes = len([d for d in os.listdir(p["data"]) if os.path.isdir(os.path.join(p["data"], d))]
               if os.path.isdir(p["data"]) else [])

@@ -222,10 +222,14 @@ def _data_digest(value: Any, where: str) -> str | None:
     return h.hexdigest()
 
 
-def describe(pipe: Any) -> dict[str, Any]:
-    """What determines the pipeline's output stream, as plain JSON data."""
+def describe(pipe: Any, name: str) -> dict[str, Any]:
+    """What determines pipeline ``name``'s output stream, as plain JSON data."""
     build_graph(pipe)
-    msg = protowire.parse(pipe.serialize())
+    try:  # DALI makes its backend here: where a bad argument (batch_size=0) is found
+        serialized = pipe.serialize()
+    except (RuntimeError, ValueError) as exc:
+        raise PipelineBuildError(build_failure(name, str(exc))) from exc
+    msg = protowire.parse(serialized)
     operators: dict[str, Any] = {}
     data: dict[str, str] = {}
     for raw in msg.get(5, []):

@@ -415,7 +415,7 @@ class Checkpointer:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
         dali_state.check_restorable(pipe, name)
-        description = dali_state.describe(pipe)
+        description = dali_state.describe(pipe, name)
         return pipe, description, data_contents.start(name, description,
                                                       self._ctx.content_digest_max)
 

@@ -62,13 +62,28 @@ def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     assert [rows[f"tpl-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
 
 
+def _failed_run(project, *args):
+    """A `dvc exp run` that must fail in one line; params.yaml put back (DVC
+    leaves a -S value in it, and git may not see the change: same size,
+    same second)."""
+    params = (project / "params.yaml").read_text()
+    proc = run(["dvc", "exp", "run", *args], project, check=False)
+    (project / "params.yaml").write_text(params)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
 def test_the_init_template_without_images_says_what_to_do(tmp_path):
-    """A new user's first `dvc exp run` before the images are in place: one
-    line each, no traceback (both were DALI's or Python's tracebacks)."""
+    """A new user's first `dvc exp run` before the images are in place, or
+    with a params.yaml value the template cannot use: one line each, no
+    traceback (each was DALI's or Python's traceback)."""
     make_project(tmp_path, message=None)
     run([*DVC_DALI, "init"], tmp_path)
     (tmp_path / "data/images").mkdir(parents=True)
     commit_all(tmp_path)
+    assert "train.py: params.yaml train.lr is 'fast', not a number: set it (`dvc exp run -S " \
+        "train.lr=...` or in params.yaml), then rerun" in _failed_run(tmp_path, "-S",
+                                                                       "train.lr=fast")
     no_class = run(["dvc", "exp", "run"], tmp_path, check=False)
     assert no_class.returncode != 0 and "Traceback" not in no_class.stderr, no_class.stderr
     assert "train.py: data/images holds no <class>/ folders: put your images in " \
@@ -80,6 +95,8 @@ def test_the_init_template_without_images_says_what_to_do(tmp_path):
         "nvidia.dali.fn.readers.file (made at train.py, line " in no_file.stderr, no_file.stderr
     assert "): No files found. Fix the pipeline's arguments or the files it reads" \
         in no_file.stderr, no_file.stderr
+    assert "PipelineBuildError: DALI could not build pipeline 'train': Invalid batch size: 0." \
+        in _failed_run(tmp_path, "-S", "train.batch_size=0")
 
 
 def test_show_draws_the_checkpoints_by_step_with_a_branch(project):

@@ -296,6 +296,22 @@ def test_a_pipeline_dali_cannot_build_is_said_in_one_line(tmp_path):
                         r"then rerun\.", str(raised.value)), raised.value
 
 
+def test_a_pipeline_argument_dali_refuses_is_said_in_one_line(tmp_path, data_dir):
+    """batch_size=0 (a params.yaml value): DALI refuses it where it makes
+    its backend, which describing the pipeline does first (it was DALI's
+    ValueError with a traceback through dvc-dali)."""
+    @pipeline_def(**CPU, seed=1)
+    def labels():
+        return fn.readers.file(file_root=str(data_dir / "images"), name="reader")[1]
+
+    ck = dvc_dali.Checkpointer(tmp_path / "ckpt")
+    with pytest.raises(dvc_dali.PipelineBuildError) as raised:
+        ck.pipeline("p", labels, batch_size=0)
+    assert str(raised.value) == ("DALI could not build pipeline 'p': Invalid batch size: 0. "
+                                 "Please set a positive integer. Fix the pipeline's arguments "
+                                 "or the files it reads, then rerun."), raised.value
+
+
 def test_changed_file_list_contents(tmp_path, data_dir):
     listing = tmp_path / "list.txt"
     files = sorted((data_dir / "images").rglob("*.jpg"))
