@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import re
 import struct
@@ -81,6 +82,30 @@ def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
     return pipe
 
 
+# (the Pipeline's attribute, the argument's name): integers DALI's backend
+# takes, whose wrong type it reports as "incompatible constructor arguments"
+_INTEGER_ARGS = (("max_batch_size", "batch_size"), ("num_threads", "num_threads"),
+                 ("device_id", "device_id"), ("seed", "seed"))
+
+
+def check_arguments(pipe: Any, name: str) -> None:
+    """Pipeline ``name``'s integer arguments are integers (None where DALI
+    allows it): a value read from a params file as a string or a float is
+    named here, which DALI's own error does not."""
+    for attr, arg in _INTEGER_ARGS:
+        value = getattr(pipe, attr, None)
+        if value is None and arg in ("device_id", "seed"):
+            continue
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) is not None
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"pipeline {name!r}: {arg}={value!r}: DALI takes an integer "
+                              f"here; pass one (a value read from a params file may be a "
+                              f"string: int(...) it)")
+
+
 def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = "") -> None:
     """Build ``pipe``, restoring ``state`` (read from ``state_file``) if given,
     as Pipeline(checkpoint=...) would: DALI restores only at build(), after
@@ -90,7 +115,7 @@ def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = ""
     pipe._checkpoint = None
     try:
         pipe.build()
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:  # ValueError: num_threads=0, found here
         raise PipelineBuildError(build_failure(name, str(exc))) from exc
     if state is None:
         return

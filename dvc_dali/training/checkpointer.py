@@ -397,6 +397,8 @@ class Checkpointer:
                 restore.
             PipelineBuildError: DALI cannot build the pipeline (no files
                 found, a bad argument), naming the operator and the line.
+            ConfigError: an integer argument (``batch_size``,
+                ``num_threads``, ``device_id``, ``seed``) that is not one.
 
         Warns:
             UnnamedOperatorWarning: a stateful operator without ``name=``.
@@ -414,6 +416,7 @@ class Checkpointer:
         if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
+        dali_state.check_arguments(pipe, name)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe, name)
         return pipe, description, data_contents.start(name, description,

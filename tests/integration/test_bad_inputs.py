@@ -296,20 +296,35 @@ def test_a_pipeline_dali_cannot_build_is_said_in_one_line(tmp_path):
                         r"then rerun\.", str(raised.value)), raised.value
 
 
-def test_a_pipeline_argument_dali_refuses_is_said_in_one_line(tmp_path, data_dir):
-    """batch_size=0 (a params.yaml value): DALI refuses it where it makes
-    its backend, which describing the pipeline does first (it was DALI's
-    ValueError with a traceback through dvc-dali)."""
-    @pipeline_def(**CPU, seed=1)
+@pytest.mark.parametrize("args, error, said", [
+    # found where DALI makes its backend, which describing the pipeline does first
+    ({"batch_size": 0}, dvc_dali.PipelineBuildError,
+     "DALI could not build pipeline 'p': Invalid batch size: 0. Please set a positive integer. "
+     "Fix the pipeline's arguments or the files it reads, then rerun."),
+    # found at build, as a ValueError
+    ({"num_threads": 0}, dvc_dali.PipelineBuildError,
+     "DALI could not build pipeline 'p': Pipeline created with `num_threads` < 1 can only be "
+     "used for serialization. Fix the pipeline's arguments or the files it reads, then rerun."),
+    # a string from a params file: DALI's "incompatible constructor arguments" named none
+    ({"batch_size": "8"}, dvc_dali.ConfigError,
+     "pipeline 'p': batch_size='8': DALI takes an integer here; pass one (a value read from a "
+     "params file may be a string: int(...) it)"),
+    ({"seed": 1.5}, dvc_dali.ConfigError,
+     "pipeline 'p': seed=1.5: DALI takes an integer here; pass one (a value read from a "
+     "params file may be a string: int(...) it)"),
+])
+def test_a_pipeline_argument_dali_refuses_is_said_in_one_line(tmp_path, data_dir, args, error,
+                                                              said):
+    """Pipeline arguments as a params.yaml may give them (each was DALI's
+    ValueError or TypeError with a traceback through dvc-dali)."""
+    @pipeline_def(**{"batch_size": 2, "num_threads": 1, "device_id": None, "seed": 1, **args})
     def labels():
         return fn.readers.file(file_root=str(data_dir / "images"), name="reader")[1]
 
     ck = dvc_dali.Checkpointer(tmp_path / "ckpt")
-    with pytest.raises(dvc_dali.PipelineBuildError) as raised:
-        ck.pipeline("p", labels, batch_size=0)
-    assert str(raised.value) == ("DALI could not build pipeline 'p': Invalid batch size: 0. "
-                                 "Please set a positive integer. Fix the pipeline's arguments "
-                                 "or the files it reads, then rerun."), raised.value
+    with pytest.raises(error) as raised:
+        ck.pipeline("p", labels)
+    assert str(raised.value) == said
 
 
 def test_changed_file_list_contents(tmp_path, data_dir):
