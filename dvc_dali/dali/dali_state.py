@@ -15,6 +15,7 @@ from __future__ import annotations
 # reaching DALI objects' private attributes is the doors' job, no other module's.
 # ruff: noqa: SLF001
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -22,7 +23,7 @@ import os
 import re
 import struct
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 from . import protowire
 from ..format import safe_json
@@ -82,28 +83,44 @@ def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
     return pipe
 
 
-# (the Pipeline's attribute, the argument's name): integers DALI's backend
-# takes, whose wrong type it reports as "incompatible constructor arguments"
-_INTEGER_ARGS = (("max_batch_size", "batch_size"), ("num_threads", "num_threads"),
-                 ("device_id", "device_id"), ("seed", "seed"))
+# (the Pipeline's attribute, the argument's name, whether None is allowed):
+# integers DALI's backend takes, whose wrong type it reports as
+# "incompatible constructor arguments", naming none
+_INTEGER_ARGS = (("max_batch_size", "batch_size", False), ("num_threads", "num_threads", False),
+                 ("device_id", "device_id", True), ("seed", "seed", True))
 
 
 def check_arguments(pipe: Any, name: str) -> None:
-    """Pipeline ``name``'s integer arguments are integers (None where DALI
-    allows it): a value read from a params file as a string or a float is
-    named here, which DALI's own error does not."""
-    for attr, arg in _INTEGER_ARGS:
+    """Pipeline ``name``'s integer arguments are integers: a value read from
+    a params file as a string or a float is named here."""
+    for attr, arg, none_allowed in _INTEGER_ARGS:
         value = getattr(pipe, attr, None)
-        if value is None and arg in ("device_id", "seed"):
-            continue
-        try:
-            ok = not isinstance(value, bool) and operator.index(value) is not None
-        except TypeError:
-            ok = False
-        if not ok:
+        if not (value is None and none_allowed) and not _is_integer(value):
             raise ConfigError(f"pipeline {name!r}: {arg}={value!r}: DALI takes an integer "
                               f"here; pass one (a value read from a params file may be a "
                               f"string: int(...) it)")
+
+
+def _is_integer(value: Any) -> bool:
+    """An int or a NumPy integer; not a bool, a float or a string."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _dali_builds(name: str) -> Iterator[None]:
+    """DALI's errors of making pipeline ``name``'s backend (a bad argument,
+    no files found) as one PipelineBuildError: DALI raises RuntimeError for
+    most, ValueError for some (batch_size=0, num_threads=0)."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as exc:
+        raise PipelineBuildError(build_failure(name, str(exc))) from exc
 
 
 def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = "") -> None:
@@ -113,10 +130,8 @@ def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = ""
     cannot be built (no files found, a bad argument) is said to be that, not
     a damaged checkpoint."""
     pipe._checkpoint = None
-    try:
+    with _dali_builds(name):
         pipe.build()
-    except (RuntimeError, ValueError) as exc:  # ValueError: num_threads=0, found here
-        raise PipelineBuildError(build_failure(name, str(exc))) from exc
     if state is None:
         return
     pipe._checkpoint = state
@@ -250,10 +265,8 @@ def _data_digest(value: Any, where: str) -> str | None:
 def describe(pipe: Any, name: str) -> dict[str, Any]:
     """What determines pipeline ``name``'s output stream, as plain JSON data."""
     build_graph(pipe)
-    try:  # DALI makes its backend here: where a bad argument (batch_size=0) is found
+    with _dali_builds(name):  # DALI makes its backend here, where batch_size=0 is found
         serialized = pipe.serialize()
-    except (RuntimeError, ValueError) as exc:
-        raise PipelineBuildError(build_failure(name, str(exc))) from exc
     msg = protowire.parse(serialized)
     operators: dict[str, Any] = {}
     data: dict[str, str] = {}
