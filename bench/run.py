@@ -18,7 +18,8 @@ ratio measured side by side in this run.
    `dvc-dali show` with 1,000 rows vs its floor (git for-each-ref + cat-file)
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks; asynchronous checkpoints
    across 2 and 4 ranks (blocking vs the snapshot alone and vs synchronous, per-rank
-   write and commit times) and the distributed example's throughput with them
+   write and commit times) and the distributed example's throughput with them,
+   vs none and vs the floor's checkpoints (example_floor.py: one file a rank, fsynced)
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
 9. restore of a 1.06 GB torch model + AdamW state (336 tensors; --quick: 265 MB)
