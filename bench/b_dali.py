@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from common import Row, fmt_s, median, say, write_jpegs, yes_no
+from common import FloorWriter, Row, fmt_s, median, say, write_jpegs, yes_no
 
 perf = time.perf_counter
 WEIGHTS = 256 * 1024  # float32: a 1 MB model saved with each checkpoint
@@ -38,8 +38,9 @@ def trial(mode: str, root: Path, steps: int, warmup: int, ckdir: Path
     every = (int(mode[1:].removesuffix("async").removesuffix("floor")) if mode.startswith("K")
              else 0)
     save = ck.make_checkpoint if mode.endswith("async") else getattr(ck, "save", None)
-    if mode.endswith("floor"):
-        save = _floor_saver(ckdir)
+    floor = FloorWriter(ckdir) if mode.endswith("floor") else None
+    if floor is not None:  # the same weights made durable, nothing else
+        save = lambda step, arrays: floor.save(lambda: [arrays["w"].copy()])  # noqa: E731
     w = np.random.default_rng(0).standard_normal(WEIGHTS).astype(np.float32)
     for _ in range(warmup):
         pipe.run()
@@ -65,44 +66,14 @@ def trial(mode: str, root: Path, steps: int, warmup: int, ckdir: Path
                 save(step, arrays={"w": w})
                 saves.append(perf() - t)
                 per_save.append((len(fsyncs) - before, sum(fsyncs[before:])))
-        if ck is not None or mode.endswith("floor"):
-            (ck or save).wait()  # an asynchronous save in flight is part of the trial
+        if ck is not None or floor is not None:
+            (ck or floor).wait()  # an asynchronous save in flight is part of the trial
         elapsed = perf() - t0
     finally:
         os.fsync = real_fsync
     del pipe, ck
     gc.collect()
     return steps / elapsed, saves, per_save
-
-
-class _floor_saver:
-    """The floor of an asynchronous checkpoint: the same weights made durable
-    (one new file written and fsynced, the previous one removed) on a
-    background thread, nothing else; ck.wait() as for ours."""
-
-    def __init__(self, ckdir: Path) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        ckdir.mkdir(parents=True)
-        self.dir, self.pool, self.future, self.n = ckdir, ThreadPoolExecutor(1), None, 0
-
-    def __call__(self, step: int, arrays: dict) -> None:
-        self.wait()
-        data = arrays["w"].copy()  # what the asynchronous capture copies
-        self.n += 1
-        self.future = self.pool.submit(self._write, data, self.n)
-
-    def _write(self, data, n: int) -> None:
-        with open(self.dir / f"{n}.npy", "wb") as fh:
-            fh.write(memoryview(data).cast("B"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        (self.dir / f"{n - 1}.npy").unlink(missing_ok=True)
-
-    def wait(self) -> None:
-        if self.future is not None:
-            self.future.result()
-        self.future = None
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:

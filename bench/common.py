@@ -125,6 +125,40 @@ def fmt_s(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} us"
 
 
+class FloorWriter:
+    """The floor of an asynchronous checkpoint (benchmarks 4 and 7): at each
+    save, the write in flight waited for, the host copies taken, then written
+    into one new file, fsynced and the previous file removed on a background
+    thread. Nothing else: what any durable asynchronous save of them costs."""
+
+    def __init__(self, directory: Path, prefix: str = "") -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.dir, self.prefix, self.n = directory, prefix, 0
+        self.pool = ThreadPoolExecutor(1)
+        self.future: Future | None = None
+
+    def save(self, take_copies: Any) -> None:
+        """``take_copies()``: the arrays to write, copied (the snapshot)."""
+        self.wait()
+        self.n += 1
+        self.future = self.pool.submit(self._write, take_copies(), self.n)
+
+    def _write(self, copies: list, n: int) -> None:
+        with open(self.dir / f"{self.prefix}{n}.bin", "wb") as fh:
+            for array in copies:
+                fh.write(memoryview(array).cast("B"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        (self.dir / f"{self.prefix}{n - 1}.bin").unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        if self.future is not None:
+            self.future.result()
+        self.future = None
+
+
 @dataclasses.dataclass
 class Row:
     """One line of the result table."""
