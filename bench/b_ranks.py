@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,22 +145,48 @@ def _file_work_row(tmp: Path, quick: bool) -> tuple[Row, dict[str, Any]]:
                f"{files * 1000:.2f} ms", f"{packed / files:.2f}", values=values), values
 
 
-def _example_seconds(tmp: Path, data: Path, every: int, steps: int, tag: str,
-                     script: Path = EXAMPLES / "train.py") -> float:
-    """Seconds the example's 2 ranks took for ``steps`` steps (its own clock,
-    from its first step to its last checkpoint's line); ``script``: the
-    example, or example_floor.py (the floor's checkpoints in place of ours)."""
+@dataclass
+class _ExampleRun:
+    """One run of the distributed example (example_floor.py's arms print the rest)."""
+
+    seconds: float  # its own clock, from its first step to its last checkpoint's line
+    cpu: dict[int, tuple[float, float]]  # rank: CPU per checkpoint (training, background)
+    intervals: list[list[Any]]  # alternate, rank 0: [ours made, seconds] per interval
+
+
+def _example_run(tmp: Path, data: Path, every: int, steps: int, tag: str,
+                 arm: str | None = None) -> _ExampleRun:
+    """The example's 2 ranks for ``steps`` steps: the example itself, or
+    with ``arm`` example_floor.py's (floor, loop, ours or alternate)."""
     work = tmp / f"example-{tag}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "params.yaml").write_text(
         f"train:\n  framework: torch\n  steps: {steps}\n  checkpoint_every: {every}\n"
         f"  data: {data}\n  device: cpu\n")
+    script = EXAMPLES / "train.py" if arm is None else BENCH / "example_floor.py"
     out = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", 2,
                script, "--checkpoint", work / "checkpoint",
                "--model", work / "model.npz", "--live", work / "dvclive"], work,
-              {"DVC_DALI_ASYNC": "1"})
+              {"DVC_DALI_ASYNC": "1", "DVC_DALI_BENCH_ARM": arm or ""})
     found = re.findall(rf"step +{steps}/{steps} .*\(([0-9.]+) s\)", out.stdout)
-    return float(found[-1])
+    cpu = {int(r): (float(t) / 1000, float(b) / 1000) for r, t, b in re.findall(
+        r"bench cpu per checkpoint rank (\d+): ([0-9.]+) ms, ([0-9.]+) ms", out.stdout)}
+    spans = re.findall(r"bench intervals rank 0: (.*)", out.stdout)
+    return _ExampleRun(float(found[-1]), cpu, json.loads(spans[-1]) if spans else [])
+
+
+# benchmark 7's example arms: (name, checkpoint interval, example_floor.py's arm)
+_ARMS = (("none", 10 ** 9, None), ("loop", 10, "loop"), ("floor", 10, "floor"),
+         ("ours", 10, "ours"), ("alternate", 10, "alternate"))
+# its throughput rows: (arm, reference arm, what the row compares, goal)
+_RATIOS = (
+    ("ours", "none", "async checkpoint every 10 steps vs none", 0.97),
+    ("loop", "none", "the example's own work at each checkpoint (its metrics logged, its "
+                     "model file written; no checkpoint) every 10 steps vs none", None),
+    ("floor", "loop", "the floor (each rank's tensors copied, written to one file and "
+                      "fsynced on a thread) vs the example's own work alone", None),
+    ("ours", "loop", "async checkpoint vs the example's own work alone", None),
+    ("ours", "floor", "async checkpoint every 10 steps vs the floor", None))
 
 
 def _throughput_row(tmp: Path, quick: bool) -> tuple[list[Row], dict[str, Any]]:
@@ -167,24 +194,19 @@ def _throughput_row(tmp: Path, quick: bool) -> tuple[list[Row], dict[str, Any]]:
     if not data.is_dir():
         run([PY, EXAMPLES / "prepare.py", data], tmp)
     # 2 ranks on 2 cores: one round's ratio varies by +-7%, so several short
-    # rounds, each a run of the three back to back, and the median of their ratios
+    # rounds, each a run of every arm back to back, and the median of their ratios
     steps, rounds = (400, 3) if quick else (600, 7)
-    say(f"[7] the distributed example, {steps} steps, async every 10 vs the floor's "
-        f"checkpoints every 10 vs none, {rounds} rounds")
-    runs: dict[str, list[float]] = {"none": [], "ours": [], "floor": []}
+    say(f"[7] the distributed example, {steps} steps, {rounds} rounds of: no checkpoint, the "
+        "example's own work every 10 steps, the floor's checkpoints and ours")
+    found: dict[str, list[_ExampleRun]] = {name: [] for name, _, _ in _ARMS}
     for i in range(rounds):  # alternated, side by side
-        runs["none"].append(_example_seconds(tmp, data, 10 ** 9, steps, f"none-{i}"))
-        runs["ours"].append(_example_seconds(tmp, data, 10, steps, f"async-{i}"))
-        runs["floor"].append(_example_seconds(tmp, data, 10, steps, f"floor-{i}",
-                                              BENCH / "example_floor.py"))
+        for name, every, arm in _ARMS:
+            found[name].append(_example_run(tmp, data, every, steps, f"{name}-{i}", arm))
+    runs = {name: [r.seconds for r in found[name]] for name in found}
     values: dict[str, Any] = {f"{k}_s": v for k, v in runs.items()}
     values["steps"] = steps
     rows = []
-    for key, over, label, goal in (
-            ("ours", "none", "async checkpoint every 10 steps vs none", 0.97),
-            ("floor", "none", "the floor (each rank's tensors copied, written to one file "
-                              "and fsynced on a thread) every 10 steps vs none", None),
-            ("ours", "floor", "async checkpoint every 10 steps vs the floor", None)):
+    for key, over, label, goal in _RATIOS:
         # steps/s of ``key`` over steps/s of ``over``, round by round
         ratios = sorted(b / a for a, b in zip(runs[key], runs[over]))
         ratio = median(ratios)
@@ -196,7 +218,54 @@ def _throughput_row(tmp: Path, quick: bool) -> tuple[list[Row], dict[str, Any]]:
                         f"{ratio:.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})",
                         f">= {goal}" if goal else "-",
                         yes_no(ratio >= goal) if goal else "n/a", values=values))
+    rows.append(_cpu_row({name: [r.cpu for r in found[name]] for name in found}, values))
+    rows.append(_interval_row([r.intervals for r in found["alternate"]], values))
     return rows, values
+
+
+def _interval_row(rounds: list[list[list[Any]]], values: dict[str, Any]) -> Row:
+    """One run per round, ours at every other checkpoint: each interval after
+    one of ours against the next, after none (the first pair left out: a
+    first checkpoint's costs), the median of every pair's ratio."""
+    on, off = [], []
+    for spans in rounds:
+        for (made, with_ours), (_, without) in zip(spans[2::2], spans[3::2]):
+            assert made, spans
+            on.append(with_ours)
+            off.append(without)
+    ratios = sorted(b / a for a, b in zip(on, off))
+    ratio = median(ratios)
+    values["alternate"] = {"with_s": on, "without_s": off, "ratios": ratios}
+    return Row(f"[7] distributed example: a checkpoint interval (10 steps) after an async "
+               f"checkpoint vs after none, ours at every other checkpoint in one run (rank 0, "
+               f"median of {len(ratios)} pairs; quartiles)",
+               f"{median(on) * 1000:.1f} ms", f"{median(off) * 1000:.1f} ms",
+               f"{ratio:.3f} ({ratios[len(ratios) // 4]:.3f}-{ratios[3 * len(ratios) // 4]:.3f})"
+               if ratios else "-", values={"pairs": len(ratios)})
+
+
+def _cpu_row(cpu: dict[str, list[dict[int, tuple[float, float]]]],
+             values: dict[str, Any]) -> Row:
+    """Each rank's CPU per checkpoint, ours vs the floor's (medians over rounds)."""
+    def per_rank(arm: str) -> dict[int, tuple[float, float]]:
+        ranks = sorted({r for found in cpu[arm] for r in found})
+        return {r: tuple(median(f[r][k] for f in cpu[arm] if r in f) for k in (0, 1))
+                for r in ranks}
+
+    ours, floor = per_rank("ours"), per_rank("floor")
+    values["cpu_per_checkpoint_s"] = {"ours": ours, "floor": floor}
+
+    def text(found: dict[int, tuple[float, float]]) -> str:
+        return "; ".join(f"rank {r} {t * 1e3:.2f} + {b * 1e3:.2f} ms"
+                         for r, (t, b) in found.items())
+
+    total = {arm: sum(t + b for t, b in found.values())
+             for arm, found in (("ours", ours), ("floor", floor))}
+    return Row("[7] distributed example: CPU per checkpoint per rank, training thread + "
+               "background threads, async checkpoint vs the floor (median of the rounds)",
+               text(ours), text(floor),
+               f"{total['ours'] / total['floor']:.1f}x" if total["floor"] else "-",
+               values={"ours": ours, "floor": floor})
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:

@@ -19,7 +19,9 @@ ratio measured side by side in this run.
 7. checkpoint time with 1, 2 and 4 torch.distributed ranks; asynchronous checkpoints
    across 2 and 4 ranks (blocking vs the snapshot alone and vs synchronous, per-rank
    write and commit times) and the distributed example's throughput with them,
-   vs none and vs the floor's checkpoints (example_floor.py: one file a rank, fsynced)
+   vs none, vs its own work at each checkpoint alone and vs the floor's checkpoints
+   (example_floor.py: one file a rank, fsynced), each rank's CPU per checkpoint, and
+   each interval after one of ours vs after none, alternated in one run
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
 9. restore of a 1.06 GB torch model + AdamW state (336 tensors; --quick: 265 MB)

@@ -145,7 +145,7 @@ def checkpoint_interval(ck, live, step: int, steps: int, loss: float, acc: float
     write_model()
     ck.make_checkpoint(step, arrays=arrays, metadata={**metadata, "loss": loss, "acc": acc})
     print(f"step {step:>6}/{steps}  loss {loss:.4f}  acc {acc:.3f}  "
-          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+          f"({time.perf_counter() - t0:.2f} s)", flush=True)
     kill_if_at(step, kill_at)
 
 

@@ -104,7 +104,7 @@ class AsyncRanks:
         mark = rank_commit.Durable(captured.step, f"{rank_dir}/{name}", sha)
         self.kv.set(f"{seq}/durable/{self.rank}", rank_commit.format_durable(mark))
         if self.rank == 0:
-            self._commit(seq, captured.step, record)
+            self._commit(seq, mark, record)
         else:
             self._await_done(seq, captured.step)
 
@@ -127,9 +127,10 @@ class AsyncRanks:
             return LEFT, None
         return ALIVE, unlike
 
-    def _commit(self, seq: str, step: int, record: Callable[[int, str], None]) -> None:
-        t0 = time.perf_counter()
-        decision = self._all_durable(seq, step)
+    def _commit(self, seq: str, mark: rank_commit.Durable,
+                record: Callable[[int, str], None]) -> None:
+        t0, step = time.perf_counter(), mark.step
+        decision = self._all_durable(seq, mark)
         self.timings["wait_ranks_s"] = time.perf_counter() - t0
         done = f"{seq}/done"
         if decision.action == rank_commit.FAIL:
@@ -155,21 +156,21 @@ class AsyncRanks:
                     " and the row recorded" if self.recording else "",
                     self.timings["record_s"] * 1000)
 
-    def _all_durable(self, seq: str, step: int) -> rank_commit.Decision:
-        """Rank 0 waits until every rank's files of checkpoint ``seq`` are
-        durable, or one rank ended before (rank_commit.decide)."""
-        marks: dict[int, rank_commit.Durable] = {}
+    def _all_durable(self, seq: str, own: rank_commit.Durable) -> rank_commit.Decision:
+        """Rank 0 (its own files durable: ``own``) waits until every rank's
+        files of checkpoint ``seq`` are durable, or one rank ended before
+        (rank_commit.decide)."""
+        step, marks = own.step, {0: own}
         waiting = _Waiting()
         while True:
-            # the dead first, then their marks: a rank that marked, then died, counts
-            seen = {r: self._seen(r) for r in range(self.world_size) if r not in marks}
+            self._read_marks(seq, marks)  # all there (the usual case): no liveness asked
+            seen = {}
+            if len(marks) < self.world_size:
+                # the dead first, then their marks: a rank that marked, then died, counts
+                seen = {r: self._seen(r) for r in range(self.world_size) if r not in marks}
+                self._read_marks(seq, marks)
             dead = {r for r, (state, _) in seen.items() if state == DEAD}
             left = {r for r, (state, _) in seen.items() if state == LEFT}
-            for r in range(self.world_size):
-                if r not in marks:
-                    found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
-                    if found is not None:
-                        marks[r] = found
             unlike = {r: s for r, (_, s) in seen.items() if s is not None and r not in marks}
             if unlike:  # directories named as each rank resolved its own
                 unlike[0] = self.announced.setup
@@ -182,6 +183,14 @@ class AsyncRanks:
             waiting.say(lambda s: rank_commit.waiting_for_files_message(
                 step, decision.waiting_for, self.world_size, s))
             self.kv.wait(f"{seq}/durable/{decision.waiting_for[0]}", LIVENESS_S)
+
+    def _read_marks(self, seq: str, marks: dict[int, rank_commit.Durable]) -> None:
+        """Into ``marks``: the durable marks of checkpoint ``seq`` set since."""
+        for r in range(self.world_size):
+            if r not in marks:
+                found = rank_commit.parse_durable(self.kv.get_now(f"{seq}/durable/{r}"))
+                if found is not None:
+                    marks[r] = found
 
     def _await_done(self, seq: str, step: int) -> None:
         """A rank other than 0: until rank 0 recorded (or gave up) checkpoint ``seq``."""
