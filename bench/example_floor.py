@@ -142,15 +142,12 @@ _timed_save = CPU.timed(FloorWriter.save, "training")
 dvc_dali.Checkpointer.make_checkpoint = _make_checkpoint  # type: ignore[method-assign]
 _our_wait = dvc_dali.Checkpointer.wait
 dvc_dali.Checkpointer.wait = _wait  # type: ignore[method-assign]
-# every rank's write, and rank 0's commit, run here (the last checkpoint's too:
-# the count is of those before it, so it is left out)
-_our_job = async_ranks.AsyncRanks._run
-
-
+_our_job = async_ranks.AsyncRanks._run  # every rank's write, and rank 0's commit
 _timed_job = CPU.timed(_our_job, "background")
 
 
 def _job(self: Any, seq: str, captured: Any, record: Any) -> None:
+    """Ours, its CPU counted but at the last step (CPU.count is of those before it)."""
     total = (captured.run or {}).get("total_steps")
     last = total is not None and captured.step >= total
     return (_our_job if last else _timed_job)(self, seq, captured, record)
