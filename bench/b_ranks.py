@@ -235,13 +235,14 @@ def _interval_row(rounds: list[list[list[Any]]], values: dict[str, Any]) -> Row:
             off.append(without)
     ratios = sorted(b / a for a, b in zip(on, off))
     ratio = median(ratios)
-    values["alternate"] = {"with_s": on, "without_s": off, "ratios": ratios}
+    values["alternate"] = {"with_s": on, "without_s": off, "ratios": ratios,
+                           "pairs": len(ratios)}
     return Row(f"[7] distributed example: a checkpoint interval (10 steps) after an async "
                f"checkpoint vs after none, ours at every other checkpoint in one run (rank 0, "
                f"median of {len(ratios)} pairs; quartiles)",
                f"{median(on) * 1000:.1f} ms", f"{median(off) * 1000:.1f} ms",
                f"{ratio:.3f} ({ratios[len(ratios) // 4]:.3f}-{ratios[3 * len(ratios) // 4]:.3f})"
-               if ratios else "-", values={"pairs": len(ratios)})
+               if ratios else "-", values=values)
 
 
 def _cpu_row(cpu: dict[str, list[dict[int, tuple[float, float]]]],
@@ -265,7 +266,7 @@ def _cpu_row(cpu: dict[str, list[dict[int, tuple[float, float]]]],
                "background threads, async checkpoint vs the floor (median of the rounds)",
                text(ours), text(floor),
                f"{total['ours'] / total['floor']:.1f}x" if total["floor"] else "-",
-               values={"ours": ours, "floor": floor})
+               values=values)
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:

@@ -55,7 +55,7 @@ class _Cpu:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.training = self.background = 0.0
+        self.seconds = {"training": 0.0, "background": 0.0}
         self.count = 0
 
     def timed(self, fn: Callable[..., Any], where: str) -> Callable[..., Any]:
@@ -65,14 +65,15 @@ class _Cpu:
                 return fn(*args, **kwargs)
             finally:
                 with self.lock:
-                    setattr(self, where, getattr(self, where) + time.thread_time() - start)
+                    self.seconds[where] += time.thread_time() - start
 
         return run
 
     def say(self) -> None:
         n = max(self.count, 1)
-        print(f"{CPU_LINE} rank {os.environ.get('RANK', '0')}: {self.training / n * 1e3:.3f} "
-              f"ms, {self.background / n * 1e3:.3f} ms, {self.count}", flush=True)
+        training, background = (self.seconds[k] / n * 1e3 for k in ("training", "background"))
+        print(f"{CPU_LINE} rank {os.environ.get('RANK', '0')}: {training:.3f} ms, "
+              f"{background:.3f} ms, {self.count}", flush=True)
 
 
 CPU = _Cpu()
