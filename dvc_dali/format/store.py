@@ -25,6 +25,7 @@ against the manifest before its array is allocated (npy).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -119,10 +120,16 @@ class _Crc32:
 HASHERS: dict[str, Callable[[], Any]] = {"md5": hashlib.md5, "crc32": _Crc32}
 
 
-def _start_writeback(fd: int) -> None:
+# From this size on, a file's writeback is started as soon as it is written:
+# below it the snapshot's fsyncs follow within a millisecond, and the call
+# cost more (~40 us of CPU a file) than it saved.
+WRITEBACK_FROM = 1 << 20
+
+
+def _start_writeback(fd: int, size: int) -> None:
     """Ask the kernel to start writing the file out now (Linux), so the
     fsync at the end of the snapshot finds most of it on disk already."""
-    if _sync_file_range is not None:
+    if size >= WRITEBACK_FROM and _sync_file_range is not None:
         _sync_file_range(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; its errors do not matter
 
 
@@ -141,13 +148,41 @@ _sync_file_range = _libc_sync_file_range()
 
 
 def _write_all(fd: int, parts: list, crc: _Crc32) -> None:
+    """Write parts in order, each CRC'd while in the CPU's cache. Parts below
+    _CHUNK go out together in writev calls (a pack of 17 small arrays took
+    27 write calls), larger ones a _CHUNK at a time."""
+    small: list[memoryview] = []
     for x in parts:
         view = memoryview(x).cast("B")
+        if len(view) < _CHUNK:
+            crc.update(view)
+            small.append(view)
+            continue
+        _writev_all(fd, small)
         for start in range(0, len(view), _CHUNK):
             chunk = view[start:start + _CHUNK]
             crc.update(chunk)  # while the chunk is in the CPU's cache
-            while chunk:
-                chunk = chunk[os.write(fd, chunk):]
+            _writev_all(fd, [chunk])
+    _writev_all(fd, small)
+
+
+_IOV_MAX = 1024  # buffers one writev takes (Linux)
+
+
+def _writev_all(fd: int, views: list[memoryview]) -> None:
+    """Write every byte of ``views`` in order, however little each writev
+    takes; ``views`` is emptied."""
+    i = 0
+    while i < len(views):
+        written = os.writev(fd, views[i:i + _IOV_MAX])
+        if written == 0 and len(views[i]):  # never for a file; not a loop for ever
+            raise OSError(errno.EIO, "write wrote nothing")
+        while i < len(views) and written >= len(views[i]):
+            written -= len(views[i])
+            i += 1
+        if written:
+            views[i] = views[i][written:]
+    views.clear()
 
 
 def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str, Any]]:
@@ -174,7 +209,7 @@ def _write_unsynced(path: Path, parts: list, digest: str) -> tuple[int, dict[str
     try:  # the helper is joined whatever fails, the open included
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         _write_all(fd, parts, crc)
-        _start_writeback(fd)
+        _start_writeback(fd, size)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -491,6 +526,9 @@ def write_capture(root: Path, capture: Capture,
         batch.sync()  # every file and directory durable before the snapshot is named
         os.rename(tmp, root / name)
         atomic_file.fsync_dir(root)
+        STATE.snapshot_members[str(root / name)] = (
+            tuple(batch.files), tuple(sorted({rel.split("/")[0] for rel in batch.files
+                                              if "/" in rel})))
     except OSError as exc:
         # A full disk, a file size limit, a read-only directory: the previous
         # checkpoint and LATEST are untouched; drop the partial one now.
@@ -524,9 +562,47 @@ def remove_leftovers(root: Path, keep: str) -> None:
                    and (e.name.startswith(".tmp-") or _SNAPSHOT_NAME.match(e.name))]
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
+            if not _remove_written(entry.path):
+                shutil.rmtree(entry.path, ignore_errors=True)
         else:
             Path(entry.path).unlink(missing_ok=True)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_written(path: str) -> bool:
+    """Remove a snapshot this process wrote by the names it wrote (a third of
+    rmtree's system calls: no scan, no stat); False where it is not one, or
+    holds anything else (rmtree then removes the rest). Relative to
+    directories opened without following links, as rmtree does."""
+    members = STATE.snapshot_members.pop(path, None)
+    if members is None:
+        return False
+    files, subdirs = members
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return False
+    fds = {"": fd}
+    try:
+        for sub in subdirs:
+            fds[sub] = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+        for rel in files:
+            sub, _, base = rel.rpartition("/")
+            os.unlink(base, dir_fd=fds[sub])
+        for sub in subdirs:
+            os.rmdir(sub, dir_fd=fd)
+    except OSError:
+        return False
+    finally:
+        for each in fds.values():
+            os.close(each)
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 def _kind(mode: int) -> str:
