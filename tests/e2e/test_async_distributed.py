@@ -164,3 +164,27 @@ def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):
     for name in rows:  # every row holds both ranks' states, at the row's step
         step = int(name.rsplit("-step", 1)[1])
         assert row_ranks(work, name) == [(f"rank-{r:05d}", f"{step:09d}") for r in (0, 1)], name
+
+
+def test_temp_and_queued_runs_record_both_ranks_at_every_row(reference, tmp_path):
+    """The same asynchronous commit from DVC's temporary directories: under
+    `--temp`, and queued then run by a queue worker, every row holds both
+    ranks' states at its step, and the run ends with the uninterrupted
+    synchronous run's model."""
+    work = two_ranks(tmp_path / "work")
+    temp = run(["dvc", "exp", "run", "--temp", "-n", "t", *TORCH], work, env=ASYNC)
+    run(["dvc", "exp", "run", "--queue", "-n", "q", *TORCH], work, env=ASYNC)
+    run(["dvc", "exp", "run", "--run-all", "-j", "1"], work, env=ASYNC)
+    queued = run(["dvc", "queue", "logs", "q"], work)
+    for said in (temp.stdout + temp.stderr, queued.stdout + queued.stderr):
+        # written in the background: 6 checkpoints by each of the 2 ranks
+        assert said.count(" (in the background)") == 12, said[-3000:]
+        assert said.count("dvc-dali: rank 0/2 committed step 60") == 1, said[-3000:]
+    rows = exp_rows(work)
+    for name in ("t", "q"):
+        for step in range(10, 70, 10):
+            assert row_ranks(work, f"{name}-step{step}") == [
+                (f"rank-{r:05d}", f"{step:09d}") for r in (0, 1)], (name, step, sorted(rows))
+        assert f"{name}-step70" not in rows
+        run(["dvc", "exp", "apply", f"{name}-step60"], work)
+        assert model_sha(work) == reference, name
