@@ -21,7 +21,7 @@ from ..core import atomic_file
 from ..core.context import RunContext
 from ..core.errors import RecordError
 from ..core.log import logger
-from . import dvc_door, lockfile
+from . import dvc_door, held, lockfile
 from ..reading import gitcmd
 from ..reading.exp_refs import git_dirs, list_rows, outs_digest, tree_path
 
@@ -155,6 +155,27 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
         f"{'row ' + row if row else 'a recorded run'} ({md5}), but its data is neither in the "
         f"workspace nor in the DVC cache, so this run would start from step 0. Fetch it with "
         f"{fetch}, or start over on purpose with `dvc-dali reset`.")
+
+
+def refuse_lost(ctx: RunContext, repo: Any, stage: Any, out: Any, late: bool) -> None:
+    """Refuse a run that lost the workspace's recorded checkpoint (held.py):
+    DVC deleted it, or does not carry it, because dvc.lock names none, and
+    the run would start from step 0 as if there were none. ``late``: the
+    script read its state already, so a cached output there is its own."""
+    if not ctx.dvc_root:
+        return
+    entries = _entries(ctx, repo, stage)
+    named = next((md5 for _, e in entries if (md5 := lockfile.out_md5(e, out.def_path))), None)
+    lock_rel = os.path.relpath(entries[0][0], repo.root_dir)
+    note = held.read(ctx.dvc_root, lock_rel, stage.name)
+    kept = _present(out.fs_path) and not (late and out.use_cache)
+    if not held.lost(note, out.def_path, named, kept):
+        return
+    temp = not _workspace_run(ctx, repo)
+    if temp and _workspace_busy(ctx, repo, out):  # its run's dvc.lock is not written yet
+        return
+    exists = any(r["name"] == note["row"] for r in list_rows(ctx.dvc_root))
+    raise RecordError(held.refusal(lock_rel, stage.addressing, out.def_path, note, exists, temp))
 
 
 def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:

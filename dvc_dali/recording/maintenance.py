@@ -12,7 +12,7 @@ from ..core.context import RunContext
 from ..core.errors import RecordError
 from ..core.process_state import STATE
 from ..format import dirlock
-from . import dvc_door, lockfile
+from . import dvc_door, held, lockfile
 from .outputs import is_checkpoint_dir
 from .stage import STAGE_FIX, find_stage, stage_problems
 
@@ -89,10 +89,22 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         lock_path = dvc_door.lockfile_path(stg)
         if outs and lockfile.remove_entry(lock_path, stg.name):
             removed.append(f"{os.path.relpath(lock_path, repo.root_dir)}:{stg.name}")
+        removed += _forget_held(repo.root_dir, stg)
     if not removed and stage is not None:
         raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
                           "with a LATEST file or declared `checkpoint: true`)")
     return removed
+
+
+def _forget_held(root: str, stg: Any) -> list[str]:
+    """The note of which row the workspace's checkpoint was (held.py), removed:
+    else a run after a reset whose checkpoint is gone would be refused."""
+    lock_rel = os.path.relpath(dvc_door.lockfile_path(stg), root)
+    row = held.forget(root, lock_rel, stg.name)
+    if row is None:
+        return []
+    note = os.path.relpath(held.note_path(root, lock_rel, stg.name), root)
+    return [f"{note} (the note that stage '{stg.name}' last held row {row})"]
 
 
 def _locked_checkpoint(stg: Any, out: Any) -> bool:

@@ -38,7 +38,7 @@ from ..core import row_files
 from ..core import run as runs
 from ..core.process_state import STATE
 from ..core.run import Run
-from . import auto_push, commit, dvc_door, lockfile, outputs, retention, rows, run_start
+from . import auto_push, commit, dvc_door, held, lockfile, outputs, retention, rows, run_start
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
@@ -363,6 +363,9 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
+    if where.workspace:  # which row the workspace's checkpoint is, should DVC delete it
+        held.write(where.repo.root_dir, os.path.relpath(lock_path, where.repo.root_dir),
+                   stg.name, row, lineage.step, entry)
     where.run.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.run)
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,

@@ -35,7 +35,7 @@ from ..core.flat_keys import flat_keys
 from ..core.log import logger
 from ..core.run import Run
 from . import cut_short, dvc_door
-from .carry import carry, missed
+from .carry import carry, missed, refuse_lost
 from .stage import find_stage, output_at
 
 
@@ -87,6 +87,8 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
         carried = missed(ctx, repo, stage, checkpoint)
     elif carry_checkpoint and checkpoint is not None:
         carried = carry(ctx, repo, stage, checkpoint)
+    if checkpoint is not None:  # before the script reads its state, or records a row
+        refuse_lost(ctx, repo, stage, checkpoint, late=carry_checkpoint == "late")
     start = RunStart({}, carried=carried,
                      row_files=dvc_door.row_held_paths(repo, stage, checkpoint))
     start.resumed_row, start.later_rows = _applied_row(ctx, repo, stage)

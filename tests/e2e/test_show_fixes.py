@@ -33,6 +33,8 @@ def two_baselines(tmp_path_factory) -> Path:
     run(["git", "commit", "-q", "-m", "notes"], project)
     shutil.rmtree(project / "checkpoint")  # started over: a new run, not sh1 resumed
     (project / "dvc.lock").unlink()
+    # and on purpose: else a run whose recorded checkpoint is gone is refused
+    run([*DVC_DALI, "reset"], project)
     run(["dvc", "exp", "run", "-n", "sh2"], project)
     return project
 
@@ -72,8 +74,12 @@ def test_two_rows_with_the_same_outputs_only_the_newest_is_dvc_s_experiment(two_
     twin_message = message.replace("parent=", f"parent={last[0]} was=")
     tree = run(["git", "rev-parse", f"{last[0]}^{{tree}}"], two_baselines).stdout.strip()
     base = run(["git", "rev-parse", f"{last[0]}^"], two_baselines).stdout.strip()
-    twin = run(["git", "commit-tree", tree, "-p", base, "-m", twin_message],
-               two_baselines).stdout.strip()
+    # recorded after it: a row's commit time may run ahead of the clock (rows
+    # of one second get the next seconds), so the twin's is set past it
+    after = int(run(["git", "log", "-1", "--format=%ct", last[0]], two_baselines).stdout) + 1
+    twin = run(["git", "commit-tree", tree, "-p", base, "-m", twin_message], two_baselines,
+               env={"GIT_COMMITTER_DATE": f"{after} +0000", "GIT_AUTHOR_DATE": f"{after} +0000"}
+               ).stdout.strip()
     ref = last[1] + "-again"
     run(["git", "update-ref", ref, twin], two_baselines)
     try:

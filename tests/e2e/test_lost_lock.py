@@ -1,0 +1,161 @@
+"""dvc.lock deleted after checkpoints were recorded, then `dvc exp run`.
+
+Before running the stage, `dvc exp run` checks its outputs out to what
+dvc.lock names and deletes a cached output it does not name (DVC 2.58 did
+the same to `checkpoint: true` outputs); `--temp` and queued runs get no
+checkpoint then either. The run started from step 0 and ended as a
+success that resumed nothing. It is refused now, in one line naming
+dvc.lock and the row to `dvc exp apply` (which resumes it), or
+`dvc-dali reset` to start over. Real `dvc exp run`, a real DALI pipeline
+over PNG files: the `dvc-dali init` template (a Checkpointer) in one shared
+project, a bare make_checkpoint() port of a DVC 2 script in another.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.dvc_project import commit_all, run, template_project
+from tests.helpers.rows import exp_refs
+
+REFUSED = "dvc.lock names no checkpoint for stage 'train'"
+
+
+def row_names(project: Path) -> set[str]:
+    return {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(project)}
+
+
+def refused(text: str, failed: bool) -> tuple[str, int]:
+    """(row, step) the refusal names, after checking the run failed with it,
+    one line and not a traceback, saying what to do."""
+    assert failed, text[-3000:]
+    assert REFUSED in text and "Traceback" not in text, text[-3000:]
+    found = re.search(r"recorded is row (\S+) \(step (\d+)\).*`dvc exp apply \1`", text)
+    assert found and "`dvc-dali reset`" in text, text[-3000:]
+    return found.group(1), int(found.group(2))
+
+
+def said(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """The template (a Checkpointer) after a workspace run `a` to step 4,
+    a row every 2 steps."""
+    project = template_project(tmp_path_factory.mktemp("lost_lock"), steps=4)
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("checkpoint_every: 10", "checkpoint_every: 2"))
+    commit_all(project, "a row every 2 steps")
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    assert {"a-step2", "a-step4"} <= row_names(project)
+    return project
+
+
+def test_checkpointer_run_without_dvc_lock_is_refused_and_the_row_resumes(template):
+    """DVC deletes the checkpoint; the run is refused, recording nothing, and
+    the row it names brings it back: `dvc exp apply` then `dvc exp run` resumes."""
+    (template / "dvc.lock").unlink()
+    proc = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=6"], template, check=False)
+    assert "starting: 6 steps" not in proc.stdout, proc.stdout  # step 0 was the bug
+    assert refused(said(proc), proc.returncode != 0) == ("a-step4", 4)
+    assert not any(n.startswith("b") for n in row_names(template))
+    run(["dvc", "exp", "apply", "a-step4"], template)
+    again = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=6"], template)
+    assert "resuming at step 4" in again.stdout and "step 2/6" not in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("how", ["temp", "queue"])
+def test_temp_and_queued_runs_without_the_workspaces_dvc_lock_are_refused(template, how):
+    """They never get the workspace's checkpoint then (nothing names it), and
+    started from step 0; now refused alike, the workspace's left as it was."""
+    (template / "dvc.lock").unlink(missing_ok=True)
+    latest = (template / "checkpoint" / "LATEST").read_bytes()
+    before = row_names(template)
+    if how == "temp":
+        proc = run(["dvc", "exp", "run", "--temp", "-n", how, "-S", "train.steps=8"], template,
+                   check=False)
+        text, failed = said(proc), proc.returncode != 0
+    else:
+        run(["dvc", "exp", "run", "--queue", "-n", how, "-S", "train.steps=8"], template)
+        text = said(run(["dvc", "exp", "run", "--run-all", "-j", "1"], template))
+        text += run(["dvc", "queue", "logs", how], template, check=False).stdout
+        failed = f"Failed to reproduce experiment(s) '{how}'" in text  # --run-all exits 0
+    assert "starting: 8 steps" not in text, text[-3000:]
+    refused(text, failed)
+    assert "into this --temp/queued run" in text, text[-3000:]
+    assert (template / "checkpoint" / "LATEST").read_bytes() == latest
+    assert row_names(template) - before <= {how}  # DVC's own failed experiment at most
+
+
+BARE_TRAIN = textwrap.dedent("""\
+    # a DVC 2 script ported by its import: it saves and restores its DALI
+    # pipeline itself, and calls the bare make_checkpoint()
+    import os
+    import yaml
+    from nvidia.dali import fn, pipeline_def, types
+    from dvc_dali import make_checkpoint
+
+    steps = yaml.safe_load(open("params.yaml"))["train"]["steps"]
+    state, at = "checkpoint/pipeline.bin", "checkpoint/step.txt"
+    start = int(open(at).read()) if os.path.exists(at) else 0
+    print(f"start at {start}", flush=True)
+
+
+    @pipeline_def
+    def images():
+        files, labels = fn.readers.file(file_root="data/images", random_shuffle=True,
+                                        name="reader")
+        return fn.decoders.image(files, output_type=types.GRAY), labels
+
+
+    pipe = images(batch_size=4, num_threads=1, device_id=None, seed=0,
+                  enable_checkpointing=True,
+                  checkpoint=open(state, "rb").read() if start else None)
+    pipe.build()
+    os.makedirs("checkpoint", exist_ok=True)
+    for step in range(start + 1, steps + 1):
+        pipe.run()
+        open(state, "wb").write(pipe.checkpoint())
+        open(at, "w").write(str(step))
+        make_checkpoint()
+    """)
+
+BARE_STAGE = textwrap.dedent("""\
+    stages:
+      train:
+        cmd: python train.py
+        deps: [train.py, data/images]
+        params: [train.steps]
+        outs:
+          - checkpoint:
+              checkpoint: true
+              persist: true
+        always_changed: true
+    """)
+
+
+def test_bare_make_checkpoint_run_without_dvc_lock_is_refused_until_reset(tmp_path):
+    """The bare make_checkpoint() port: refused at `import dvc_dali`, before
+    the script reads its state; `dvc-dali reset` starts over on purpose."""
+    project = template_project(tmp_path, steps=3)
+    (project / "train.py").write_text(BARE_TRAIN)
+    (project / "dvc.yaml").write_text(BARE_STAGE)
+    commit_all(project, "a bare port")
+    first = run(["dvc", "exp", "run", "-n", "a"], project)
+    assert "start at 0" in first.stdout and {"a-step3"} <= row_names(project), first.stdout
+    (project / "dvc.lock").unlink()
+    proc = run(["dvc", "exp", "run", "-n", "b", "-S", "train.steps=5"], project, check=False)
+    assert "start at" not in proc.stdout, proc.stdout
+    assert refused(said(proc), proc.returncode != 0) == ("a-step3", 3)
+    assert not any(n.startswith("b") for n in row_names(project))
+    reset = run([sys.executable, "-m", "dvc_dali.cli", "reset"], project)
+    assert "the note that stage 'train' last held row a-step3" in reset.stdout, reset.stdout
+    again = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=2"], project)
+    assert "start at 0" in again.stdout and {"c-step1", "c-step2"} <= row_names(project)
+    assert "a-step3" in row_names(project)  # recorded rows are kept
