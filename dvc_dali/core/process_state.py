@@ -109,10 +109,11 @@ class ProcessState:
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
     meta_checked: str = ""  # store: the last metadata text found shallow enough
-    # store: the snapshots this process wrote and has not removed, by path: their
-    # files and subdirectories, so a superseded one is removed by name (no scan)
-    snapshot_members: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(
-        default_factory=dict)
+    # store: the last snapshots this process wrote into each directory (its path
+    # -> snapshot name -> files and subdirectories), so a superseded one is
+    # removed by name, not by a scan
+    snapshot_members: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = (
+        field(default_factory=dict))
 
     def from_files(self, key: Any, load: Callable[[], tuple[list[str], Any]]) -> Any:
         """The value cached under key while its files are unchanged, else

@@ -526,9 +526,7 @@ def write_capture(root: Path, capture: Capture,
         batch.sync()  # every file and directory durable before the snapshot is named
         os.rename(tmp, root / name)
         atomic_file.fsync_dir(root)
-        STATE.snapshot_members[str(root / name)] = (
-            tuple(batch.files), tuple(sorted({rel.split("/")[0] for rel in batch.files
-                                              if "/" in rel})))
+        _note_written(root, name, tuple(batch.files))
     except OSError as exc:
         # A full disk, a file size limit, a read-only directory: the previous
         # checkpoint and LATEST are untouched; drop the partial one now.
@@ -569,6 +567,17 @@ def remove_leftovers(root: Path, keep: str) -> None:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOTED = 2  # snapshots noted a directory: the newest, and the one it supersedes
+
+
+def _note_written(root: Path, name: str, files: tuple[str, ...]) -> None:
+    """Note a snapshot's members for _remove_written. Only the last _NOTED of
+    a directory: another process may remove the older ones (rank 0 removes
+    every rank's), and a long run must not grow this."""
+    noted = STATE.snapshot_members.setdefault(str(root), {})
+    noted[name] = files, tuple(sorted({rel.split("/")[0] for rel in files if "/" in rel}))
+    while len(noted) > _NOTED:
+        del noted[next(iter(noted))]
 
 
 def _remove_written(path: str) -> bool:
@@ -576,7 +585,8 @@ def _remove_written(path: str) -> bool:
     rmtree's system calls: no scan, no stat); False where it is not one, or
     holds anything else (rmtree then removes the rest). Relative to
     directories opened without following links, as rmtree does."""
-    members = STATE.snapshot_members.pop(path, None)
+    root, name = os.path.split(path)
+    members = STATE.snapshot_members.get(root, {}).pop(name, None)
     if members is None:
         return False
     files, subdirs = members

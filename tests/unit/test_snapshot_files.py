@@ -37,10 +37,18 @@ def test_a_pack_of_more_parts_than_one_writev_takes_comes_back_exactly(tmp_path)
 
 def test_a_superseded_snapshot_is_removed_by_name(tmp_path):
     first = save(tmp_path, 1, {"w": np.ones(3)})
-    assert str(tmp_path / first) in STATE.snapshot_members
+    assert first in STATE.snapshot_members[str(tmp_path)]
     second = save(tmp_path, 2, {"w": np.zeros(3)})
     assert entries(tmp_path) == sorted([store.LATEST, second])
-    assert str(tmp_path / first) not in STATE.snapshot_members  # nothing kept for it
+    assert list(STATE.snapshot_members[str(tmp_path)]) == [second]  # nothing kept for it
+
+
+def test_what_this_process_notes_stays_small_when_another_removes(tmp_path):
+    """Rank 0 removes every rank's superseded snapshots: the other ranks'
+    processes never remove theirs, and note only the last two."""
+    for step in range(1, 6):
+        store.write_capture(tmp_path, store.Capture(step, {}, {"w": np.ones(3)}, {}, {}))
+    assert len(STATE.snapshot_members[str(tmp_path)]) == 2
 
 
 def test_what_else_a_superseded_snapshot_holds_is_removed_too(tmp_path):
@@ -53,7 +61,7 @@ def test_what_else_a_superseded_snapshot_holds_is_removed_too(tmp_path):
 
 def test_a_snapshot_another_process_wrote_is_removed_by_a_scan(tmp_path):
     first = save(tmp_path, 1, {"w": np.ones(3)})
-    STATE.snapshot_members.pop(str(tmp_path / first))  # as if written by another process
+    STATE.snapshot_members[str(tmp_path)].pop(first)  # as if written by another process
     second = save(tmp_path, 2, {"w": np.zeros(3)})
     assert entries(tmp_path) == sorted([store.LATEST, second])
 
