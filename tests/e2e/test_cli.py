@@ -38,6 +38,14 @@ def test_every_subcommand_help_has_a_description(tmp_path, sub):
     assert len(paragraphs[1].split()) >= 8  # a sentence, not a stub
 
 
+def test_python_dash_m_dvc_dali_is_the_command(tmp_path):
+    """`python -m dvc_dali`, what a new user types first, is `dvc-dali` too."""
+    for cmd in ([sys.executable, "-m", "dvc_dali", "--version"], [*DVC_DALI, "--version"]):
+        assert run(cmd, tmp_path).stdout == f"dvc-dali {dvc_dali.__version__}\n", cmd
+    refused = run([sys.executable, "-m", "dvc_dali", "nosuch"], tmp_path, check=False)
+    assert refused.returncode == 2 and "invalid choice: 'nosuch'" in refused.stderr
+
+
 def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     from PIL import Image
 

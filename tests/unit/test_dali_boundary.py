@@ -168,13 +168,14 @@ def test_checker_passes(source):
 # --------------------------------------------------------------------------
 
 #: The layers, lowest first: each is a folder of dvc_dali/, and a module's
-#: layer is the folder it is in. Two files stand outside the folders:
-#: _version.py (read by the packaging, counted in core) and the public API.
+#: layer is the folder it is in. Three files stand outside the folders:
+#: _version.py (read by the packaging, counted in core), __main__.py
+#: (`python -m dvc_dali`, counted in cli) and the public API.
 LAYERS = ("core", "format", "reading", "dali", "proof", "recording", "integrations",
           "training", "cli")
 #: Above every layer: the public API, which loads them lazily.
 API = "__init__.py"
-OUTSIDE = {"_version.py": "core"}
+OUTSIDE = {"_version.py": "core", "__main__.py": "cli"}
 
 
 def layer_name(rel: str) -> str | None:
