@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import commit_all, run, template_project
+from tests.helpers.dvc_project import (commit_all, example_on_two_ranks, run,
+                                       template_project)
 from tests.helpers.rows import exp_refs
 
 REFUSED = "dvc.lock names no checkpoint for stage 'train'"
@@ -159,3 +160,21 @@ def test_bare_make_checkpoint_run_without_dvc_lock_is_refused_until_reset(tmp_pa
     again = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=2"], project)
     assert "start at 0" in again.stdout and {"c-step1", "c-step2"} <= row_names(project)
     assert "a-step3" in row_names(project)  # recorded rows are kept
+
+
+def test_two_ranks_without_dvc_lock_are_refused_on_each_rank(tmp_path):
+    """The distributed example (torchrun, 2 ranks, gloo): every rank refuses
+    before it trains, and the launcher ends them (no rank waits for ever)."""
+    pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+    project = example_on_two_ranks(tmp_path / "ranks", "examples/train.py", "2 ranks")
+    torch = ["-S", "train.framework=torch", "-S", "train.steps=20"]
+    run(["dvc", "exp", "run", "-n", "a", *torch], project)
+    (project / "dvc.lock").unlink()
+    proc = run(["dvc", "exp", "run", "-n", "b", *torch, "-S", "train.steps=30"], project,
+               check=False)
+    text = said(proc)
+    assert proc.returncode != 0 and text.count(REFUSED) == 2, text[-3000:]  # each rank
+    assert "is row a-step20 (step 20)" in text and "`dvc exp apply a-step20`" in text
+    # one line each, no frame of ours (torchrun prints its own ChildFailedError)
+    assert "dvc_dali/" not in text and "starting: 30 steps" not in text, text[-3000:]
+    assert not any(n.startswith("b") for n in row_names(project))
