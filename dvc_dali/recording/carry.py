@@ -40,10 +40,12 @@ def _present(path: str) -> bool:
 
 
 def _entries(ctx: RunContext, repo: Any, stage: Any) -> list[tuple[str, Any]]:
-    """(dvc.lock path, the stage's entry there): the run's own, then the workspace's."""
+    """(dvc.lock path, the stage's entry there): the run's own, then the workspace's.
+    Read through lockfile.current: a run's start asks for them more than once
+    (carry, then refuse_lost), and in the workspace both are one file."""
     own = dvc_door.lockfile_path(stage)
     main = os.path.join(ctx.dvc_root, os.path.relpath(own, repo.root_dir))
-    return [(path, lockfile.stage_entry(lockfile.read(path)[1], stage.name))
+    return [(path, lockfile.stage_entry(lockfile.current(path), stage.name))
             for path in (own, main)]
 
 

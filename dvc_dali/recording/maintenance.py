@@ -89,17 +89,17 @@ def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list
         lock_path = dvc_door.lockfile_path(stg)
         if outs and lockfile.remove_entry(lock_path, stg.name):
             removed.append(f"{os.path.relpath(lock_path, repo.root_dir)}:{stg.name}")
-        removed += _forget_held(repo.root_dir, stg)
+        removed += _forget_held(repo.root_dir, stg, lock_path)
     if not removed and stage is not None:
         raise RecordError(f"stage '{stage}' has no persisted checkpoint to reset (no output "
                           "with a LATEST file or declared `checkpoint: true`)")
     return removed
 
 
-def _forget_held(root: str, stg: Any) -> list[str]:
+def _forget_held(root: str, stg: Any, lock_path: str) -> list[str]:
     """The note of which row the workspace's checkpoint was (held.py), removed:
     else a run after a reset whose checkpoint is gone would be refused."""
-    lock_rel = os.path.relpath(dvc_door.lockfile_path(stg), root)
+    lock_rel = os.path.relpath(lock_path, root)
     row = held.forget(root, lock_rel, stg.name)
     if row is None:
         return []
