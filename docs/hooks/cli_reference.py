@@ -9,6 +9,7 @@ page has no marker for fails the build, as does a marker for one it lacks.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -20,14 +21,18 @@ MARKER = re.compile(r"^<!-- dvc-dali-help: *([\w-]*) *-->$", re.MULTILINE)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _help(args: list[str]) -> str:
+def _cli():
     if str(ROOT) not in sys.path:  # this tree's dvc_dali, not whichever is installed
         sys.path.insert(0, str(ROOT))
     from dvc_dali.cli import main as cli
 
     if not Path(cli.__file__).resolve().is_relative_to(ROOT):
         raise RuntimeError(f"dvc_dali.cli was imported from {cli.__file__}, not {ROOT}")
+    return cli
 
+
+def _help(args: list[str]) -> str:
+    cli = _cli()
     os.environ["COLUMNS"] = "88"  # argparse wraps to the terminal: the same text everywhere
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
@@ -36,9 +41,11 @@ def _help(args: list[str]) -> str:
 
 
 def subcommands() -> list[str]:
-    """The subcommands, as the top-level usage line lists them ({init,show,...})."""
-    usage = _help([])
-    return re.search(r"\{([\w,-]+)\}", usage).group(1).split(",")
+    """The subcommands, as the parser knows them."""
+    parser = _cli().build_parser()
+    return [name for action in parser._actions  # noqa: SLF001 (argparse names none publicly)
+            if isinstance(action, argparse._SubParsersAction)  # noqa: SLF001
+            for name in action.choices]
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

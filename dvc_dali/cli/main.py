@@ -234,15 +234,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("no dvc-dali checkpoints recorded yet")
     else:
         print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
-    if args.best and not args.json:
+    if args.best and not args.json and best is not None:
         metric = args.best.rpartition(":")[0]
-        known = sorted({m for r in rows for m in r.get("metrics", {})})
         print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
               f"{best['metrics'][metric]:.4g}); load it with dvc_dali.load(rev="
-              f"{best.get('ref') or best['name']!r})" if best else
-              f"best by {args.best}: no row has {metric} "
-              f"(their metrics: {', '.join(known) or 'none'}; nested names take '/', as "
-              "train/acc)")
+              f"{best.get('ref') or best['name']!r})")
+    elif args.best and rows:  # asked for what no row can answer: as for an unknown experiment
+        metric = args.best.rpartition(":")[0]
+        known = sorted({m for r in rows for m in r.get("metrics", {})})
+        print(f"dvc-dali show: --best {args.best}: no row has {metric} (their metrics: "
+              f"{', '.join(known) or 'none'}; nested names take '/', as train/acc)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -605,7 +608,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dvc-dali", description="DALI pipeline state as "
                                      "DVC experiment checkpoints.")
     parser.add_argument("--version", action="version", version=f"dvc-dali {__version__}")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                                title="commands")
     _init_parser(sub)
     p = _subparser(sub, "show", cmd_show, "recorded checkpoints as a tree per experiment, "
                    "by step", "Recorded checkpoint rows per experiment run, the run with the "
@@ -651,6 +655,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         from .migrate import add_parser as add_migrate
 
         add_migrate(sub)
+    else:  # named, so that a usage line lists every command
+        sub.add_parser("migrate")
     _doctor_parser(sub)
     return parser
 

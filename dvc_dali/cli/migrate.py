@@ -259,6 +259,10 @@ def _load(text: str, name: str, typ: str = "rt") -> Any:
                            "read it either), then run `dvc-dali migrate` again") from None
 
 
+def _kind(value: Any) -> str:
+    return "list" if isinstance(value, list) else "scalar"
+
+
 def _stages(doc: Any) -> Iterator[tuple[str, Any, Any, Any, tuple]]:
     """(name, stage definition, the mapping holding it, its key there, data path);
     for a foreach stage the definition is its `do` (matrix stages are plain)."""
@@ -309,6 +313,10 @@ class _Planner:
         self.files = files
         self.name = name
         self.doc = _load(text, name)
+        if self.doc is not None and not isinstance(self.doc, dict):  # /etc/passwd: a string
+            raise MigrateError(f"{name}: not a dvc.yaml (YAML whose top level is a "
+                               f"{_kind(self.doc)}, not a mapping with `stages`); give the "
+                               "path of the project's dvc.yaml")
         self._guarded: dict[str, bool] = {}
 
     def changes(self) -> list[Change]:

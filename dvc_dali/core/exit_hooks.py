@@ -42,6 +42,9 @@ def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str
         return (f"{how}: no checkpoint was recorded by this run; `dvc exp run` resumes from the "
                 "last one in the workspace, if any")
     step, row = recorded
+    if not row:  # a rank other than 0: rank 0 recorded the row, and names it
+        return (f"{how}: step {step} is kept (rank 0 recorded its row); `dvc exp run` resumes "
+                "from it")
     return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
 
 

@@ -34,7 +34,8 @@ class Run:
     # whether its rows branch off as a run of their own (a retrained applied
     # row); None until the run started (before its first row, once)
     branched: Optional[bool] = None
-    kept: Optional[tuple[int, str]] = None  # (step, row) it recorded last
+    # (step, row) it recorded last; on a rank other than 0, (step, ""): rank 0 recorded it
+    kept: Optional[tuple[int, str]] = None
     # checkpoint paths named after its start, found to be the stage's output
     checked_outs: set[str] = field(default_factory=set)
     # the lineage tip per (main git dir, DVC_EXP_NAME, stage address):

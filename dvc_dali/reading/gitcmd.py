@@ -79,11 +79,16 @@ def parse_batch(out: bytes, count: int) -> list[bytes | None]:
 def read_blobs(root: str, specs: list[str]) -> list[bytes | None]:
     """Every "<sha>:<path>" in ``specs`` read by one git process (one
     `git show` per row took seconds for a thousand rows)."""
-    if not specs:
-        return []
+    # A name with a line break would be two questions to git, and every
+    # answer after it another name's: such a name is answered None, unasked.
+    asked = [s for s in specs if "\n" not in s]
+    if not asked:
+        return [None] * len(specs)
     proc = run(["cat-file", "--batch"], root, check=False, text=False,
-               input="".join(f"{s}\n" for s in specs).encode(), unrunnable=DvcDaliError)
+               input="".join(f"{s}\n" for s in asked).encode("utf-8", "surrogateescape"),
+               unrunnable=DvcDaliError)
     if proc.returncode != 0:
         raise DvcDaliError(f"`git cat-file --batch` failed in {root} (exit {proc.returncode}): "
                            f"{proc.stderr.decode(errors='replace').strip()}")
-    return parse_batch(proc.stdout, len(specs))
+    answers = iter(parse_batch(proc.stdout, len(asked)))
+    return [next(answers) if "\n" not in s else None for s in specs]

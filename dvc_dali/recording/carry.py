@@ -150,8 +150,8 @@ def _require_cached(ctx: RunContext, repo: Any, stage: Any, out: Any) -> None:
     digest = outs_digest(entry)
     named = [r["name"] for r in list_rows(ctx.dvc_root) if r["outs"] == digest]
     row = named[-1] if named else None
-    fetch = (f"`dvc exp pull <git remote> {row}` (or `dvc pull {stage.addressing}`)"
-             if row else f"`dvc pull {stage.addressing}`")
+    fetch = (f"`dvc exp pull <git remote> {row}` (or `dvc pull {dvc_door.shown_address(stage)}`)"
+             if row else f"`dvc pull {dvc_door.shown_address(stage)}`")
     raise RecordError(
         f"dvc.lock names the checkpoint {out.def_path} of "
         f"{'row ' + row if row else 'a recorded run'} ({md5}), but its data is neither in the "
@@ -176,8 +176,9 @@ def refuse_lost(ctx: RunContext, repo: Any, stage: Any, out: Any, late: bool) ->
     temp = not _workspace_run(ctx, repo)
     if temp and _workspace_busy(ctx, repo, out):  # its run's dvc.lock is not written yet
         return
-    exists = any(r["name"] == note["row"] for r in list_rows(ctx.dvc_root))
-    raise RecordError(held.refusal(lock_rel, stage.addressing, out.def_path, note, exists, temp))
+    exists = not note.problem and any(r["name"] == note.row for r in list_rows(ctx.dvc_root))
+    address = dvc_door.shown_address(stage)
+    raise RecordError(held.refusal(lock_rel, address, out.def_path, note, exists, temp))
 
 
 def missed(ctx: RunContext, repo: Any, stage: Any, out: Any) -> Optional[str]:

@@ -19,6 +19,14 @@ from ..core.errors import DvcDaliError, RecordError
 from ..core.log import logger
 
 
+def shown_address(stage: Any) -> str:
+    """The stage as `dvc exp run` and `dvc pull` take it from the repository's
+    root (DVC's own ``addressing`` is relative to the current directory,
+    which in a stage's process is its ``wdir``)."""
+    path = os.path.relpath(stage.path, stage.repo.root_dir)
+    return stage.name if path == "dvc.yaml" else f"{path}:{stage.name}"
+
+
 def find_root(start: str) -> str:
     from dvc.repo import Repo
 
@@ -207,7 +215,7 @@ def save_stage(stage: Any, known_deps: dict[str, tuple[Any, Any]],
         # No run-cache entry: it would register an intermediate output as the result.
         stage.md5 = stage.compute_md5()
     except Exception as exc:
-        raise RecordError(f"saving stage '{stage.addressing}' failed: {exc}. Check that its "
+        raise RecordError(f"saving stage '{shown_address(stage)}' failed: {exc}. Check that its "
                           "dependencies and params exist.") from exc
 
 

@@ -25,6 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import shutil
+import stat
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core import atomic_file
@@ -62,47 +66,123 @@ def write(root: str, lock_rel: str, stage_name: str, row: str, step: int, entry:
         logger.debug("cannot note row %s as the workspace's checkpoint: %s", row, exc)
 
 
-def read(root: str, lock_rel: str, stage_name: str) -> Optional[dict]:
-    """The note; None when there is none, or it does not parse (no protection)."""
-    try:
-        with open(note_path(root, lock_rel, stage_name), encoding="utf-8") as fobj:
-            note = json.load(fobj)
-    except (OSError, ValueError):
-        return None
-    return note if isinstance(note, dict) and isinstance(note.get("row"), str) else None
+_MAX_BYTES = 1 << 20  # a note is a few hundred bytes; more is none dvc-dali wrote
+# what git refuses in a ref name (git check-ref-format), so no row is named so
+_NOT_IN_REFS = set(" ~^:?*[\\")
 
 
-def forget(root: str, lock_rel: str, stage_name: str) -> Optional[str]:
-    """Remove the note (`dvc-dali reset`); the row it named, None when there was none."""
-    note = read(root, lock_rel, stage_name)
+@dataclass(frozen=True)
+class Note:
+    """A note as read: the row and step it names and that row's outputs
+    ({path: md5}); ``problem``: why it could not be read ("" when it could:
+    then row, step and outs are what was written), ``where``: its path
+    relative to the DVC root."""
+
+    where: str
+    row: str = ""
+    step: Optional[int] = None
+    outs: dict = field(default_factory=dict)
+    problem: str = ""
+
+
+def valid_row(row: Any) -> bool:
+    """A row name git would take as a ref's last part: printable, no
+    whitespace, none of git's forbidden characters. Pure."""
+    return (isinstance(row, str) and 0 < len(row) <= 255 and row.isprintable()
+            and not _NOT_IN_REFS & set(row))
+
+
+def parse(raw: Any, where: str) -> Note:
+    """A note's parsed JSON as a :class:`Note` (``problem`` set where it is not
+    what :func:`write` writes). Pure."""
+    if not isinstance(raw, dict):
+        return Note(where, problem="not a JSON object")
+    row, step, outs = raw.get("row"), raw.get("step"), raw.get("outs", {})
+    if not valid_row(row):
+        return Note(where, problem="no valid row name")
+    if step is not None and (type(step) is not int or step < 0):
+        return Note(where, problem="its step is not a whole number")
+    if not isinstance(outs, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in outs.items()):
+        return Note(where, problem="its outputs are not a map of paths to hashes")
+    return Note(where, row, step, dict(outs))
+
+
+def read(root: str, lock_rel: str, stage_name: str) -> Optional[Note]:
+    """The note; None when there is none. Never blocks nor follows a link
+    (a FIFO, a device, a directory or a link there is a note that cannot be
+    read: its ``problem`` says why)."""
+    path = note_path(root, lock_rel, stage_name)
+    where = os.path.relpath(path, root)
     try:
-        os.remove(note_path(root, lock_rel, stage_name))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
-    return note["row"] if note else "?"
+    except OSError as exc:
+        link = os.path.islink(path)
+        return Note(where, problem="a symbolic link" if link else exc.strerror or str(exc))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return Note(where, problem="not a regular file")
+    with os.fdopen(fd, "rb") as fobj:
+        try:
+            data = fobj.read(_MAX_BYTES + 1)
+        except OSError as exc:
+            return Note(where, problem=exc.strerror or str(exc))
+    if len(data) > _MAX_BYTES:
+        return Note(where, problem="larger than 1 MB")
+    try:
+        return parse(json.loads(data.decode("utf-8")), where)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return Note(where, problem="not JSON")
 
 
-def lost(note: Optional[dict], def_path: str, named_md5: Optional[str], kept: bool) -> bool:
+def forget(root: str, lock_rel: str, stage_name: str) -> Optional[Note]:
+    """Remove the note (`dvc-dali reset`), whatever is there; the note that
+    was there (``problem`` set where it could not be read), None when none."""
+    path = note_path(root, lock_rel, stage_name)
+    note = read(root, lock_rel, stage_name)
+    if note is None:
+        return None
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    except FileNotFoundError:
+        return None
+    return note
+
+
+def lost(note: Optional[Note], def_path: str, named_md5: Optional[str], kept: bool) -> bool:
     """Whether the run lost the workspace's recorded checkpoint ``def_path``:
     it holds no checkpoint it did not write itself (``kept`` false), dvc.lock
-    names none for it, and the workspace last held one a row recorded. Pure."""
-    if kept or named_md5 or not note:
+    names none for it, and the workspace last held one a row recorded (or
+    a note is there that cannot be read: which outputs it held is unknown,
+    so it may have been this one). Pure."""
+    if kept or named_md5 or note is None:
         return False
-    return bool((note.get("outs") or {}).get(def_path))
+    return bool(note.problem) or bool(note.outs.get(def_path))
 
 
-def refusal(lock_rel: str, stage: str, def_path: str, note: dict, row_exists: bool,
+def refusal(lock_rel: str, stage: str, def_path: str, note: Note, row_exists: bool,
             temp: bool) -> str:
     """The one line that refuses such a run: what is wrong, and what to do. Pure."""
-    row, step = note["row"], note.get("step", "?")
     why = ("so DVC does not bring the workspace's into this --temp/queued run" if temp else
            "so DVC deleted the workspace's before this run started, as it deletes every "
            "output dvc.lock does not name")
-    back = (f"The last checkpoint this workspace recorded is row {row} (step {step}), kept "
-            f"in the DVC cache: `dvc exp apply {row}` restores {lock_rel} and that checkpoint, "
-            f"then run again to resume from step {step}. " if row_exists else
-            f"The last checkpoint this workspace recorded, row {row} (step {step}), has been "
-            "removed since. ")
+    step = note.step if note.step is not None else "?"
+    others = "`dvc exp show` lists the rows: `dvc exp apply <row>` then `dvc exp run` resumes one"
+    if note.problem:
+        back = (f"The note of which row this workspace last recorded, {note.where}, cannot be "
+                f"read ({note.problem}), so which checkpoint it held is unknown; {others}. ")
+    elif row_exists:
+        back = (f"The last checkpoint this workspace recorded is row {note.row} (step {step}), "
+                f"kept in the DVC cache: `dvc exp apply {shlex.quote(note.row)}` restores "
+                f"{lock_rel} and that checkpoint, then run again to resume from step {step}. ")
+    else:
+        back = (f"The last checkpoint this workspace recorded, row {note.row} (step {step}), "
+                f"has been removed since; {others}. ")
     return (f"{lock_rel} names no {def_path} for stage '{stage}' (the file is missing, or "
             f"lacks the stage's entry), {why}: this run would start from step 0. {back}"
             "To start over from step 0 on purpose: `dvc-dali reset`, then `dvc exp run`. "

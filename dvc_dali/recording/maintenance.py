@@ -100,11 +100,13 @@ def _forget_held(root: str, stg: Any, lock_path: str) -> list[str]:
     """The note of which row the workspace's checkpoint was (held.py), removed:
     else a run after a reset whose checkpoint is gone would be refused."""
     lock_rel = os.path.relpath(lock_path, root)
-    row = held.forget(root, lock_rel, stg.name)
-    if row is None:
+    note = held.forget(root, lock_rel, stg.name)
+    if note is None:
         return []
-    note = os.path.relpath(held.note_path(root, lock_rel, stg.name), root)
-    return [f"{note} (the note that stage '{stg.name}' last held row {row})"]
+    if note.problem:
+        return [f"{note.where} (the note of which row stage '{stg.name}' last held, which "
+                f"could not be read: {note.problem})"]
+    return [f"{note.where} (the note that stage '{stg.name}' last held row {note.row})"]
 
 
 def _locked_checkpoint(stg: Any, out: Any) -> bool:

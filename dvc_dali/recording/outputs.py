@@ -39,7 +39,7 @@ def require_persisted(stage: Any) -> None:
     missing = [str(o) for o in stage.outs if o.persist and not o.hash_info]
     if missing:
         raise RecordError(
-            f"persisted output(s) {', '.join(missing)} of stage '{stage.addressing}' do not "
+            f"persisted output(s) {', '.join(missing)} of stage '{_shown(stage)}' do not "
             "exist; a row holds every persisted output, so write each before make_checkpoint() "
             "(the metrics and plots too: log them to DVCLive first), or drop it from the "
             "stage's outputs.")
@@ -54,7 +54,7 @@ def cache_output(out: Any, stage: Any) -> None:
         dvc_door.cache_output(out, hardlink)
     except Exception as exc:  # removed or changed while it was being cached
         raise RecordError(
-            f"caching output '{out}' of stage '{stage.addressing}' failed: "
+            f"caching output '{out}' of stage '{_shown(stage)}' failed: "
             f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; make "
             "sure nothing else writes or deletes that output during training.") from exc
     # A row must never name outputs the cache cannot check out again. The
@@ -63,7 +63,7 @@ def cache_output(out: Any, stage: Any) -> None:
     # other files to cache than those hashed.
     if not out.cache.exists(out.hash_info.value):
         raise RecordError(
-            f"output '{out}' of stage '{stage.addressing}' (md5 {out.hash_info.value}) is not "
+            f"output '{out}' of stage '{_shown(stage)}' (md5 {out.hash_info.value}) is not "
             f"in the DVC cache {out.cache.path} after caching it: it changed while it was "
             "recorded (another command, such as `dvc checkout` or `dvc exp apply`, checked it "
             "out meanwhile?), or the cache directory is full or not writable; nothing was "
@@ -92,6 +92,10 @@ def require_latest(stage: Any, out: Optional[str], expected: str) -> None:
     if found != expected:
         raise RecordError(
             f"{path}: changed since this run saved its checkpoint (another command, such as a "
-            f"second `dvc exp run` in this workspace, checked out stage '{stage.addressing}' "
+            f"second `dvc exp run` in this workspace, checked out stage '{_shown(stage)}' "
             "outputs meanwhile); this checkpoint was not recorded. Run one `dvc exp run` per "
             "workspace at a time (`--temp` or `--queue` for more).")
+
+
+def _shown(stage: Any) -> str:
+    return dvc_door.shown_address(stage)

@@ -408,9 +408,10 @@ def _refuse_replaced(where: _Where, stg: Any, request: RecordRequest) -> None:
     after = (f"its rows up to {last} are intact: `dvc exp apply {last}` then `dvc exp run` "
              "resumes it" if last else "`dvc exp run` starts it again")
     raise RecordError(
-        f"{dvc_door.lockfile_path(stg)}: stage '{stg.addressing}' was changed by another "
-        "command while this run trained (`dvc exp apply`, `git checkout`, `git stash`?), which "
-        "checked out another experiment's outputs and DVCLive files into the workspace, so "
+        f"{dvc_door.lockfile_path(stg)}: stage '{dvc_door.shown_address(stg)}' was changed by "
+        "another command while this run trained (`dvc exp apply`, `git checkout`, `git "
+        "stash`?), which checked out another experiment's outputs and DVCLive files into the "
+        "workspace, so "
         f"{step} is not recorded and this run stops; {after}.")
 
 

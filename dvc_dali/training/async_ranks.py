@@ -77,10 +77,11 @@ class AsyncRanks:
         self.close()
         self.kv.set(f"exited/{self.rank}", str(os.getpid()))
 
-    def job(self, captured: store.Capture,
-            record: Callable[[int, str], None]) -> Callable[[], None]:
+    def job(self, captured: store.Capture, record: Callable[[int, str], None],
+            recorded: Callable[[int], None] = lambda step: None) -> Callable[[], None]:
         """The background work for the next checkpoint: ``record(step, LATEST
-        text)`` records the row (called on rank 0 only)."""
+        text)`` records the row (called on rank 0 only); ``recorded(step)``
+        once rank 0 recorded it (called on the other ranks)."""
         if self.announced is None:  # on the training thread: in the order of every rank's
             number = rank_setup.next_number()
             # here, under this Checkpointer's number (the directory lock is held):
@@ -90,10 +91,10 @@ class AsyncRanks:
                                        self.kv.sibling("dvc_dali/built/"), number)
         self.seq += 1
         seq = f"{self.announced.number}.{self.seq}"
-        return lambda: self._run(seq, captured, record)
+        return lambda: self._run(seq, captured, record, recorded)
 
-    def _run(self, seq: str, captured: store.Capture,
-             record: Callable[[int, str], None]) -> None:
+    def _run(self, seq: str, captured: store.Capture, record: Callable[[int, str], None],
+             recorded: Callable[[int], None]) -> None:
         t0 = time.perf_counter()
         rank_dir = f"rank-{self.rank:05d}"
         name, sha = store.write_capture(self.path / rank_dir, captured,
@@ -107,6 +108,7 @@ class AsyncRanks:
             self._commit(seq, mark, record)
         else:
             self._await_done(seq, captured.step)
+            recorded(captured.step)
 
     def _seen(self, rank: int) -> tuple[str, Setup | None]:
         """(ALIVE, DEAD or LEFT, its setup where unlike this rank's), for

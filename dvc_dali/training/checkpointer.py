@@ -39,7 +39,8 @@ from ..core import exit_hooks, row_files
 from ..core import run as runs
 from .._version import __version__
 from ..core.context import RunContext
-from ..core.errors import CheckpointWriteError, ConfigError, UnchangedCheckpointError
+from ..core.errors import (CheckpointWriteError, ConfigError, RecordError,
+                           UnchangedCheckpointError)
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
@@ -784,7 +785,8 @@ class Checkpointer:
         captured = self._capture(step, _checked_snapshot(arrays), metadata)
         with self._row_files_lock:
             record = functools.partial(self._record_ranks, held=self._held_files())
-            self._worker = _Background(self._ranks.job(captured, record), step, self.path)
+            self._worker = _Background(self._ranks.job(captured, record, self._rank0_recorded),
+                                       step, self.path)
         self._wait_if_last(step)
         if self._agreed_signal is not None:
             self._exit_if_preempted(step, signal.Signals(self._agreed_signal))
@@ -973,6 +975,18 @@ class Checkpointer:
                 branched=branched, held_files=held), self._retention)
         if barrier:
             distributed.barrier()
+            self._rank0_recorded(step)
+
+    def _rank0_recorded(self, step: int) -> None:
+        """On a rank other than 0 under `dvc exp run`: rank 0 recorded step
+        ``step``'s row (this rank passed the barrier after it, or read its
+        answer in the store), for this rank's interruption line."""
+        if self.rank == 0 or self._ctx.mode != "record":
+            return
+        try:
+            runs.of(self._ctx).kept = (step, "")
+        except RecordError:  # another run in this process: it has its own line
+            pass
 
 
 def _checked_snapshot(arrays: dict[str, Any] | None) -> dict[str, Any]:

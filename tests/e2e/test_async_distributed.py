@@ -155,6 +155,13 @@ def test_kills_at_seeded_instants_resume_bit_identical(reference, tmp_path):
     preempted = sorted(set(re.findall(r"preempted \(SIGTERM\): step (\d+)", said)))
     assert len(preempted) == 1 and int(preempted[0]) in (52, 53), said[-3000:]
     last = int(preempted[0])
+    # rank 0 names the row; rank 1 says the step is kept by it (it said
+    # "no checkpoint was recorded by this run")
+    assert f"preempted (SIGTERM): step {last} is kept as row t-step{last}" in said \
+        or f"preempted (SIGTERM): step {last} is kept as row k0-step{last}" in said, said[-3000:]
+    assert (f"preempted (SIGTERM): step {last} is kept (rank 0 recorded its row)"
+            in said), said[-3000:]
+    assert "no checkpoint was recorded by this run" not in said, said[-3000:]
     assert latest_steps(work) == both_ranks_at(last)
     final = exp_run(work, "r")
     assert final.stdout.count(f"resuming from step {last}") == 2, final.stdout[-3000:]

@@ -439,6 +439,39 @@ def test_show_reads_every_metrics_file_with_one_git_process(bare_project, tmp_pa
     assert len(calls) <= 5, calls  # not one process per row
 
 
+def test_show_metrics_file_with_odd_bytes_or_a_line_break_finds_no_row(bare_project):
+    """--metrics-file of non-UTF-8 bytes was a traceback; one with a line
+    break was two questions to `git cat-file --batch`, so a row got the
+    answer meant for another name (here: the real metrics of a row, shown
+    for a file no row holds). Both are answered: no row holds it."""
+    shas = add_rows(bare_project, "a", [1, 2])
+    for name in ("\udcff.json", f"nosuch.json\n{shas[1]}:dvclive/metrics.json"):
+        out = run([*DVC_DALI, "show", "--metrics-file", name], bare_project, check=False)
+        assert out.returncode == 1 and out.stdout == "", out.stdout
+        assert out.stderr.startswith("dvc-dali show: no row holds "), out.stderr
+        assert "Traceback" not in out.stderr and "train/acc" not in out.stderr, out.stderr
+
+
+def test_show_best_by_a_metric_no_row_has_exits_1(bare_project):
+    """As `show nosuch`: the rows are listed, the question is not answered,
+    so the exit status says so (it was 0)."""
+    add_rows(bare_project, "a", [1, 2])
+    out = run([*DVC_DALI, "show", "--best", "nosuch:max"], bare_project, check=False)
+    assert out.returncode == 1 and "a-step2" in out.stdout, out
+    assert out.stderr == ("dvc-dali show: --best nosuch:max: no row has nosuch (their metrics: "
+                          "train/acc; nested names take '/', as train/acc)\n"), out.stderr
+    assert run([*DVC_DALI, "show", "--best", "train/acc:max"], bare_project).returncode == 0
+
+
+def test_a_missing_command_is_called_command_and_every_usage_lists_migrate(bare_project):
+    out = run([*DVC_DALI], bare_project, check=False)
+    assert out.returncode == 2 and "required: COMMAND" in out.stderr, out.stderr
+    out = run([*DVC_DALI, "show", "nosuch", "--bogus"], bare_project, check=False)
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr, out.stderr
+    out = run([*DVC_DALI, "shw"], bare_project, check=False)  # the choices, from show's parser too
+    assert out.returncode == 2 and "'migrate'" in out.stderr, out.stderr
+
+
 def test_show_into_head_ends_quietly(bare_project):
     add_rows(bare_project, "long", range(1, 1501))  # ~150 KB, more than a pipe holds
     shell = (f"{sys.executable} -m dvc_dali.cli show | head -n 2; "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 
@@ -59,6 +60,26 @@ def test_ranks_resume_their_own_stream(tmp_path, data_dir, nproc, kill):
         name = f"k-step{step}"  # the resumed run keeps its name
         assert row_ranks(work, name) == [(f"rank-{r:05d}", f"{step:09d}")
                                          for r in range(nproc)], name
+
+
+def test_a_preempted_rank_says_its_step_is_kept_by_rank_0(tmp_path, data_dir):
+    """SIGTERM to rank 1 right after step 6's checkpoint, the loop asking
+    should_save: the ranks checkpoint one more step and exit. Rank 1's line
+    says that step is kept (rank 0 recorded the row and names it), not that
+    the run recorded nothing, which was what it said; the rerun resumes it."""
+    work = project(tmp_path / "work", data_dir, 2)
+    termed = exp_run(work, "k", check=False, KILL_RANK="1", KILL_AT="6", KILL_SIG="SIGTERM")
+    said = termed.stdout + termed.stderr
+    assert termed.returncode != 0
+    kept = re.findall(r"preempted \(SIGTERM\): step (\d+) is kept as row k-step(\d+)", said)
+    assert len(kept) == 1 and kept[0][0] == kept[0][1], said[-3000:]  # rank 0's line
+    step = int(kept[0][0])
+    assert (f"dvc-dali: preempted (SIGTERM): step {step} is kept (rank 0 recorded its row); "
+            "`dvc exp run` resumes from it") in said, said[-3000:]
+    assert "no checkpoint was recorded by this run" not in said, said[-3000:]
+    assert row_ranks(work, f"k-step{step}") == [(f"rank-{r:05d}", f"{step:09d}") for r in (0, 1)]
+    resumed = exp_run(work, "r")
+    assert resumed.stderr.count(f"read step {step}") == 2, resumed.stderr[-3000:]
 
 
 def test_other_world_size_and_swapped_ranks_are_refused(tmp_path, data_dir):

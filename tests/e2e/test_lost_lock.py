@@ -13,6 +13,8 @@ project, a bare make_checkpoint() port of a DVC 2 script in another.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 import textwrap
@@ -178,3 +180,44 @@ def test_two_ranks_without_dvc_lock_are_refused_on_each_rank(tmp_path):
     # one line each, no frame of ours (torchrun prints its own ChildFailedError)
     assert "dvc_dali/" not in text and "starting: 30 steps" not in text, text[-3000:]
     assert not any(n.startswith("b") for n in row_names(project))
+
+
+FORGED = {  # how the note was damaged -> the problem the refusal names
+    "outs-list": "its outputs are not a map",  # a traceback at `import dvc_dali`
+    "row-with-newline": "no valid row name",  # printed raw: a forged second line
+    "fifo": "not a regular file",  # the run and `dvc-dali reset` waited on it for ever
+}
+
+
+def test_a_damaged_note_is_named_and_refused_and_reset_removes_it(template):
+    """A note that cannot be read (a FIFO, outputs that are no map, a row name
+    no git ref has) while the checkpoint is gone: one line naming the note
+    and the ways out, no traceback, no wait; `dvc-dali reset` removes it.
+    Last in this module: it resets the shared project."""
+    (template / "dvc.lock").unlink(missing_ok=True)
+    notes = list((template / ".dvc/tmp/dvc-dali/held").glob("*.json"))
+    assert len(notes) == 1, notes
+    note = notes[0]
+    for how, problem in FORGED.items():
+        note.unlink()
+        if how == "fifo":
+            os.mkfifo(note)
+        else:
+            note.write_text(json.dumps(
+                {"row": "a-step4", "step": 4, "outs": ["checkpoint"]} if how == "outs-list"
+                else {"row": "a-step4\nERROR: forged", "step": 4,
+                      "outs": {"checkpoint": "x.dir"}}))
+        proc = run(["dvc", "exp", "run", "-n", how, "-S", "train.steps=8"], template,
+                   check=False, timeout=300)
+        text = said(proc)
+        assert proc.returncode != 0 and "starting: 8 steps" not in text, text[-3000:]
+        assert REFUSED in text and "Traceback" not in text and "forged" not in text, text
+        rel = note.relative_to(template)
+        assert f"The note of which row this workspace last recorded, {rel}, cannot be read " \
+               f"({problem}" in text, text[-3000:]
+    reset = run(["dvc-dali", "reset"], template, timeout=120)
+    assert f"removed {rel} (the note of which row stage 'train' last held, which could not " \
+           "be read: not a regular file)" in reset.stdout, reset.stdout
+    assert not os.path.lexists(note)
+    fresh = run(["dvc", "exp", "run", "-n", "fresh", "-S", "train.steps=2"], template)
+    assert "starting: 2 steps" in fresh.stdout, fresh.stdout[-3000:]

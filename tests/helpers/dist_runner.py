@@ -4,7 +4,8 @@
 
 Each rank writes the batches it produced to OUT_PREFIX-rank<r>.npz. Env
 KILL_RANK/KILL_AT: that rank SIGKILLs itself right after step KILL_AT's
-checkpoint (KILL_RANK=all: every rank).
+checkpoint (KILL_RANK=all: every rank); KILL_SIG=SIGTERM sends that instead,
+and the loop then asks ``should_save`` at every step (preemption).
 """
 
 import os
@@ -26,14 +27,15 @@ pipe = ck.pipeline("train", fn, **{**kw, "shard_id": rank, "num_shards": world})
 w = ck.arrays.get("w", np.zeros(2))
 results = {}
 kill_rank, kill_at = os.environ.get("KILL_RANK"), int(os.environ.get("KILL_AT", "0"))
+kill_sig = getattr(signal, os.environ.get("KILL_SIG", "SIGKILL"))
 for step in range(ck.step + 1, until + 1):
     for i, sample in enumerate(pipelines.outputs_of(pipe)):
         results[f"{step:04d}_{i:02d}"] = sample
     w = w + rank + step
-    if step % every == 0:
+    if ck.should_save(step, every) if kill_sig == signal.SIGTERM else step % every == 0:
         ck.make_checkpoint(step, arrays={"w": w})
         if step == kill_at and kill_rank in (str(rank), "all"):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), kill_sig)
 results["final_w"] = w
 np.savez(f"{out_prefix}-rank{rank}.npz", **results)
 dist.destroy_process_group()

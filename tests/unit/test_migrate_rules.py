@@ -583,6 +583,10 @@ def test_main_quotes_the_file_in_the_commands_it_says(tmp_path, capsys, monkeypa
     (None, "missing.yaml: no such file"),
     ("stages: [\n", "missing.yaml: not valid YAML at line 2"),
     (b"\xff\xfe", "missing.yaml: not UTF-8 text"),
+    # /etc/passwd said "nothing to migrate" and exited 0
+    ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/:/bin/sh\n",
+     "missing.yaml: not a dvc.yaml (YAML whose top level is a scalar"),
+    ("- stages\n", "missing.yaml: not a dvc.yaml (YAML whose top level is a list"),
 ])
 def test_main_bad_file_is_one_message(tmp_path, capsys, content, message):
     path = tmp_path / "missing.yaml"
