@@ -83,6 +83,12 @@ def _given(value: str | None) -> str | None:
     return None if value is None or value == "" else value.strip()
 
 
+def _shown(value: str | None) -> str:
+    """A value as an error message quotes it: its first 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 62 else f"{text[:60]}...' ({len(value or '')} characters)"
+
+
 def _ascii_int(text: str) -> int | None:
     """The number ``text`` spells in digits 0-9 only, else None: str.isdigit()
     and int() also take '²' or '٣', and int() refuses 5,000 digits."""
@@ -107,7 +113,7 @@ def parse_keep_last(value: object, source: str) -> int | None:
         except (TypeError, ValueError):
             number = None
     if not isinstance(number, int) or number < 1:
-        raise ConfigError(f"{source}={value!r}: must be a positive integer, the number of "
+        raise ConfigError(f"{source}={_shown(value)}: must be a positive integer, the number of "
                           "a run's latest checkpoint rows to keep; unset it to keep every row")
     return number
 
@@ -119,7 +125,7 @@ def parse_keep_best(value: object, source: str) -> str | None:
     text = value.strip() if isinstance(value, str) else ""
     metric, sep, mode = text.rpartition(":")
     if not sep or not metric.strip() or mode not in ("max", "min"):
-        raise ConfigError(f"{source}={value!r}: must be '<metric>:max' or '<metric>:min', a "
+        raise ConfigError(f"{source}={_shown(value)}: must be '<metric>:max' or '<metric>:min', a "
                           "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
     return text
 
@@ -134,7 +140,7 @@ def parse_seconds(value: str | None, name: str, default: float = DEFAULT_WAIT_S)
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
-        raise ConfigError(f"{name}={value!r}: must be a number of seconds from 0 to "
+        raise ConfigError(f"{name}={_shown(value)}: must be a number of seconds from 0 to "
                           f"{MAX_WAIT_S} (ten years), e.g. {name}=600; unset it for the "
                           f"default {default:.0f}")
     return seconds
@@ -146,7 +152,7 @@ def parse_switch(value: str | None, name: str, default: bool = True) -> bool:
     if text is None:
         return default
     if text not in ("0", "1"):
-        raise ConfigError(f"{name}={value!r}: must be 1 (on) or 0 (off); unset it for the "
+        raise ConfigError(f"{name}={_shown(value)}: must be 1 (on) or 0 (off); unset it for the "
                           f"default {int(default)}")
     return text == "1"
 
@@ -158,7 +164,7 @@ def parse_bytes(value: str | None, name: str, default: int) -> int:
         return default
     number = _ascii_int(text)
     if number is None:
-        raise ConfigError(f"{name}={value!r}: must be a number of bytes (0 or more, digits "
+        raise ConfigError(f"{name}={_shown(value)}: must be a number of bytes (0 or more, digits "
                           f"0-9), e.g. {name}=500000000; unset it for the default {default}")
     return number
 
@@ -170,7 +176,7 @@ def parse_count(value: str | None, name: str) -> int:
         return -1
     number = _ascii_int(text)
     if number is None:
-        raise ConfigError(f"{name}={value!r}: must be a number of batches (digits 0-9; 0 "
+        raise ConfigError(f"{name}={_shown(value)}: must be a number of batches (digits 0-9; 0 "
                           "turns it off) or 'all'; unset it for the default, all")
     return number
 
@@ -181,7 +187,7 @@ def parse_signal_file(value: str | None) -> str | None:
     if text is None:
         return None
     if not os.path.isabs(text) or os.path.isdir(text):
-        raise ConfigError(f"DVC_DALI_SIGNAL_FILE={value!r}: must be the absolute path of a "
+        raise ConfigError(f"DVC_DALI_SIGNAL_FILE={_shown(value)}: must be the absolute path of a "
                           "file, the signal file `dvc-dali run` watches (it sets this for its "
                           f"child); unset it to use .dvc/tmp/{SIGNAL_NAME}")
     return text

@@ -89,6 +89,7 @@ dynamic-mode readers.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import math
 import os
@@ -533,51 +534,116 @@ def _valid_id(log_id: Any) -> bool:
     return isinstance(log_id, str) and len(log_id) == 32 and set(log_id) <= _ID_CHARS
 
 
+MISSING = "is missing"  # CompanionLog.problem of a file that is not there
+
+
+@dataclass(frozen=True)
+class CompanionLog:
+    """What a companion file yields: ``found``, {stream: [batch digest, ...]}
+    in order from the first; ``problem``, why some or all of it could not be
+    read ("" when nothing was skipped but a torn last line, which a kill
+    mid-write leaves; MISSING; "is a symbolic link", "is not a regular
+    file": not read; or lines that do not parse or are out of order)."""
+
+    found: dict[str, list[list[str]]]
+    problem: str = ""
+
+
 def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
-    """{pipeline: [batch digest, ...]} appended for checkpoint ``log_id``;
-    a torn last line (a kill mid-write) and anything malformed are skipped."""
-    found: dict[str, list[list[str]]] = {}
+    """{pipeline: [batch digest, ...]} appended for checkpoint ``log_id``
+    (:func:`read_log`'s ``found``)."""
+    return read_log(directory, log_id).found
+
+
+def read_log(directory: Path, log_id: str) -> CompanionLog:
+    """The companion file of checkpoint ``log_id``: its digests in order, and
+    what of it could not be read. What is not read is not compared: never a
+    false match, and said (``problem``)."""
     if not _valid_id(log_id):
-        return found
-    for line in _bounded_lines(directory / f"{log_id}.jsonl"):
-        try:
-            rec = json.loads(line)
-            name, index, value = rec["p"], rec["i"], rec["d"]
-        except (ValueError, TypeError, KeyError):
-            continue
-        batches = found.setdefault(str(name), [])
-        if index == len(batches) and isinstance(value, list):  # in order, no gap
-            batches.append([str(v) for v in value])
-    return found
+        return CompanionLog({}, MISSING)
+    found: dict[str, list[list[str]]] = {}
+    bad = first_bad = 0
+    lines = _Lines(directory / f"{log_id}.jsonl")
+    for number, line in enumerate(lines, 1):
+        if not _take(found, line) and line.endswith(b"\n"):  # a torn last line: a kill's
+            bad += 1
+            first_bad = first_bad or number
+    problem = lines.problem
+    if bad and not problem:
+        problem = (f"has {bad} line(s) that do not parse or are out of order (the first: line "
+                   f"{first_bad})")
+    return CompanionLog(found, problem)
 
 
-def _bounded_lines(path: Path) -> Iterator[bytes]:
-    """The lines of ``path`` if it is a regular file (a device or a FIFO is
-    never read), up to the first longer than _LINE_MAX and at most
-    _COMPANION_MAX bytes in all."""
+def _take(found: dict[str, list[list[str]]], line: bytes) -> bool:
+    """One line into ``found``: whether it was a digest of the next batch of its stream."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block the open
-    except OSError:
-        return
-    with open(fd, "rb") as f:
+        rec = json.loads(line)
+        name, index, value = rec["p"], rec["i"], rec["d"]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return False
+    batches = found.get(str(name), [])
+    if type(index) is not int or index != len(batches) or not isinstance(value, list):
+        return False  # out of order, a gap, another type: never a digest of another batch
+    found[str(name)] = batches
+    batches.append([str(v) for v in value])
+    return True
+
+
+class _Lines:
+    """The lines of a companion file if it is a regular file (a device, a
+    FIFO, a directory or a link is never read), up to the first longer than
+    _LINE_MAX and at most _COMPANION_MAX bytes in all; ``problem`` says why
+    it stopped short (after iteration)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.problem = ""
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:  # a FIFO does not block the open; a link is not followed
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self.problem = MISSING
+            return
+        except OSError as exc:
+            self.problem = ("is a symbolic link (not read)" if os.path.islink(self.path) else
+                            f"cannot be read ({exc.strerror or exc})")
+            return
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.problem = "is not a regular file (not read)"
+            return
+        with open(fd, "rb") as f:
+            yield from self._read(f)
+
+    def _read(self, f: Any) -> Iterator[bytes]:
+        left = _COMPANION_MAX
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
-            left = _COMPANION_MAX
             while left > 0:
                 line = f.readline(min(_LINE_MAX + 1, left))
-                if not line or len(line) > _LINE_MAX:
+                if not line:
+                    return
+                if len(line) > _LINE_MAX:
+                    self.problem = "has a line longer than 1 MB (it and those after not read)"
                     return
                 left -= len(line)
                 yield line
-        except OSError:
-            return
+            if f.read(1):
+                self.problem = "is longer than 64 MB (the rest not read)"
+        except OSError as exc:
+            self.problem = f"cannot be read ({exc.strerror or exc})"
 
 
 def dynamic_stream(checkpoint: str, reader: str) -> str:
     """The stream name of reader ``reader`` registered on dynamic-mode
     Checkpoint ``checkpoint`` (Checkpointer.dynamic's name)."""
     return f"{checkpoint}/{reader}"
+
+
+def streams_of(manifest: dict[str, Any]) -> set[str]:
+    """The streams a checkpoint recorded digests for (each has a record)."""
+    return {name for name, rec in _records(manifest) if isinstance(rec, dict)}
 
 
 def _records(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -1216,7 +1282,15 @@ class _Companion:
     collected, so none is left open."""
 
     def __init__(self, path: Path, owner: Any) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # a FIFO (no reader: ENXIO), a link (ELOOP), a directory or a device
+        # there is refused, not written through nor waited on
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+                     | os.O_NOFOLLOW, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        self.fd = fd
         self._finalizer = weakref.finalize(owner, os.close, self.fd)
 
     def write(self, line: bytes) -> None:

@@ -47,19 +47,25 @@ def _snapshot(root: Path, path: str, row: str | None, tmp: Path
     return store.read_snapshot(tmp / "ck"), found or {}
 
 
-def _recorded(root: Path, path: str, manifest: dict, row: dict) -> dict[str, list[list[str]]]:
+def _recorded(root: Path, path: str, manifest: dict, row: dict
+              ) -> tuple[dict[str, list[list[str]]], str]:
     """The digests of the batches after the checkpoint: beside it, else in
-    the row its run recorded next."""
+    the row its run recorded next; and, where its companion file could not
+    all be read and no row holds them, why (``<file> <problem>``)."""
     log_id = batch_digests.log_id_of(manifest)
     if log_id is None:
-        return {}
-    found = batch_digests.read_companion(root / batch_digests.COMPANION, log_id)
-    if found or not row.get("sha"):
-        return found
+        return {}, ""
+    directory = root / batch_digests.COMPANION
+    log = batch_digests.read_log(directory, log_id)
+    why = ("" if log.problem in ("", batch_digests.MISSING) else
+           f"{(directory / f'{log_id}.jsonl').relative_to(root)} {log.problem}")
+    if log.found or not row.get("sha"):
+        return log.found, why
     from ..reading.row_queries import rows
 
     children = (r for r in rows(repo=str(root)) if r.get("parent") == row["sha"])
-    return batch_digests.from_rows(path, children, log_id, str(root))
+    found = batch_digests.from_rows(path, children, log_id, str(root))
+    return found, "" if found else why
 
 
 def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str], None],
@@ -72,13 +78,16 @@ def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str],
             _nothing_to_replay(path, row, report)
             return
         label = found.get("name") or row or f"{path} (workspace)"
-        recorded = _recorded(root, path, snap.manifest, found)
+        recorded, damaged = _recorded(root, path, snap.manifest, found)
+        if damaged:  # what was read is compared; what was not is said
+            report(False, f"{label}: the batch digests after step {snap.step}: {damaged}, so "
+                          "the batches past those read from it are not verified")
         here = os.getcwd()
         os.chdir(wdir)  # DALI resolves a relative file_root against the current directory
         try:
             for name, entry in sorted(snap.manifest["pipelines"].items()):
                 _verify_one(label, snap.step, name, entry, snap.pipeline_states.get(name, b""),
-                            recorded.get(name, []), report)
+                            recorded.get(name, []), report, bool(damaged))
         finally:
             os.chdir(here)
 
@@ -98,20 +107,29 @@ def _nothing_to_replay(path: str, row: str | None, report: Callable[[bool, str],
                   "`dvc-dali show` lists the rows of dvc-dali checkpoints")
 
 
-def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,
-                digests: list[list[str]], report: Callable[[bool, str], None]) -> None:
-    where = f"{label}, pipeline {name!r}"
+def _skipped(entry: dict, digests: list[list[str]], step: int, damaged: bool) -> str | None:
+    """Why a pipeline is not replayed (said as a note, not a problem; "": not
+    said, the unreadable digests were), or None where it is."""
     if entry.get("kind", dali_state.KIND) != dali_state.KIND or KEY not in entry:
-        print(f"--   {where}: not replayable here (a TensorFlow dataset, or saved before "
-              "pipelines were serialized)")
-        return
+        return "not replayable here (a TensorFlow dataset, or saved before pipelines were " \
+               "serialized)"
     if dali_state.has_python_source(entry["description"]):
-        print(f"--   {where}: fed by a Python external_source callable, which DALI does not "
-              "serialize: resume the run to check it (the resume compares every batch)")
-        return
+        return ("fed by a Python external_source callable, which DALI does not serialize: "
+                "resume the run to check it (the resume compares every batch)")
     if not digests:
-        print(f"--   {where}: no batch digests recorded after step {step} (the run ended or "
-              "was killed right after it)")
+        return "" if damaged else (f"no batch digests recorded after step {step} (the run "
+                                   "ended or was killed right after it)")
+    return None
+
+
+def _verify_one(label: str, step: int, name: str, entry: dict, state: bytes,
+                digests: list[list[str]], report: Callable[[bool, str], None],
+                damaged: bool = False) -> None:
+    where = f"{label}, pipeline {name!r}"
+    skipped = _skipped(entry, digests, step, damaged)
+    if skipped is not None:
+        if skipped:
+            print(f"--   {where}: {skipped}")
         return
     try:
         pipe = dali_state.rebuild(base64.b64decode(entry[KEY]), entry["description"], state)

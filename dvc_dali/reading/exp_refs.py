@@ -108,7 +108,9 @@ def git_dirs(path: str) -> tuple[str, str]:
         lines = proc.stdout.split("\n")
         if proc.returncode != 0 or len(lines) < 2:
             raise RecordError(f"'{path}' is not inside a git work tree "
-                              f"({proc.stderr.strip()}); run inside `dvc exp run` of a git repo.")
+                              f"({proc.stderr.strip()}): experiments and their rows live in "
+                              "git, so run this in a git repository with a DVC project (`git "
+                              "init`, then `dvc init`).")
         STATE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
     return STATE.git_dirs[key]
 

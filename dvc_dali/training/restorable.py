@@ -309,6 +309,24 @@ class RandomGenerators:
         return rng_state.capture()
 
 
+def _say_companion(step: int, companion: Path, problem: str,
+                   found: dict[str, list[list[str]]]) -> None:
+    """What a resume says of the companion file of the checkpoint at ``step``
+    when not all of it could be read. The file is made (empty) right after
+    its save: missing, the digests of whatever batches followed were lost;
+    damaged, the batches past the digests read from it are not compared."""
+    if problem == batch_digests.MISSING:
+        if not found:
+            logger.info("no digests of the batches after the checkpoint at step %d were found "
+                        "(%s is missing, and no later row of its run holds them): those "
+                        "batches are not verified", step, companion)
+    elif problem:
+        read = ", ".join(f"{len(b)} of {name!r}" for name, b in found.items()) or "none"
+        logger.warning("the digests of the batches after the checkpoint at step %d: %s %s "
+                       "(digests read: %s), so the batches past those are not verified",
+                       step, companion, problem, read)
+
+
 @dataclass(eq=False)
 class BatchProof:
     """The batch digests (batch_digests.Recorder) of the streams registered
@@ -341,16 +359,17 @@ class BatchProof:
                            "resume is not verified", saved.snapshot.step)
         if log_id is None or not self.recorder.on:
             return
-        found = batch_digests.read_companion(self.recorder.directory, log_id)
+        log = batch_digests.read_log(self.recorder.directory, log_id)
+        found, problem = log.found, log.problem
         if not found and self.from_rows is not None:
             found = self.from_rows(saved.snapshot.step, log_id)
-        # the file is made (empty) right after its save: missing, the digests
-        # of whatever batches followed the checkpoint were lost
-        companion = self.recorder.directory / f"{log_id}.jsonl"
-        if not found and not companion.is_file():
-            logger.info("no digests of the batches after the checkpoint at step %d were found "
-                        "(%s is missing, and no later row of its run holds them): those "
-                        "batches are not verified", saved.snapshot.step, companion)
+            problem = "" if found else problem  # the row its run recorded next holds them
+        foreign = sorted(set(found) - batch_digests.streams_of(manifest))
+        if foreign and not problem:  # a companion file naming streams the checkpoint lacks
+            problem = (f"names {', '.join(map(repr, foreign))}, which the checkpoint does not "
+                       "hold")
+        _say_companion(saved.snapshot.step, self.recorder.directory / f"{log_id}.jsonl",
+                       problem, {n: b for n, b in found.items() if n not in foreign})
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
                              str(saved.manifest_path))
 

@@ -276,3 +276,27 @@ def test_doctor_verify_without_a_checkpoint_says_there_is_nothing_to_verify(tmp_
         assert ("checkpoint (workspace): not verified, it holds no dvc-dali checkpoint"
                 in out.stdout), out.stdout + out.stderr
         (project / "checkpoint").mkdir(exist_ok=True)
+
+
+def test_a_companion_file_made_a_fifo_is_said_and_never_waited_on(project):
+    """Killed between two checkpoints, its companion file replaced by a FIFO:
+    the resume waited on it for ever (writing its digests on), and doctor
+    --verify said no digests were recorded. Now both name the file and why
+    its batches are not verified, and the run goes on."""
+    lean = ["-S", "train.steps=30"]
+    killed = run(["dvc", "exp", "run", "-n", "f", *lean], project, check=False, env={KILL: "25"})
+    assert killed.returncode != 0 and "f-step20" in exp_rows(project), killed.stderr[-3000:]
+    log_id = manifest(project / "checkpoint")["pipelines"]["train"]["batches"]["log"]
+    rel = Path(".dvc") / "tmp" / "dvc-dali" / "batches" / f"{log_id}.jsonl"
+    (project / rel).unlink()
+    os.mkfifo(project / rel)
+    ws = run(["dvc-dali", "doctor", "--verify"], project, check=False, timeout=300)
+    assert f"the batch digests after step 20: {rel} is not a regular file (not read), so the " \
+           "batches past those read from it are not verified" in ws.stdout, ws.stdout
+    assert "no batch digests recorded" not in ws.stdout, ws.stdout
+    done = run(["dvc", "exp", "run", *lean], project, timeout=300)
+    said = done.stdout + done.stderr
+    assert "resuming from step 20" in said and "Traceback" not in said, said
+    assert f"{rel} is not a regular file (not read)" in said, said
+    assert "are those the run it resumes produced" not in said, said
+    assert "f-step30" in exp_rows(project)

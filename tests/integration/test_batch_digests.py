@@ -120,10 +120,21 @@ def address_space_at_most(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-@pytest.mark.parametrize("how", ["a link to /dev/zero", "a 10 MB line"])
-def test_a_companion_file_that_is_a_device_or_huge_is_not_read(tmp_path, how):
-    """Neither read whole: the resume neither fails nor claims a proof for
-    batches it could not read."""
+UNREAD = {  # what the companion file was made into -> what the resume says of it
+    "a link to /dev/zero": "is a symbolic link (not read)",  # it said "is missing"
+    "a 10 MB line": "has a line longer than 1 MB",
+    "a FIFO": "is not a regular file",  # the resume then waited on it for ever, writing
+    "a directory": "is not a regular file",  # a traceback
+    "random bytes": "line(s) that do not parse or are out of order",  # nothing said
+    "another pipeline's lines": "names 'nosuch', which the checkpoint does not hold",  # nothing
+}
+
+
+@pytest.mark.parametrize("how", list(UNREAD))
+def test_a_companion_file_that_cannot_be_read_is_said_and_never_waited_on(tmp_path, how):
+    """Never read whole, never opened to wait on, never written through: the
+    resume neither fails nor hangs nor claims a proof for batches it could
+    not read, and says why they are not verified."""
     ckpt = tmp_path / "ckpt"
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2],
                      kill_after=5)
@@ -134,14 +145,31 @@ def test_a_companion_file_that_is_a_device_or_huge_is_not_read(tmp_path, how):
     path.unlink()
     if how == "a link to /dev/zero":
         path.symlink_to("/dev/zero")
-    else:  # the first batch's own record, padded: no line dvc-dali writes
+    elif how == "a 10 MB line":  # the first batch's own record, padded: no line dvc-dali writes
         first = {**json.loads(lines[0]), "pad": "x" * 10_000_000}
         path.write_text("".join(line + "\n" for line in [json.dumps(first), *lines[1:]]))
+    elif how == "a FIFO":  # held open by a reader: a writer would not block, but write into it
+        os.mkfifo(path)
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    elif how == "a directory":
+        path.mkdir()
+    elif how == "random bytes":
+        path.write_bytes(os.urandom(4000).replace(b"\n", b"") + b"\n" * 3)
+    else:
+        path.write_text("".join(line.replace('"p": "train"', '"p": "nosuch"') + "\n"
+                                for line in lines))
     with address_space_at_most(256 << 20):
-        assert batch_digests.read_companion(companion(ckpt), log_id) == {}
+        assert "train" not in batch_digests.read_companion(companion(ckpt), log_id)
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 6)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "are those the run it resumes produced" not in proc.stderr, proc.stderr
+    assert UNREAD[how] in proc.stderr and "not verified" in proc.stderr + "not compared", \
+        proc.stderr[-3000:]
+    assert not path.is_symlink() or os.readlink(path) == "/dev/zero"
+    if how == "a FIFO":  # nothing was written into it
+        with contextlib.suppress(BlockingIOError):
+            assert os.read(reader, 1 << 16) == b""
+        os.close(reader)
 
 
 def test_a_changed_external_source_callable_is_refused(tmp_path):

@@ -40,7 +40,8 @@ def refused(name: str, value: str) -> str:
     with pytest.raises(ConfigError) as err:
         RunContext.from_environ({name: value})
     message = str(err.value)
-    assert message.startswith(f"{name}={value!r}: ") and "\n" not in message, message
+    quoted = repr(value) if len(repr(value)) <= 62 else repr(value)[:60] + "...'"
+    assert message.startswith(f"{name}={quoted}") and "\n" not in message, message
     return message
 
 
@@ -114,3 +115,13 @@ def test_the_loggers_debug_switch_follows_the_same_rule(value, level):
                           "print(m.logger.level)"], capture_output=True, text=True,
                          env={**os.environ, "DVC_DALI_DEBUG": value}, check=True)
     assert int(out.stdout) == level
+
+
+@pytest.mark.parametrize("name", sorted(GOOD))
+def test_a_huge_value_is_quoted_short(name):
+    """A 5,000-character value was repeated whole in the one-line message."""
+    with pytest.raises(ConfigError) as err:
+        RunContext.from_environ({name: "9" * 4999 + "x"})
+    message = str(err.value)
+    assert message.startswith(f"{name}='999") and "(5000 characters)" in message, message
+    assert len(message) < 600 and "\n" not in message, message
