@@ -239,7 +239,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
               f"{best['metrics'][metric]:.4g}); load it with dvc_dali.load(rev="
               f"{best.get('ref') or best['name']!r})")
-    elif args.best and rows:  # asked for what no row can answer: as for an unknown experiment
+    elif args.best and rows and best is None:  # unanswerable: as for an unknown experiment
         metric = args.best.rpartition(":")[0]
         known = sorted({m for r in rows for m in r.get("metrics", {})})
         print(f"dvc-dali show: --best {args.best}: no row has {metric} (their metrics: "

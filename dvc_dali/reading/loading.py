@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..format import store
-from ..core.errors import ConfigError, DvcDaliError
+from ..format import manifest_schema, store
+from ..core.errors import CheckpointCorruptError, ConfigError, DvcDaliError
 
 if TYPE_CHECKING:
     from .exp_refs import Row
@@ -93,7 +93,8 @@ def _here() -> Path:
 
 
 class _NotThere(DvcDaliError):
-    """A file of the revision neither in the cache nor on its DVC remote."""
+    """A file of the revision neither in the cache nor on its DVC remote
+    (raised as a DvcDaliError naming the revision: :func:`_read_revision`)."""
 
 
 def _fetch(fs: Any, src: str, dest: Path) -> None:
@@ -101,8 +102,8 @@ def _fetch(fs: Any, src: str, dest: Path) -> None:
     try:
         fs.get_file(src, str(dest))
     except FileNotFoundError:
-        raise _NotThere(f"{src}: not in the revision read, nor in the cache or the DVC "
-                           "remote; is it the checkpoint output's path?") from None
+        raise _NotThere(f"{src}: not in that revision, nor in the cache or the DVC "
+                        "remote; is it the checkpoint output's path?") from None
 
 
 def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> None:
@@ -164,16 +165,55 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     from ..core.exit_hooks import install_hook
 
     install_hook()  # a refusal that ends an evaluation script: one line
-    names = None if names is None else list(names)
+    names = _names(names)
     repo_s = None if repo is None else os.fspath(repo)
     if rev is None and repo_s is None:
         return _loaded(store.read_arrays(Path(path), names), None)
+    if isinstance(rev, str) and not rev.strip():
+        raise ConfigError(f"load(rev={rev!r}): an empty revision names nothing (it read HEAD's "
+                          "checkpoint); pass a row, its ref or sha, or leave rev out for the "
+                          "workspace's checkpoint")
+    if os.path.isabs(path):
+        raise ConfigError(f"load(path={os.fspath(path)!r}, rev=...): with rev, path is the "
+                          "checkpoint output's path inside the project, as dvc.yaml names it "
+                          "(e.g. 'checkpoint')")
     git_rev, row, where = _resolve(rev, repo_s) if rev else ("HEAD", None, repo_s or
                                                              str(_here()))
     rel = os.fspath(path).strip("/")
+    label = f"{_label(rev)}:{rel}"
     with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
-        dest = _read_revision(where, git_rev, _label(rev), rel, Path(tmp), names)
-        return _loaded(store.read_arrays(dest, names), row, f"{_label(rev)}:{rel}")
+        try:
+            dest = _read_revision(where, git_rev, _label(rev), rel, Path(tmp), names)
+            return _loaded(store.read_arrays(dest, names), row, label)
+        except (CheckpointCorruptError, ConfigError) as exc:
+            raise _relabeled(exc, Path(tmp), label) from None
+
+
+def _names(names: Any) -> list[str] | None:
+    """``names=`` as a list; a string is refused (it was split into letters)."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)):
+        raise ConfigError(f"load(names={names!r}): names is a list of array names, "
+                          f"e.g. names=[{names!r}]")
+    return list(names)
+
+
+def _relabeled(exc: DvcDaliError, tmp: Path, label: str) -> DvcDaliError:
+    """A refusal of the copy under ``tmp`` as the revision's own: its files
+    named ``<revision>:<path>`` (the copy is gone when it is read), and the
+    fix for a row's data (`dvc exp apply` would check out the same bytes)."""
+    text = str(exc)
+    for copy in ("rev", "workspace"):
+        text = text.replace(str(tmp / copy), label)
+    text = text.replace(str(tmp), label)
+    if manifest_schema.FIX in text:
+        text = text.replace(manifest_schema.FIX, (
+            "the data DVC gave for this revision is not what its run recorded (an object "
+            "damaged in the DVC cache, or on the DVC remote it came from): load another row, "
+            "or remove that object from the cache (`dvc cache dir`) and fetch it again "
+            "(`dvc fetch`, `dvc-dali pull`)"))
+    return type(exc)(text)
 
 
 def _read_revision(where: str, rev: str, label: str, rel: str, tmp: Path,
@@ -200,6 +240,8 @@ def _read_revision(where: str, rev: str, label: str, rel: str, tmp: Path,
         except Exception as exc:
             if isinstance(exc, DvcDaliError) and not isinstance(exc, _NotThere):
                 raise
+    if isinstance(first, _NotThere):
+        raise DvcDaliError(f"revision {label!r} of {where}: {first}") from None
     if isinstance(first, DvcDaliError):
         raise first
     raise DvcDaliError(

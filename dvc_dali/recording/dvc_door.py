@@ -414,9 +414,10 @@ def transfer_revs(repo: Any, revs: list[str], direction: str, remote: str | None
         else:
             repo.fetch(revs=revs, workspace=False, remote=remote)
     except Exception as exc:
-        raise RecordError(f"dvc {direction} of {len(revs)} row(s) failed: {exc}. Check the DVC "
-                          "remote (`dvc remote list`) and run the command again; nothing local "
-                          "was changed.") from None
+        # the caller says what moved and what did not: not "nothing changed"
+        raise RecordError(f"dvc {direction} of {len(revs)} row(s) failed: "
+                          f"{str(exc).rstrip('.')}; check the DVC remote (`dvc remote list`)"
+                          ) from None
 
 
 def dir_in_cache(repo: Any, dir_md5: str) -> bool:

@@ -133,9 +133,9 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
         proc = gitcmd.run(["push", "--quiet", git_remote, *refspecs], root, check=False,
                           unrunnable=DvcDaliError)
         if proc.returncode != 0:
-            raise DvcDaliError(f"git push to {git_remote} failed: {proc.stderr.strip()}. The "
-                               "data is on the DVC remote; run the command again once git can "
-                               "push.")
+            said = proc.stderr.strip().rstrip(".")
+            raise DvcDaliError(f"git push to {git_remote} failed: {said}. The data is on the "
+                               "DVC remote; run the command again once git can push.")
     if missing:
         pushed = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                   if m.refs] or ["nothing"]
@@ -203,6 +203,15 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         pulled_ok = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                      if m.refs] or ["nothing"]
         runs = " ".join(dict.fromkeys(names))
+        unset = _no_default_remote(root) if dvc_remote is None else ""
+        if unset:  # not "not on the DVC remote": there is none here to ask
+            rows = _files([_row_name(t) for t in targets if t.sha in missing], most=8)
+            raise DvcDaliError(
+                f"NOT pulled from {git_remote}: {rows} (their data is not in the local DVC "
+                f"cache, and no DVC remote is configured here to fetch it from: {unset}). "
+                f"Pulled with their data: {', '.join(pulled_ok)}. Add the DVC remote the "
+                "recording machine pushed to (`dvc remote add -d <name> <url>`), or name it "
+                f"with -r, then run `dvc-dali pull {git_remote} {runs}` again")
         raise DvcDaliError(
             f"NOT pulled from {git_remote}: {_incomplete(targets, missing, {})}; a row comes "
             "only with all its data" + (f" ({failure})" if failure else "")
@@ -211,6 +220,18 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
             f"that recorded them (`dvc-dali push {git_remote} {runs}` there), then run "
             f"`dvc-dali pull {git_remote} {runs}` again")
     return _count(targets, names)
+
+
+def _no_default_remote(root: str) -> str:
+    """Why this project has no default DVC remote (DVC's words); "" when it has one."""
+    repo = dvc_door.open_repo(root)
+    try:
+        dvc_door.check_remote(repo, None, "fetch")
+    except DvcDaliError as exc:
+        return str(exc).split(". `dvc remote list`")[0]
+    finally:
+        repo.close()
+    return ""
 
 
 def _create_script(root: str, targets) -> str:

@@ -461,6 +461,9 @@ def test_show_best_by_a_metric_no_row_has_exits_1(bare_project):
     assert out.stderr == ("dvc-dali show: --best nosuch:max: no row has nosuch (their metrics: "
                           "train/acc; nested names take '/', as train/acc)\n"), out.stderr
     assert run([*DVC_DALI, "show", "--best", "train/acc:max"], bare_project).returncode == 0
+    found = run([*DVC_DALI, "show", "--json", "--best", "train/acc:max"], bare_project)
+    assert found.stderr == "" and [r["name"] for r in json.loads(found.stdout)
+                                   if r.get("best")] == ["a-step2"], found
 
 
 def test_a_missing_command_is_called_command_and_every_usage_lists_migrate(bare_project):

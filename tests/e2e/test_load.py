@@ -20,6 +20,7 @@ from dvc_dali.format.store import PACK_BELOW
 from tests.helpers.dvc_project import run, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready
 from tests.helpers.remotes import with_remotes
+from tests.helpers.rows import cached_files, row_refs
 from tests.helpers import child_env
 
 
@@ -70,6 +71,37 @@ def test_load_a_row_by_name_after_applying_another(finished, monkeypatch):
     np.testing.assert_array_equal(state.arrays["w"], dvc_dali.load().arrays["w"])
     with pytest.raises(DvcDaliError, match="nosuch"):
         dvc_dali.load(rev="nosuch")
+
+
+def test_load_of_a_revision_refuses_what_names_nothing_and_names_the_row_it_read(
+        finished, monkeypatch):
+    """rev='' read HEAD's checkpoint; names='w' was split into letters; an
+    absolute path with rev was read as a relative one; a file missing from
+    a revision raised a private class without naming it; a damaged cache
+    object was named by a temporary path already gone, with resume advice
+    (`dvc exp apply` checks out the same bytes)."""
+    monkeypatch.chdir(finished)
+    with pytest.raises(ConfigError, match=r"load\(rev=''\): an empty revision names nothing"):
+        dvc_dali.load(rev="")
+    with pytest.raises(ConfigError, match=r"names is a list of array names, e.g. names=\['w'\]"):
+        dvc_dali.load(rev="a-step5", names="w")
+    with pytest.raises(ConfigError, match="path inside the project"):
+        dvc_dali.load(str(finished / "checkpoint"), rev="a-step5")
+    with pytest.raises(DvcDaliError) as err:
+        dvc_dali.load(rev="HEAD")  # the commit before any run: no checkpoint in it
+    assert type(err.value) is DvcDaliError and "revision 'HEAD'" in str(err.value), err.value
+    sha = dict((name, sha) for name, (_, sha) in row_refs(finished).items())["a-step5"]
+    pack = next(obj for name, obj in cached_files(finished, sha).items()
+                if name.endswith(".pack") or name.endswith(".npy"))
+    data = bytearray(pack.read_bytes())
+    data[-1] ^= 0xFF
+    pack.chmod(0o644)
+    pack.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError) as err:
+        dvc_dali.load(rev="a-step5")
+    text = str(err.value)
+    assert "a-step5:checkpoint/step-" in text and "dvc-dali-load-" not in text, text
+    assert "damaged in the DVC cache" in text and "dvc exp apply" not in text, text
 
 
 def test_load_a_row_from_a_fresh_clone_fetches_its_data_on_demand(tmp_path):

@@ -4,11 +4,9 @@ bare git repository as the git remote, a local directory as the DVC remote."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,7 @@ from tests.helpers.dvc_project import git_init, make_project, run, template_proj
 from tests.helpers.fuzz_harness import trainer_below
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.remotes import missing_data, remote_rows, with_remotes
-from tests.helpers.rows import exp_refs, exp_rows, row_refs
+from tests.helpers.rows import cached_files, exp_refs, exp_rows, row_refs
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +174,14 @@ def test_rows_recorded_before_the_remotes_were_set_up_move_with_their_data(tmp_p
     assert missing_data(bare, store, remote_rows(bare)["early-step20"]) == []
     fresh = tmp_path / "fresh"
     run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    # no default DVC remote in the clone: said so, not "not on the DVC remote", "push again"
+    run(["dvc", "remote", "default", "--unset"], fresh)
+    unset = run(["dvc-dali", "pull", "origin", "early"], fresh, check=False)
+    assert unset.returncode == 1 and "Traceback" not in unset.stderr, unset.stderr
+    assert ("(their data is not in the local DVC cache, and no DVC remote is configured here "
+            "to fetch it from: ") in unset.stderr, unset.stderr
+    assert "not on the DVC remote" not in unset.stderr, unset.stderr
+    run(["dvc", "remote", "default", "store"], fresh)
     pulled = run(["dvc-dali", "pull", "origin", "early"], fresh, check=False)
     assert "pulled 2 rows of early from origin" in pulled.stdout, pulled.stdout + pulled.stderr
     store.rename(tmp_path / "store-gone")  # the data came with them
@@ -202,23 +208,6 @@ def test_a_row_pulled_without_its_data_is_refused_not_restarted_from_step_0(tmp_
     assert "dvc.lock names the checkpoint checkpoint of row a-step10" in text, text
     assert "`dvc exp pull <git remote> a-step10`" in text and "Traceback" not in text, text
     assert "starting" not in text and "step 5/" not in text, text
-
-
-def cached_files(project: Path, sha: str) -> dict[str, Path]:
-    """checkpoint/<relpath> -> its object in .dvc/cache, for a row's checkpoint."""
-    import yaml
-
-    cache = project / ".dvc" / "cache" / "files" / "md5"
-    lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
-    found = {}
-    for entry in lock["stages"].values():
-        for out in entry.get("outs", []):
-            if out["path"] == "checkpoint":
-                listing = cache / out["md5"][:2] / out["md5"][2:]
-                for item in json.loads(listing.read_text()):
-                    found[f"checkpoint/{item['relpath']}"] = \
-                        cache / item["md5"][:2] / item["md5"][2:]
-    return found
 
 
 def test_rows_whose_data_is_missing_are_not_pushed_nor_pulled_and_are_named(tmp_path):

@@ -83,3 +83,18 @@ def asynchronous_row_steps(project: Path, framework: list[str], name: str = "as"
          "train.steps=30"], project, env={"DVC_DALI_ASYNC": "1"})
     rows = exp_rows(project)
     return [rows[f"{name}-step{s}"]["step"] for s in (10, 20, 30)]
+
+
+def cached_files(project: Path, sha: str) -> dict[str, Path]:
+    """checkpoint/<relpath> -> its object in .dvc/cache, for a row's checkpoint."""
+    cache = project / ".dvc" / "cache" / "files" / "md5"
+    lock = yaml.safe_load(run(["git", "show", f"{sha}:dvc.lock"], project).stdout)
+    found = {}
+    for entry in lock["stages"].values():
+        for out in entry.get("outs", []):
+            if out["path"] == "checkpoint":
+                listing = cache / out["md5"][:2] / out["md5"][2:]
+                for item in json.loads(listing.read_text()):
+                    found[f"checkpoint/{item['relpath']}"] = \
+                        cache / item["md5"][:2] / item["md5"][2:]
+    return found
