@@ -155,11 +155,13 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
 
     Raises:
         ConfigError: ``rev`` names no row or several, or a row without its
-            ``sha``.
+            ``sha``; ``rev`` is empty; ``path`` is absolute with ``rev``;
+            ``names`` is a string, not a list.
         DvcDaliError: a file neither in the revision read, nor in the cache
             or the DVC remote; ``rev`` without ``repo`` where the working
             directory is in no DVC project.
-        CheckpointCorruptError: a file missing, truncated or edited.
+        CheckpointCorruptError: a file missing, truncated or edited (of a
+            revision: named ``<revision>:<path>``).
         CheckpointFormatError: a foreign or newer format.
     """
     from ..core.exit_hooks import install_hook
