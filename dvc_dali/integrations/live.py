@@ -22,9 +22,18 @@ from typing import Any, Callable, Optional
 from ..core import atomic_file, exit_hooks
 
 
-def _trim_history(plots: Path, step: int) -> dict[str, float]:
+def _value(text: str) -> float | str:
+    """A logged value as DVCLive wrote it: a number, or text (which
+    `log_metric` takes too: a string metric)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _trim_history(plots: Path, step: int) -> dict[str, float | str]:
     """Drop rows after ``step`` (and rows cut short); return the last values."""
-    last: dict[str, float] = {}
+    last: dict[str, float | str] = {}
     for tsv in sorted(plots.rglob("*.tsv")):
         lines = tsv.read_text(encoding="utf-8").splitlines(keepends=True)
         if not lines:
@@ -45,7 +54,7 @@ def _trim_history(plots: Path, step: int) -> dict[str, float]:
         name = tsv.relative_to(plots).with_suffix("").as_posix()
         leaf = name.rsplit("/", 1)[-1]
         if len(keep) > 1 and leaf in header:
-            last[name] = float(keep[-1].rstrip("\n").split("\t")[header.index(leaf)])
+            last[name] = _value(keep[-1].rstrip("\n").split("\t")[header.index(leaf)])
     return last
 
 

@@ -171,14 +171,7 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     repo_s = None if repo is None else os.fspath(repo)
     if rev is None and repo_s is None:
         return _loaded(store.read_arrays(Path(path), names), None)
-    if isinstance(rev, str) and not rev.strip():
-        raise ConfigError(f"load(rev={rev!r}): an empty revision names nothing (it read HEAD's "
-                          "checkpoint); pass a row, its ref or sha, or leave rev out for the "
-                          "workspace's checkpoint")
-    if os.path.isabs(path):
-        raise ConfigError(f"load(path={os.fspath(path)!r}, rev=...): with rev, path is the "
-                          "checkpoint output's path inside the project, as dvc.yaml names it "
-                          "(e.g. 'checkpoint')")
+    _check_revision_args(rev, path)
     git_rev, row, where = _resolve(rev, repo_s) if rev else ("HEAD", None, repo_s or
                                                              str(_here()))
     rel = os.fspath(path).strip("/")
@@ -189,6 +182,19 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
             return _loaded(store.read_arrays(dest, names), row, label)
         except (CheckpointCorruptError, ConfigError) as exc:
             raise _relabeled(exc, Path(tmp), label) from None
+
+
+def _check_revision_args(rev: Any, path: str | os.PathLike) -> None:
+    """Refuse what names no revision's checkpoint: an empty ``rev`` (it read
+    HEAD's), an absolute ``path`` (it was read as a relative one)."""
+    if isinstance(rev, str) and not rev.strip():
+        raise ConfigError(f"load(rev={rev!r}): an empty revision names nothing (it read HEAD's "
+                          "checkpoint); pass a row, its ref or sha, or leave rev out for the "
+                          "workspace's checkpoint")
+    if os.path.isabs(path):
+        raise ConfigError(f"load(path={os.fspath(path)!r}, rev=...): with rev, path is the "
+                          "checkpoint output's path inside the project, as dvc.yaml names it "
+                          "(e.g. 'checkpoint')")
 
 
 def _names(names: Any) -> list[str] | None:

@@ -105,6 +105,7 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
             start.params.update(flat_keys(values, prefix))
     finally:
         dvc_door.unlock_repo(repo)
+    _say_changed_deps(ctx, repo, stage, start)
     run.start = start
     atexit.register(exit_hooks.this_process_only(_put_params_back, start, repo.root_dir,
                                                  ctx.lock_timeout))
@@ -174,13 +175,31 @@ def stage_changed_since(ctx: RunContext, repo: Any, stage: Any, start: RunStart,
     for path, values in (entry.get("params") or {}).items():
         prefix = "" if os.path.basename(path) == "params.yaml" else f"{path}:"
         params.update(flat_keys(values or {}, prefix))
-    if params != start.params:
-        return True
+    return params != start.params or bool(_changed_deps(entry, stage, start))
+
+
+def _changed_deps(entry: dict, stage: Any, start: RunStart) -> list[str]:
+    """The deps (as dvc.yaml names them) whose hash differs from ``entry``'s."""
+    changed = []
     for dep in entry.get("deps") or []:
         now = start.deps.get(os.path.abspath(os.path.join(stage.wdir, str(dep.get("path")))))
         if now is not None and getattr(now[0], "value", None) != dep.get("md5"):
-            return True
-    return False
+            changed.append(str(dep.get("path")))
+    return changed
+
+
+def _say_changed_deps(ctx: RunContext, repo: Any, stage: Any, start: RunStart) -> None:
+    """A run that starts from a recorded row whose deps (the training code, a
+    config file) changed since: said, as a changed param is (a changed data
+    set is refused later, by the pipeline's check)."""
+    row = start.resumed_row
+    entry = _row_entry(ctx, repo, stage, row["sha"]) if row is not None else None
+    changed = _changed_deps(entry, stage, start) if entry else []
+    if changed:
+        logger.warning("%s changed since row %s (step %d), the checkpoint this run starts "
+                       "from: the rows it records are trained with the changed files, the "
+                       "rows up to %s with the earlier ones", ", ".join(changed), row["name"],
+                       row["step"], row["name"])
 
 
 def _warn_changed(changed: dict[str, bytes]) -> None:

@@ -189,10 +189,33 @@ def test_template_trains_again_when_params_change_after_the_end(tmp_path):
     assert "starting a new run from step 0" in said and "lr: 0.1 -> 0.05" in said
     assert "step 10/20" in said and "step 20/20" in said  # it trained every step again
     assert not np.array_equal(np.load(project / "model" / "weights.npy"), w_a)
+    assert "changed since row" not in said  # no dependency changed
+    # the training code changed too: trained on, and said (it was not)
+    with open(project / "train.py", "a") as script:
+        script.write("# an edit between two runs\n")
     same = run(["dvc", "exp", "run", "-n", "c", "-S", "train.steps=30"], project)
     said = same.stdout + same.stderr
     assert "resuming at step 20" in said and "step 30/30" in said  # more steps: trains on
     assert "step 10/30" not in said
+    assert ("dvc-dali: train.py changed since row b-step20 (step 20), the checkpoint this run "
+            "starts from: the rows it records are trained with the changed files, the rows up "
+            "to b-step20 with the earlier ones") in said, said
+
+
+def test_bare_make_checkpoint_resumed_with_changed_code_says_so(tmp_path):
+    """Killed, its script edited, resumed: the rows after the kill are
+    trained by the new script, and the run says so (it said nothing)."""
+    project = bare_project(tmp_path, RESUMABLE.replace("    outs:",
+                                                       "    deps: [train.py]\n    outs:"))
+    killed = run(["dvc", "exp", "run", "-n", "port"], project, check=False, env={"KILL_AT": "2"})
+    assert killed.returncode != 0
+    with open(project / "train.py", "a") as script:
+        script.write("# an edit between two runs\n")
+    resumed = run(["dvc", "exp", "run"], project)
+    said = resumed.stdout + resumed.stderr
+    assert "train.py changed since row port-step2 (step 2), the checkpoint this run starts " \
+           "from" in said, said
+    assert (project / "checkpoint" / "state.txt").read_text() == "4"
 
 
 def test_a_checkpointer_under_dvc_exp_run_needs_total_steps(tmp_path):

@@ -388,6 +388,13 @@ def apply_swaps(root: Path, outside: Path, swaps: list[tuple[str, str]]) -> bool
     return must_fail
 
 
+def emptied(root: Path) -> bool:
+    """Whether the swaps left the directory as before any checkpoint: no
+    LATEST and no snapshot (what `read_snapshot` answers with None)."""
+    return not os.path.lexists(root / store.LATEST) and not any(
+        name.startswith("step-") for name in os.listdir(root))
+
+
 def swap_targets(root: Path) -> list[str]:
     members = sorted(load_manifest(root)["files"])
     subdirs = sorted({m.split("/")[0] for m in members})

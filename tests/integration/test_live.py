@@ -150,3 +150,27 @@ def test_another_threads_write_waits_and_leaves_the_failure_to_the_training_thre
     assert raised == []
     with pytest.raises(dvc_dali.CheckpointWriteError):
         ck.wait()
+
+
+@pytest.mark.parametrize("summary", ["kept", "lost"])
+def test_a_resume_keeps_a_text_metric(tmp_path, monkeypatch, summary):
+    """DVCLive's log_metric takes text too; every resume of a run that logged
+    one failed (float() of its last value in the history), summary or not."""
+    from dvclive import Live
+
+    from dvc_dali.integrations.live import resume_live
+
+    monkeypatch.chdir(tmp_path)
+    with Live("dvclive", save_dvc_exp=False, dvcyaml=False) as live:
+        for step in range(4):
+            live.log_metric("train/loss", 1.0 / (step + 1))
+            live.log_metric("note", "sgd")
+            live.next_step()
+    if summary == "lost":  # rebuilt from the history then
+        (tmp_path / "dvclive" / "metrics.json").unlink()
+    live = resume_live(2, True, dir="dvclive")
+    history = (tmp_path / "dvclive" / "plots" / "metrics" / "note.tsv").read_text()
+    assert [line.split("\t")[0] for line in history.splitlines()[1:]] == ["0", "1", "2"]
+    got = json.loads((tmp_path / "dvclive" / "metrics.json").read_text())
+    assert got["note"] == "sgd" and got["step"] in (2, 3), got
+    assert live.step == 2
