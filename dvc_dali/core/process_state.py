@@ -94,7 +94,10 @@ class ProcessState:
     device_digests: Optional[Any] = field(  # device_digest._Pool: streams, kernels and
         default=None, metadata=_FORK_RESET)  # buffers of the GPU batch digests
     # -- the checkpoint directory's lock (dirlock.py) --------------------------
-    held_dir_locks: dict[Any, list[int]] = field(default_factory=dict)  # path -> [fd, holders]
+    # path -> [fd, holders]; a forked child holds none (its copy of the
+    # descriptor closed, the parent's lock stays): its own Checkpointer on the
+    # parent's directory is refused, not let in by the parent's lock
+    held_dir_locks: dict[Any, list[int]] = field(default_factory=dict, metadata=_FORK_RESET)
     # -- exit hooks, and what was said once -----------------------------------
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`

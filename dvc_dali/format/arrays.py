@@ -46,6 +46,7 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
     if module.startswith("torch") and hasattr(value, "detach"):
         return _torch_leaf(value) if read else (value, {})
     if isinstance(value, (np.ndarray, np.generic)):
+        _refuse_array_subclass(path, value)
         host = np.asarray(value)
         if host.dtype.hasobject:
             raise TypeError(f"array {path!r}: dtype {host.dtype} holds Python objects, which "
@@ -59,6 +60,18 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
     if module.startswith("jax") and hasattr(value, "__array__"):
         return (np.asarray(value) if read else value), {"kind": "jax", "device": "cpu"}
     return None
+
+
+def _refuse_array_subclass(path: str, value: Any) -> None:
+    """An ndarray subclass would come back a plain ndarray: a masked array
+    without its mask (its masked values as data), a matrix as an array.
+    Refused now, naming the array; a memmap's values are its data, kept."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"array {path!r}: a masked array would come back without its mask; "
+                        "save its data and np.ma.getmaskarray(value) as two arrays")
+    if isinstance(value, np.ndarray) and type(value) not in (np.ndarray, np.memmap):
+        raise TypeError(f"array {path!r}: a {type(value).__name__} (an ndarray subclass) "
+                        "would come back as a plain ndarray; save np.asarray(value)")
 
 
 def _refuse_subclass(name: str, value: Any) -> None:

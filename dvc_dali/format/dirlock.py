@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ..core.errors import CheckpointLockedError
+from ..core.errors import CheckpointLockedError, CheckpointWriteError
 from ..core.process_state import STATE
 
 
@@ -55,8 +55,13 @@ def acquire(path: Path, rank: int = 0) -> DirLock:
     if lock in STATE.held_dir_locks:
         STATE.held_dir_locks[lock][1] += 1
         return DirLock(lock)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # /proc, /sys, a read-only place
+        raise CheckpointWriteError(f"{path}: cannot make its lock file {lock} "
+                                   f"({exc.strerror or exc}); checkpoint into a directory "
+                                   "you can write") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

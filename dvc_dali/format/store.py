@@ -256,9 +256,11 @@ def _c_bytes(array: np.ndarray) -> memoryview:
 
 def _packed_bytes(array: np.ndarray) -> memoryview | None:
     """A small array's bytes in C order, for a pack; None for an array of
-    its own (PACK_BELOW bytes or more, or Fortran order, which its .npy keeps)."""
-    if array.nbytes >= PACK_BELOW or (array.flags.f_contiguous
-                                      and not array.flags.c_contiguous):
+    its own (PACK_BELOW bytes or more, Fortran order or a structured dtype,
+    which its .npy keeps: a pack's entry names the dtype by ``dtype.str``,
+    which for a structured one is only its size, '|V12')."""
+    if array.nbytes >= PACK_BELOW or array.dtype.fields is not None or (
+            array.flags.f_contiguous and not array.flags.c_contiguous):
         return None
     return _c_bytes(array)
 
@@ -321,12 +323,43 @@ def check_json(value: Any, where: str) -> str:
     """``value`` as the JSON text a manifest holds; NotJsonError naming
     ``where`` (the argument) for anything the reader would refuse."""
     try:
-        return json.dumps(value, sort_keys=True, allow_nan=False)
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        raise NotJsonError(f"{where}={shown}: not plain JSON ({exc}); metadata and params must "
-                           "be plain JSON (numbers, strings, lists, dicts; no NaN or infinity): "
-                           "convert it, or save arrays with arrays=") from None
+        raise NotJsonError(f"{where}={_shown(value)}: not plain JSON ({exc}); {_PLAIN_JSON}"
+                           ) from None
+    key = _non_str_key(value, where)  # json.dumps wrote {1: ...} as {"1": ...}
+    if key is not None:
+        raise NotJsonError(f"{key[0]}: the key {key[1]!r} is not a string, and would come back "
+                           f"as {str(key[1])!r}; {_PLAIN_JSON}")
+    return text
+
+
+_PLAIN_JSON = ("metadata and params must be plain JSON (numbers, strings, lists, dicts with "
+               "string keys; no NaN or infinity): convert it, or save arrays with arrays=")
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a {type(value).__name__} nested too deep to show>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _non_str_key(value: Any, where: str) -> tuple[str, Any] | None:
+    """(where, key) of the first dict key that is not a string (JSON makes
+    it one), walked without recursion; the value is JSON already (no cycle)."""
+    stack = [(value, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    return at, key
+                stack.append((item, f"{at}[{key!r}]"))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(node))
+    return None
 
 
 def _meta_text(metadata: dict[str, Any], run: dict[str, Any] | None) -> str:

@@ -388,6 +388,7 @@ class Checkpointer:
             The built DALI pipeline.
 
         Raises:
+            ConfigError: ``name`` is not a non-empty string.
             ValueError: a pipeline ``name`` is already registered.
             PipelineMismatchError: resuming with another pipeline (batch
                 size, seed, shuffle flag, ``file_root``, file list or data,
@@ -414,6 +415,9 @@ class Checkpointer:
                  ) -> tuple[Any, dict[str, Any], data_contents.Contents]:
         """An unbuilt pipeline, its description, and its data's contents
         being digested on a thread (proof at runtime, data_contents.py)."""
+        if not isinstance(name, str) or not name:  # a key of the manifest: 5 came back '5'
+            raise ConfigError(f"pipeline name {name!r}: must be a non-empty string, e.g. "
+                              "'train'")
         if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
@@ -1095,11 +1099,18 @@ def _checked_arguments(path: Any, resume: Any, params: Any, asynchronous: Any,
     store.check_json(dict(params or {}), "params")
     try:
         checked = Path(path)
-        is_file = checked.exists() and not checked.is_dir()
+        os.stat(checked)  # follows links: a loop, a file on the way, a name too long
+        is_file = not checked.is_dir()
     except (TypeError, ValueError):  # not a path at all; a NUL in it
         raise ConfigError(f"path={path!r}: must be the checkpoint directory, a str or "
                           "pathlib.Path such as 'checkpoint' (the stage's checkpoint output)"
                           ) from None
+    except FileNotFoundError:
+        is_file = False  # made at the first save
+    except OSError as exc:
+        raise ConfigError(f"Checkpointer({str(path)!r}): {exc.strerror or exc}; pass a "
+                          "directory path that can be made and written (the stage's "
+                          "checkpoint output)") from None
     if is_file:
         raise ConfigError(f"Checkpointer({str(path)!r}): {path} is a file, not a directory; "
                           "pass the checkpoint directory (the stage's checkpoint output), or "

@@ -23,6 +23,13 @@ CASES = {
     "path_none": ("C(None)", "ConfigError: path=None: "),
     "path_file": ("open('afile', 'w').close(); C('afile')",
                   "ConfigError: Checkpointer('afile'): afile is a file, not a directory"),
+    # found by a sweep: each was a Python traceback (OSError, FileExistsError...)
+    "path_loop": ("import os; os.symlink('loop', 'loop'); C('loop')",
+                  "ConfigError: Checkpointer('loop'): Too many levels of symbolic links; "),
+    "path_under_a_file": ("open('afile', 'w').close(); C('afile/sub')",
+                          "ConfigError: Checkpointer('afile/sub'): Not a directory; "),
+    "path_unwritable": ("C('/proc/self/ck')",
+                        "CheckpointWriteError: /proc/self/ck: cannot make its lock file "),
     "params_list": ("C('ck', params=[1, 2])", "ConfigError: params=[1, 2]: must be a dict"),
     "params_not_json": ("C('ck', params={'f': object()})", "Error: params={'f': <object"),
     "params_nan": ("C('ck', params={'lr': float('nan')})", "Error: params={'lr': nan}: "),
@@ -49,6 +56,18 @@ CASES = {
                      "Error: metadata={'x': nan}: not plain JSON"),
     "metadata_async": ("C('ck', asynchronous=True).make_checkpoint(1, metadata={'x': 1e999})",
                        "Error: metadata={'x': inf}: not plain JSON"),
+    # found by a sweep: int keys came back as strings (a rerun then saw params changed),
+    # a deep one was a RecursionError from the refusal itself, a pipeline named 5 came
+    # back '5' (its resume refused)
+    "params_int_key": ("C('ck', params={'a': {1: 'x'}})",
+                       "Error: params['a']: the key 1 is not a string, and would come back as "
+                       "'1'"),
+    "params_deep": ("d = x = {}\nfor i in range(1000):\n    x['a'] = {}; x = x['a']\n"
+                    "C('ck', params=d)", "Error: params=<a dict nested too deep to show>: "),
+    "metadata_int_key": ("C('ck').make_checkpoint(1, metadata={2: 'x'})",
+                         "Error: metadata: the key 2 is not a string"),
+    "pipeline_name_int": ("C('ck').pipeline(5, None)",
+                          "ConfigError: pipeline name 5: must be a non-empty string"),
     "every_0": ("C('ck').should_save(1, 0)", "ConfigError: every=0: must be a whole number"),
     "every_neg": ("C('ck').should_save(1, -5)", "ConfigError: every=-5: must be a whole number"),
     "every_bool": ("C('ck').should_save(1, True)", "ConfigError: every=True: "),

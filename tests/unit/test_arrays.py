@@ -174,8 +174,12 @@ def test_torch_tensors_come_back_as_tensors_with_their_dtype_and_bits():
     (type("MyList", (list,), {})([1]), "a MyList (a list subclass)"),
     ({1, 2}, "a set cannot be saved without pickle"),
     (object(), "a object cannot be saved without pickle"),
+    # found by a sweep: both came back plain ndarrays, the masked values as data
+    (np.ma.array([1.0, -999.0], mask=[0, 1]), "a masked array would come back without its "
+                                              "mask"),
+    (np.matrix([[1, 2]]), "a matrix (an ndarray subclass) would come back as a plain ndarray"),
 ], ids=["object dtype", "zero-size dtype", "tuple key", "float key", "bool key", "namedtuple",
-        "defaultdict", "list subclass", "set", "object"])
+        "defaultdict", "list subclass", "set", "object", "masked array", "matrix"])
 def test_what_would_not_come_back_is_refused_at_save(value, says):
     with pytest.raises(TypeError) as err:
         save({"inner": value})

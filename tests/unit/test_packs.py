@@ -38,6 +38,18 @@ def test_fortran_order_keeps_a_file_of_its_own(tmp_path):
     assert np.array_equal(snap.arrays["a"], a) and snap.arrays["a"].flags.f_contiguous
 
 
+def test_a_structured_dtype_keeps_a_file_of_its_own_and_its_fields(tmp_path):
+    """A pack names an entry's dtype by dtype.str, which for a structured
+    dtype is only its size ('|V12'): small ones came back as raw bytes."""
+    dt = np.dtype([("a", "<i4"), ("b", "<f8")])
+    small = np.array([(1, 2.5), (3, 4.5)], dtype=dt)
+    manifest, snap = written(tmp_path, {"s": small, "v": small[1], "n": np.arange(3)})
+    kinds = sorted(i["file"].rsplit(".", 1)[1] for i in manifest["array_files"])
+    assert kinds == ["npy", "npy", "pack"], manifest["array_files"]  # only n in the pack
+    assert snap.arrays["s"].dtype == dt and np.array_equal(snap.arrays["s"], small)
+    assert snap.arrays["v"].dtype == dt and snap.arrays["v"]["b"] == 4.5
+
+
 def test_packs_fill_up_to_pack_max_then_another_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "PACK_MAX", 256)
     arrays = {f"a{i}": np.full(100, i, np.uint8) for i in range(5)}

@@ -85,6 +85,47 @@ def test_reset_releases_the_checkpoint_directory_locks(tmp_path):
     assert os.waitstatus_to_exitcode(os.waitpid(other, 0)[1]) == 0
 
 
+def test_a_forked_child_does_not_hold_its_parents_directory_lock(tmp_path):
+    """A child made by os.fork() inherited the parent's lock table, so its own
+    Checkpointer on the parent's directory was let in and overwrote the
+    parent's checkpoint (found by a sweep); now it is refused, and the
+    parent still holds the lock after the child ended."""
+    from dvc_dali.core.errors import CheckpointLockedError
+    from dvc_dali.format import dirlock
+
+    held = dirlock.acquire(tmp_path / "ckpt")
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                dirlock.acquire(tmp_path / "ckpt")
+            except CheckpointLockedError:
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+            os._exit(1)  # let in
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        assert dirlock.holder(tmp_path / "ckpt") is None  # ours, still held here
+        other = os.fork()  # a process of its own is refused too: the lock outlived the child
+        if other == 0:
+            process_state.reset()
+            os._exit(0 if _refused(tmp_path / "ckpt") else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(other, 0)[1]) == 0
+    finally:
+        held.release()
+
+
+def _refused(path) -> bool:
+    from dvc_dali.core.errors import CheckpointLockedError
+    from dvc_dali.format import dirlock
+
+    try:
+        dirlock.acquire(path)
+    except CheckpointLockedError:
+        return True
+    return False
+
+
 def test_a_forked_child_starts_without_its_parents_threads_locks_and_handles():
     changed = _dirty()
     STATE.record_lock.acquire()  # as if another thread were recording at the fork
