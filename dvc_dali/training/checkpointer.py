@@ -705,7 +705,10 @@ class Checkpointer:
                 JSON (no NaN; also a ``TypeError``).
             TypeError: a value in ``arrays`` that cannot be saved exactly
                 (a namedtuple, a ``defaultdict`` or another subclass, which
-                would come back as its plain base type), naming where it is.
+                would come back as its plain base type; a masked array, whose
+                mask would be lost, or another ndarray subclass), naming
+                where it is. ``metadata`` or ``params`` with a key that is not
+                a string (JSON would make it one).
             ValueError: a reserved array name.
             CheckpointWriteError: the disk is full or not writable; the
                 previous checkpoint stands.
