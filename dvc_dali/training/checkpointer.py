@@ -388,7 +388,8 @@ class Checkpointer:
             The built DALI pipeline.
 
         Raises:
-            ConfigError: ``name`` is not a non-empty string.
+            ConfigError: ``name`` is not a non-empty string, or this
+                Checkpointer is closed.
             ValueError: a pipeline ``name`` is already registered.
             PipelineMismatchError: resuming with another pipeline (batch
                 size, seed, shuffle flag, ``file_root``, file list or data,
@@ -418,6 +419,9 @@ class Checkpointer:
         if not isinstance(name, str) or not name:  # a key of the manifest: 5 came back '5'
             raise ConfigError(f"pipeline name {name!r}: must be a non-empty string, e.g. "
                               "'train'")
+        if self._closed:  # its saves are refused: a pipeline registered now would never be
+            raise ConfigError(f"Checkpointer({str(self.path)!r}) is closed: build a new "
+                              f"Checkpointer to register pipeline {name!r}")
         if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
             raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
         pipe = dali_state.prepare(source, kwargs)
@@ -859,9 +863,10 @@ class Checkpointer:
             Whether to call `make_checkpoint` now.
 
         Raises:
-            ConfigError: ``every`` is not a whole number, 1 or more.
+            ConfigError: ``step`` is not an int from 0, or ``every`` is not a
+                whole number, 1 or more.
         """
-        _check_every(every)
+        _check_every(every, step)
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         if self._late_max is None:
             agreed = preemption.FLAG.signum
@@ -1100,6 +1105,9 @@ def _checked_arguments(path: Any, resume: Any, params: Any, asynchronous: Any,
         raise ConfigError(f"params={params!r}: must be a dict of the run's hyperparameters "
                           "(plain JSON), or None for the stage's own params")
     store.check_json(dict(params or {}), "params")
+    if isinstance(path, str) and not path.strip():  # Path('') is the current directory
+        raise ConfigError(f"path={path!r}: must be the checkpoint directory, such as "
+                          "'checkpoint' (the stage's checkpoint output)")
     try:
         checked = Path(path)
         os.stat(checked)  # follows links: a loop, a file on the way, a name too long
@@ -1137,8 +1145,12 @@ def _check_save_arguments(step: Any, arrays: Any, metadata: Any) -> None:
     store.check_json(dict(metadata or {}), "metadata")
 
 
-def _check_every(every: Any) -> None:
-    """should_save's interval: a whole number of steps, 1 or more."""
+def _check_every(every: Any, step: Any = 0) -> None:
+    """should_save's interval, a whole number of steps, 1 or more, and its
+    step, a whole number ('4' failed inside, 1.5 was never due)."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ConfigError(f"step={step!r}: must be a whole number, 0 or more, the step just "
+                          "trained")
     if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
         raise ConfigError(f"every={every!r}: must be a whole number of steps, 1 or more (1 "
                           "checkpoints every step), the checkpoint interval")

@@ -20,7 +20,7 @@ from pathlib import Path
 from . import distributed
 from ..core import exit_hooks
 from ..core.context import SIGNAL_NAME, RunContext, repo_root
-from ..core.errors import SignalError
+from ..core.errors import ConfigError, SignalError
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest, Retention
@@ -113,6 +113,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
     Raises:
         ConfigError: a bad ``keep_last``/``keep_best`` or ``DVC_DALI_*``
             value, refused before anything is written.
+        ConfigError: ``step`` is not an int from 0, or ``out`` is not a path.
         RecordError: the checkpoint could not be recorded; its files are
             intact.
         SignalError: the signal file could not be written, or DVC 2 or
@@ -121,6 +122,13 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
             from it, rerun with nothing changed.
     """
     exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
+    if step is not None:  # as Checkpointer.make_checkpoint refuses it, in every mode
+        from ..format.store import check_step
+
+        check_step(step)
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise ConfigError(f"out={out!r}: must be the checkpoint output's path, a str such as "
+                          "'checkpoint'")
     ctx = RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
     signal_checkpoint(ctx, RecordRequest(step, out=out), keep)

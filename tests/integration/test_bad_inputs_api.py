@@ -24,6 +24,9 @@ CASES = {
     "path_file": ("open('afile', 'w').close(); C('afile')",
                   "ConfigError: Checkpointer('afile'): afile is a file, not a directory"),
     # found by a sweep: each was a Python traceback (OSError, FileExistsError...)
+    "path_empty": ("C('')", "ConfigError: path='': must be the checkpoint directory"),
+    "pipeline_closed": ("c = C('ck'); c.close(); c.pipeline('train', None)",
+                        "ConfigError: Checkpointer('ck') is closed: build a new Checkpointer"),
     "path_loop": ("import os; os.symlink('loop', 'loop'); C('loop')",
                   "ConfigError: Checkpointer('loop'): Too many levels of symbolic links; "),
     "path_under_a_file": ("open('afile', 'w').close(); C('afile/sub')",
@@ -70,6 +73,12 @@ CASES = {
                           "ConfigError: pipeline name 5: must be a non-empty string"),
     "every_0": ("C('ck').should_save(1, 0)", "ConfigError: every=0: must be a whole number"),
     "every_neg": ("C('ck').should_save(1, -5)", "ConfigError: every=-5: must be a whole number"),
+    # found by a sweep: '4' failed inside should_save, 1.5 was never due; the bare
+    # make_checkpoint took any step outside `dvc exp run`
+    "should_save_step_str": ("C('ck').should_save('4', 2)", "ConfigError: step='4': "),
+    "should_save_step_float": ("C('ck').should_save(1.5, 2)", "ConfigError: step=1.5: "),
+    "bare_step_neg": ("dvc_dali.make_checkpoint(-1)", "ConfigError: step=-1: must be an int"),
+    "bare_out_int": ("dvc_dali.make_checkpoint(1, out=5)", "ConfigError: out=5: "),
     "every_bool": ("C('ck').should_save(1, True)", "ConfigError: every=True: "),
     "env_grace": ("import os; os.environ['DVC_DALI_PUSH_GRACE'] = '1e20'; C('ck')",
                   "ConfigError: DVC_DALI_PUSH_GRACE='1e20': must be a number of seconds "
