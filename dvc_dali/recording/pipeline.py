@@ -286,7 +286,8 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
         parent, step, run = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
-        branched = request.branched
+        # a dependency changed since the row it starts from: DVC 2 branched too
+        branched = request.branched or bool(getattr(where.run.start, "changed_deps", None))
         if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)

@@ -102,7 +102,7 @@ def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str
 def run_name(dvc_exp_name: str, parent_run: Optional[str], branched: bool) -> str:
     """The run a row belongs to: a resumed run keeps its name and numbering
     (as DVC 2's checkpoint experiments did), whatever `dvc exp run` named
-    this invocation; a run that changed params branches off under its own."""
+    this invocation; a run that changed params or deps branches off under its own."""
     return parent_run if parent_run and not branched else dvc_exp_name
 
 

@@ -43,6 +43,9 @@ from .stage import find_stage, output_at
 class RunStart:
     files: dict[str, Optional[bytes]]  # params file (absolute) -> its bytes at the start
     params: dict[str, Any] = field(default_factory=dict)  # "train.lr" -> value
+    # deps (dvc.yaml's names) changed since the row the run starts from: its
+    # rows branch off as a run of their own, as DVC 2's did (pipeline._lineage)
+    changed_deps: list[str] = field(default_factory=list)
     warned: bool = False
     deps: dict[str, Any] = field(default_factory=dict)  # dep path -> (hash, meta) at start
     replaced: bool = False  # another command checked another row out: nothing put back
@@ -194,12 +197,13 @@ def _say_changed_deps(ctx: RunContext, repo: Any, stage: Any, start: RunStart) -
     set is refused later, by the pipeline's check)."""
     row = start.resumed_row
     entry = _row_entry(ctx, repo, stage, row["sha"]) if row is not None else None
-    changed = _changed_deps(entry, stage, start) if entry else []
-    if changed:
+    start.changed_deps = _changed_deps(entry, stage, start) if entry else []
+    if start.changed_deps:
         logger.warning("%s changed since row %s (step %d), the checkpoint this run starts "
-                       "from: the rows it records are trained with the changed files, the "
-                       "rows up to %s with the earlier ones", ", ".join(changed), row["name"],
-                       row["step"], row["name"])
+                       "from: the rows it records are trained with the changed files, so "
+                       "they are a run of their own, named by this `dvc exp run`, as DVC 2 "
+                       "branched a checkpoint experiment off when its code changed",
+                       ", ".join(start.changed_deps), row["name"], row["step"])
 
 
 def _warn_changed(changed: dict[str, bytes]) -> None:

@@ -198,24 +198,31 @@ def test_template_trains_again_when_params_change_after_the_end(tmp_path):
     assert "resuming at step 20" in said and "step 30/30" in said  # more steps: trains on
     assert "step 10/30" not in said
     assert ("dvc-dali: train.py changed since row b-step20 (step 20), the checkpoint this run "
-            "starts from: the rows it records are trained with the changed files, the rows up "
-            "to b-step20 with the earlier ones") in said, said
+            "starts from: the rows it records are trained with the changed files, so they are "
+            "a run of their own, named by this `dvc exp run`") in said, said
+    names = {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(project)}
+    assert "c-step30" in names and "b-step30" not in names, names  # branched, as DVC 2 did
 
 
-def test_bare_make_checkpoint_resumed_with_changed_code_says_so(tmp_path):
+def test_bare_make_checkpoint_resumed_with_changed_code_branches_off(tmp_path):
     """Killed, its script edited, resumed: the rows after the kill are
-    trained by the new script, and the run says so (it said nothing)."""
+    trained by the new script, so they are a run of their own, as DVC 2.58
+    made a new experiment of them (measured); the run went on under the old
+    name without a word."""
     project = bare_project(tmp_path, RESUMABLE.replace("    outs:",
                                                        "    deps: [train.py]\n    outs:"))
     killed = run(["dvc", "exp", "run", "-n", "port"], project, check=False, env={"KILL_AT": "2"})
     assert killed.returncode != 0
     with open(project / "train.py", "a") as script:
         script.write("# an edit between two runs\n")
-    resumed = run(["dvc", "exp", "run"], project)
+    resumed = run(["dvc", "exp", "run", "-n", "edited"], project)
     said = resumed.stdout + resumed.stderr
     assert "train.py changed since row port-step2 (step 2), the checkpoint this run starts " \
            "from" in said, said
     assert (project / "checkpoint" / "state.txt").read_text() == "4"
+    names = {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(project)}
+    assert {"port-step1", "port-step2", "edited-step3", "edited-step4"} <= names, names
+    assert "port-step3" not in names, names
 
 
 def test_a_checkpointer_under_dvc_exp_run_needs_total_steps(tmp_path):
