@@ -117,11 +117,7 @@ def _start_bare_run(ctx: RunContext, run: Run, out: Optional[str], late: bool) -
     row, later = start.resumed_row, start.later_rows
     if row is None or not later:
         return False
-    repo = repo_at(os.getcwd())
-    from .stage import find_stage
-
-    stage = find_stage(repo, ctx.stage, out, ctx.stage)
-    if run_start.stage_changed_since(ctx, repo, stage, start, row["sha"]):
+    if run_start.stage_changed_since(start):
         return False
     if ctx.retrain:
         return True

@@ -53,6 +53,8 @@ class RunStart:
     # that read its state already: the one it should have started from)
     carried: Optional[str] = None
     resumed_row: Optional[Row] = None  # the recorded row the workspace checkpoint is
+    # the stage's dvc.lock entry as that row recorded it (None: no row, or unreadable)
+    resumed_entry: Optional[dict] = None
     later_rows: list[Row] = field(default_factory=list)  # rows its run recorded after it
     # what a row holds besides the checkpoint (absolute; see core/row_files.py)
     row_files: list[str] = field(default_factory=list)
@@ -166,19 +168,19 @@ def _row_entry(ctx: RunContext, repo: Any, stage: Any, sha: str) -> Optional[dic
         return None
 
 
-def stage_changed_since(ctx: RunContext, repo: Any, stage: Any, start: RunStart,
-                        sha: str) -> bool:
-    """Whether the run's params or deps differ from those the row ``sha``
-    recorded: DVC 2 ran a checkpoint stage again only when its stage had
-    changed (else "Nothing to do for unchanged checkpoint")."""
-    entry = _row_entry(ctx, repo, stage, sha)
+def stage_changed_since(start: RunStart) -> bool:
+    """Whether the run's params or deps differ from those the row it starts
+    from (``start.resumed_row``) recorded: DVC 2 ran a checkpoint stage again
+    only when its stage had changed (else "Nothing to do for unchanged
+    checkpoint"). An entry that could not be read is not called unchanged."""
+    entry = start.resumed_entry
     if entry is None:
         return True
     params: dict[str, Any] = {}
     for path, values in (entry.get("params") or {}).items():
         prefix = "" if os.path.basename(path) == "params.yaml" else f"{path}:"
         params.update(flat_keys(values or {}, prefix))
-    return params != start.params or bool(_changed_deps(entry, stage, start))
+    return params != start.params or bool(start.changed_deps)
 
 
 def _changed_deps(entry: dict, stage: Any, start: RunStart) -> list[str]:
@@ -196,7 +198,8 @@ def _say_changed_deps(ctx: RunContext, repo: Any, stage: Any, start: RunStart) -
     config file) changed since: said, as a changed param is (a changed data
     set is refused later, by the pipeline's check)."""
     row = start.resumed_row
-    entry = _row_entry(ctx, repo, stage, row["sha"]) if row is not None else None
+    start.resumed_entry = _row_entry(ctx, repo, stage, row["sha"]) if row is not None else None
+    entry = start.resumed_entry  # read once: stage_changed_since compares its params
     start.changed_deps = _changed_deps(entry, stage, start) if entry else []
     if start.changed_deps:
         logger.warning("%s changed since row %s (step %d), the checkpoint this run starts "

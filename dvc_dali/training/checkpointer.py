@@ -866,7 +866,7 @@ class Checkpointer:
             ConfigError: ``step`` is not an int from 0, or ``every`` is not a
                 whole number, 1 or more.
         """
-        _check_every(every, step)
+        _check_should_save(step, every)
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         if self._late_max is None:
             agreed = preemption.FLAG.signum
@@ -1145,9 +1145,9 @@ def _check_save_arguments(step: Any, arrays: Any, metadata: Any) -> None:
     store.check_json(dict(metadata or {}), "metadata")
 
 
-def _check_every(every: Any, step: Any = 0) -> None:
-    """should_save's interval, a whole number of steps, 1 or more, and its
-    step, a whole number ('4' failed inside, 1.5 was never due)."""
+def _check_should_save(step: Any, every: Any) -> None:
+    """should_save's step, a whole number ('4' failed inside, 1.5 was never
+    due), and its interval, a whole number of steps, 1 or more."""
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise ConfigError(f"step={step!r}: must be a whole number, 0 or more, the step just "
                           "trained")
