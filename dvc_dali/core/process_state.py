@@ -94,7 +94,7 @@ class ProcessState:
     device_digests: Optional[Any] = field(  # device_digest._Pool: streams, kernels and
         default=None, metadata=_FORK_RESET)  # buffers of the GPU batch digests
     # -- the checkpoint directory's lock (dirlock.py) --------------------------
-    # path -> [fd, holders]; a forked child holds none (its copy of the
+    # path -> [fd, holders, the newest holder's id]; a forked child holds none (its copy of the
     # descriptor closed, the parent's lock stays): its own Checkpointer on the
     # parent's directory is refused, not let in by the parent's lock
     held_dir_locks: dict[Any, list[int]] = field(default_factory=dict, metadata=_FORK_RESET)
@@ -149,7 +149,7 @@ def _restart(names: list[str]) -> None:
         for seen in STATE.start_changes.values():
             seen.watcher.close()
     if "held_dir_locks" in names:
-        for fd, _holders in STATE.held_dir_locks.values():
+        for fd, *_holders in STATE.held_dir_locks.values():
             try:
                 os.close(fd)  # as at a process's end: the lock goes
             except OSError:

@@ -147,6 +147,7 @@ def build(pipe: Any, name: str, state: bytes | None = None, state_file: str = ""
 _DALI_OPERATOR = re.compile(r"Error in (\w+) operator `([^`]+)`")
 _DALI_WHERE = re.compile(r'File "([^"]+)", line (\d+)')
 _DALI_ASSERT = re.compile(r'^Assert on ".*" failed: ')
+_DALI_SAME_NAMES = re.compile(r"'((?:[^'\\]|\\.)*)': \[<")  # {'x': [<...Instance ...>, ...]}
 
 
 def build_failure(name: str, text: str) -> str:
@@ -159,6 +160,10 @@ def build_failure(name: str, text: str) -> str:
             if line and not line.startswith(("C++ context:", "Current pipeline object",
                                              "Critical error when building"))]
     what = _DALI_ASSERT.sub("", rest[0]) if rest else "an error with no message"
+    same = _DALI_SAME_NAMES.findall(text)
+    if same:  # the names, not the operators' reprs with their addresses
+        names = ", ".join(f"'{n}'" for n in same)
+        what = f"{what.rstrip(':')} ({names}): give each its own."
     operator = _DALI_OPERATOR.search(text)
     where = _DALI_WHERE.findall(text)
     at = ""
@@ -171,11 +176,12 @@ def build_failure(name: str, text: str) -> str:
             "arguments or the files it reads, then rerun.")
 
 
-def build_graph(pipe: Any) -> None:
+def build_graph(pipe: Any, name: str) -> None:
     """Build the Python graph without DALI's own external_source warning,
-    which :func:`check_restorable` replaces with an error."""
+    which :func:`check_restorable` replaces with an error; DALI's errors
+    there (operators of one name) as a PipelineBuildError."""
     if not pipe._py_graph_built:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _dali_builds(name):
             warnings.filterwarnings("ignore", message="Checkpointing enabled in a pipeline")
             pipe._build_graph()
 
@@ -189,7 +195,7 @@ def check_restorable(pipe: Any, name: str) -> None:
     from nvidia.dali._utils.external_source_impl import SourceKind
     from nvidia.dali.external_source import _is_external_source
 
-    build_graph(pipe)
+    build_graph(pipe, name)
     for op in pipe._ops:
         if not _is_external_source(op):
             continue
@@ -264,7 +270,7 @@ def _data_digest(value: Any, where: str) -> str | None:
 
 def describe(pipe: Any, name: str) -> dict[str, Any]:
     """What determines pipeline ``name``'s output stream, as plain JSON data."""
-    build_graph(pipe)
+    build_graph(pipe, name)
     with _dali_builds(name):  # DALI makes its backend here, where batch_size=0 is found
         serialized = pipe.serialize()
     msg = protowire.parse(serialized)

@@ -53,6 +53,7 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
                             "would need pickle; store numbers, or put small values in metadata")
         if host.dtype.itemsize == 0:  # the reader refuses these: no way to check a size
             raise TypeError(f"array {path!r}: dtype {host.dtype} has zero-size elements")
+        _refuse_expanding_view(path, host)
         info = {"kind": "numpy", "device": "cpu"}
         if isinstance(value, np.generic):  # np.float64(1.5) comes back a scalar, not 0-d
             info["scalar"] = True
@@ -72,6 +73,22 @@ def _refuse_array_subclass(path: str, value: Any) -> None:
     if isinstance(value, np.ndarray) and type(value) not in (np.ndarray, np.memmap):
         raise TypeError(f"array {path!r}: a {type(value).__name__} (an ndarray subclass) "
                         "would come back as a plain ndarray; save np.asarray(value)")
+
+
+_EXPANDS_ABOVE = 1 << 30  # bytes written beyond those a view spans in memory
+
+
+def _refuse_expanding_view(path: str, host: np.ndarray) -> None:
+    """A broadcast view (np.broadcast_to: strides of 0) is written whole: one
+    of a few bytes may stand for terabytes, which failed in a copy with
+    NumPy's MemoryError naming no array."""
+    if host.nbytes <= _EXPANDS_ABOVE or 0 in host.shape:
+        return
+    spanned = host.itemsize + sum((n - 1) * abs(s) for n, s in zip(host.shape, host.strides))
+    if host.nbytes - spanned > _EXPANDS_ABOVE:
+        raise TypeError(f"array {path!r}: a view of {spanned} bytes of memory that would be "
+                        f"written as {host.nbytes} bytes (a broadcast view repeats its data); "
+                        "save the array it views, or np.array(value) if the whole is meant")
 
 
 def _refuse_subclass(name: str, value: Any) -> None:

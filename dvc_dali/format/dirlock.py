@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,11 +31,24 @@ def _lock_path(path: Path, rank: int) -> Path:
     return Path(real).parent / f".{Path(real).name}-{key}.lock"
 
 
+_IDS = itertools.count(1)
+
+
 class DirLock:
     """Held while a Checkpointer lives (or until the process ends)."""
 
     def __init__(self, lock: Path) -> None:
         self._lock = lock
+        self._id = next(_IDS)
+        STATE.held_dir_locks[lock][2] = self._id  # the newest holder here writes
+
+    @property
+    def superseded(self) -> bool:
+        """A later Checkpointer of this process took the directory over: this
+        one's saves would remove that one's save in flight (a leftover to it)
+        and take the steps back."""
+        held = STATE.held_dir_locks.get(self._lock) if self._lock is not None else None
+        return held is not None and held[2] != self._id
 
     def release(self) -> None:
         if STATE is None:  # interpreter teardown (module globals cleared): the OS releases it
@@ -50,7 +64,8 @@ class DirLock:
 
 
 def acquire(path: Path, rank: int = 0) -> DirLock:
-    """Lock ``path`` for this process; several Checkpointers here share it."""
+    """Lock ``path`` for this process; several Checkpointers here share it
+    (training in phases without close()), the newest one writing."""
     lock = _lock_path(path, rank)
     if lock in STATE.held_dir_locks:
         STATE.held_dir_locks[lock][1] += 1
@@ -78,7 +93,7 @@ def acquire(path: Path, rank: int = 0) -> DirLock:
             f"running: wait for it to end or stop it (kill {holder}), then run again.") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    STATE.held_dir_locks[lock] = [fd, 1]
+    STATE.held_dir_locks[lock] = [fd, 1, 0]
     return DirLock(lock)
 
 

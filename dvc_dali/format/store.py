@@ -566,11 +566,22 @@ def write_capture(root: Path, capture: Capture,
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(
             f"{getattr(exc, 'filename', None) or tmp}: cannot write the checkpoint "
-            f"({exc.strerror or exc}). The previous checkpoint in {root} is intact. Free "
-            "disk space or fix the directory's permissions, then save again.") from exc
+            f"({exc.strerror or exc}). {_after_failed_write(exc, root)}") from exc
     finally:
         batch.close()
     return name, manifest_md5
+
+
+def _after_failed_write(exc: OSError, root: Path) -> str:
+    """What a failed snapshot left and what to do: the previous checkpoint is
+    said to be intact only where LATEST still names one."""
+    kept = (f"The previous checkpoint in {root} is intact." if (root / LATEST).is_file() else
+            f"{root} holds no complete checkpoint.")
+    if exc.errno == errno.ENOENT:  # the directory, or the snapshot in the making, went away
+        return (f"{kept} A part of {root} was removed while the checkpoint was written: "
+                "nothing else may remove or rename files there while a run writes it. "
+                "Save again.")
+    return f"{kept} Free disk space or fix the directory's permissions, then save again."
 
 
 def publish(root: Path, entries: list[tuple[str, str]]) -> None:

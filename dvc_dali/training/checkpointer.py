@@ -39,8 +39,8 @@ from ..core import exit_hooks, row_files
 from ..core import run as runs
 from .._version import __version__
 from ..core.context import RunContext
-from ..core.errors import (CheckpointWriteError, ConfigError, RecordError,
-                           UnchangedCheckpointError)
+from ..core.errors import (CheckpointLockedError, CheckpointWriteError, ConfigError,
+                           RecordError, UnchangedCheckpointError)
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
@@ -671,6 +671,9 @@ class Checkpointer:
         """
         from ..integrations.live import resume_live
 
+        if not isinstance(dir, (str, os.PathLike)) or not os.fspath(dir):
+            raise ConfigError(f"live(dir={dir!r}): must be the DVCLive directory, a path such "
+                              "as 'dvclive'")
         return resume_live(self.step, self.resumed, dir,
                            before_write=weakref.WeakMethod(self._row_file_write), **kwargs)
 
@@ -942,6 +945,11 @@ class Checkpointer:
                 f"(another Checkpointer or process may write it now), so step {step} is not "
                 "saved. Build a new Checkpointer to checkpoint again; it resumes from the last "
                 "checkpoint.")
+        if self._lock.superseded:
+            raise CheckpointLockedError(
+                f"Checkpointer({str(self.path)!r}): a newer Checkpointer in this process took "
+                f"this directory over, so step {step} is not saved through this one (it would "
+                "undo the newer one's checkpoints). Save through the newer one.")
         self._announce()
         user_arrays = dict(arrays or {})
         rng_state.check_names(user_arrays)  # before anything is captured

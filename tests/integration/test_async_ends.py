@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dvc_dali
+from dvc_dali.core.errors import CheckpointLockedError
 
 from tests.helpers import child_env
 
@@ -79,6 +80,41 @@ def test_a_later_checkpointer_resumes_the_save_still_in_flight(tmp_path):
     assert second.step == 20 and second.arrays["w"].tolist() == [1, 1, 1, 1]
     first.close()
     second.close()
+
+
+def test_the_older_of_two_live_checkpointers_on_one_directory_is_refused(tmp_path):
+    """Two live Checkpointers of one process on one directory both wrote (found
+    by a sweep): the older one's save then removed the newer one's save in
+    flight as a leftover, its error blamed the disk, and a later save of a
+    smaller step took the checkpoint back. The newer one writes; the older
+    one's saves are refused, and the newer one's checkpoint stands."""
+    first = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    first.make_checkpoint(2, arrays={"w": np.zeros(2)})
+    second = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=True, rng=False)
+    second.make_checkpoint(11, arrays={"w": np.ones(2), "big": np.ones(2_000_000)})
+    for save in (lambda: first.make_checkpoint(3, arrays={"w": np.zeros(2)}),
+                 lambda: first.save(3, arrays={"w": np.zeros(2)})):
+        with pytest.raises(CheckpointLockedError, match="a newer Checkpointer in this process "
+                           "took this directory over, so step 3 is not saved"):
+            save()
+    second.wait()
+    first.close()  # the newer one still holds the directory
+    second.make_checkpoint(12, arrays={"w": np.full(2, 2.0)})
+    second.close()
+    loaded = dvc_dali.load(tmp_path / "ck")
+    assert loaded.step == 12 and loaded.arrays["w"].tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_broadcast_view_of_terabytes_is_refused_at_the_call(tmp_path, asynchronous):
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=asynchronous, rng=False)
+    view = np.broadcast_to(np.zeros(1, np.float32), (10**6, 10**6))
+    with pytest.raises(TypeError, match="array 'b': a view of 4 bytes of memory"):
+        ck.make_checkpoint(1, arrays={"b": view})
+    small = np.broadcast_to(np.arange(3.0), (4, 3))  # a small one is written whole
+    ck.make_checkpoint(2, arrays={"b": small})
+    ck.close()
+    assert dvc_dali.load(tmp_path / "ck").arrays["b"].tolist() == small.tolist()
 
 
 def test_an_array_keeps_its_layout_as_a_synchronous_save_writes_it(tmp_path):

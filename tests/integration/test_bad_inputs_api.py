@@ -87,6 +87,16 @@ CASES = {
                        "ConfigError: DVC_DALI_CONTENT_DIGEST_MAX='²': "),
     "env_verify": ("import os; os.environ['DVC_DALI_VERIFY_BATCHES'] = '²'; C('ck')",
                    "ConfigError: DVC_DALI_VERIFY_BATCHES='²': "),
+    # found by a sweep: DALI's RuntimeError, pathlib's TypeError
+    "pipeline_same_names": ("from nvidia.dali import fn, pipeline_def\n@pipeline_def\n"
+                            "def p():\n    return (fn.random.uniform(name='x'), "
+                            "fn.random.normal(name='x'))\n"
+                            "C('ck').pipeline('t', p, batch_size=1, num_threads=1, "
+                            "device_id=None)",
+                            "PipelineBuildError: DALI could not build pipeline 't': The pipeline "
+                            "is invalid because it contains operators with non-unique names "
+                            "('x'): give each its own."),
+    "live_dir_int": ("C('ck').live(dir=5)", "ConfigError: live(dir=5): must be the DVCLive "),
 }
 
 

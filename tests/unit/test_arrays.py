@@ -178,8 +178,13 @@ def test_torch_tensors_come_back_as_tensors_with_their_dtype_and_bits():
     (np.ma.array([1.0, -999.0], mask=[0, 1]), "a masked array would come back without its "
                                               "mask"),
     (np.matrix([[1, 2]]), "a matrix (an ndarray subclass) would come back as a plain ndarray"),
+    # found by a sweep: NumPy's MemoryError in a copy, naming no array
+    (np.broadcast_to(np.zeros(1, np.float32), (10**6, 10**6)),
+     "a view of 4 bytes of memory that would be written as 4000000000000 bytes"),
+    (np.broadcast_to(np.zeros(3), (10**5, 10**5, 3))[::2], "a view of 24 bytes of memory"),
 ], ids=["object dtype", "zero-size dtype", "tuple key", "float key", "bool key", "namedtuple",
-        "defaultdict", "list subclass", "set", "object", "masked array", "matrix"])
+        "defaultdict", "list subclass", "set", "object", "masked array", "matrix",
+        "broadcast view", "strided broadcast view"])
 def test_what_would_not_come_back_is_refused_at_save(value, says):
     with pytest.raises(TypeError) as err:
         save({"inner": value})

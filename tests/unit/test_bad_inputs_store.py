@@ -4,6 +4,9 @@ JSON; each in one line (a ConfigError naming the argument)."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 import pytest
 
@@ -71,3 +74,21 @@ def test_check_json_names_the_argument_and_cuts_a_long_value():
     assert str(err.value).startswith("metadata={'x': [0, 0,") and len(str(err.value)) < 400
     assert store.check_json({"b": 1, "a": [1.5, None]}, "metadata") == \
         '{"a": [1.5, null], "b": 1}'
+
+
+@pytest.mark.parametrize("latest, err, says", [
+    (True, errno.ENOSPC, "The previous checkpoint in {root} is intact. Free disk space"),
+    (False, errno.EACCES, "{root} holds no complete checkpoint. Free disk space"),
+    (True, errno.ENOENT, "is intact. A part of {root} was removed while the checkpoint was "
+     "written: nothing else may remove"),
+    (False, errno.ENOENT, "{root} holds no complete checkpoint. A part of {root} was removed"),
+])
+def test_a_failed_write_says_intact_only_where_latest_names_a_checkpoint(tmp_path, latest,
+                                                                        err, says):
+    """A save whose directory was removed while it was written said "the
+    previous checkpoint is intact" and "free disk space" (found by a sweep)."""
+    root = tmp_path / "ck"
+    if latest:
+        save(root, capture(1))
+    told = store._after_failed_write(OSError(err, os.strerror(err)), root)
+    assert says.format(root=root) in told

@@ -43,6 +43,11 @@ TAIL = " Fix the pipeline's arguments or the files it reads, then rerun."
     ("Something else went wrong\nC++ context: [x.h:1]",
      "DALI could not build pipeline 'p': Something else went wrong"),
     ("", "DALI could not build pipeline 'p': an error with no message"),
+    ("The pipeline is invalid because it contains operators with non-unique names:\n"
+     "{'x': [<nvidia.dali.ops._OperatorInstance object at 0x7f>, <nvidia.dali.ops."
+     "_OperatorInstance object at 0x7e>], 'it\\'s': [<nvidia.dali.ops._OperatorInstance>]}",
+     "DALI could not build pipeline 'p': The pipeline is invalid because it contains operators "
+     "with non-unique names ('x', 'it\\'s'): give each its own."),
     ("Critical error when building pipeline:\nencountered:\n\n",
      "DALI could not build pipeline 'p': an error with no message"),
 ])

@@ -30,7 +30,7 @@ def _dirty() -> dict[str, object]:
         elif f.name == "start_changes":  # a watcher to close
             value = {"top": SimpleNamespace(watcher=SimpleNamespace(close=lambda: None))}
         elif f.name == "held_dir_locks":  # a descriptor to close
-            value = {"lock": [os.open(os.devnull, os.O_RDONLY), 1]}
+            value = {"lock": [os.open(os.devnull, os.O_RDONLY), 1, 1]}
         elif isinstance(initial, dict):
             value = {"k": "v"}
         elif isinstance(initial, set):
