@@ -397,7 +397,7 @@ def _doctor_versions(report: _Report) -> None:
 
 def _doctor_leftovers(report: _Report, root: Path) -> None:
     """Files a killed run leaves behind, on which later runs fail."""
-    from ..reading.exp_refs import git_dirs
+    from ..reading.exp_refs import common_dir, git_dirs
     from ..recording import cut_short
     from ..training.signal_file import in_repo
 
@@ -409,8 +409,11 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
         git_dir = Path(git_dirs(str(root))[0])
     except DvcDaliError:
         git_dir = root / ".git"
-    # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows')
-    locks = sorted(git_dir.glob("*.lock")) + sorted(git_dir.glob("refs/**/*.lock"))
+    # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows'),
+    # a linked worktree's own (index, HEAD) and those of the refs it shares
+    shared = Path(common_dir(str(git_dir)))
+    locks = sorted({*git_dir.glob("*.lock"), *shared.glob("*.lock"),
+                    *shared.glob("refs/**/*.lock")})
     row_locks = set(cut_short.locks(str(git_dir)))
     for lock in locks:
         what = cut_short.judge(str(git_dir), lock, None)[0] if lock in row_locks else None

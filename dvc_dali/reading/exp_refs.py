@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 import re
 from typing import Any, Iterator, Optional, TypedDict
 from urllib.parse import unquote
@@ -113,6 +114,18 @@ def git_dirs(path: str) -> tuple[str, str]:
                               "init`, then `dvc init`).")
         STATE.git_dirs[key] = (lines[0].strip(), lines[1].strip())
     return STATE.git_dirs[key]
+
+
+def common_dir(git_dir: str) -> str:
+    """Where a repository's refs live: a linked worktree's git dir
+    (.git/worktrees/<name>) names it in its ``commondir`` file; any other
+    git dir holds them itself. For files read or globbed directly (ref locks,
+    loose refs); git commands given ``git_dir`` find them on their own."""
+    try:
+        text = Path(git_dir, "commondir").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return git_dir
+    return os.path.normpath(os.path.join(git_dir, text)) if text else git_dir
 
 
 def tree_path(root: str, path: str) -> str:

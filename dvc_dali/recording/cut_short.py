@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..reading import gitcmd
 from ..core.context import RunContext
-from ..reading.exp_refs import baseline_and_name, git_dirs, parse_lineage
+from ..reading.exp_refs import baseline_and_name, common_dir, git_dirs, parse_lineage
 from ..core.log import logger
 
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -44,12 +44,13 @@ def fate(name: str, content: str, ref_exists: bool, commit_is_a_row: bool,
 
 
 def locks(git_dir: str) -> list[Path]:
-    """Every lock on an experiment ref (refs/exps/<b[:2]>/<b[2:]>/<name>.lock)."""
-    return sorted(Path(git_dir, "refs", "exps").glob("??/*/*.lock"))
+    """Every lock on an experiment ref (refs/exps/<b[:2]>/<b[2:]>/<name>.lock),
+    in the repository's common dir (a linked worktree's git dir has no refs)."""
+    return sorted(Path(common_dir(git_dir), "refs", "exps").glob("??/*/*.lock"))
 
 
 def _ref_of(git_dir: str, lock: Path) -> str:
-    return Path(os.path.relpath(lock, git_dir)).as_posix()[:-len(".lock")]
+    return Path(os.path.relpath(lock, common_dir(git_dir))).as_posix()[:-len(".lock")]
 
 
 def _is_row(git_dir: str, sha: str) -> bool:

@@ -72,9 +72,27 @@ def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
             _say_no_best(keep_best, run_name, metrics_file, len(rows))
             return []
         keep.add(best["ref"])
-    removed = []
+    removed, kept = [], []
     for row in select_pruned(rows, keep_last, keep=keep):
-        gitcmd.run(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],
-                   cwd=dvc_root)
-        removed.append(row["name"])
+        proc = gitcmd.run(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],
+                          cwd=dvc_root, check=False)
+        if proc.returncode == 0:
+            removed.append(row["name"])
+        else:
+            kept.append((row["name"], proc.stderr))
+    if kept:
+        _say_not_pruned(kept)
     return removed
+
+
+def _say_not_pruned(kept: list[tuple[str, str]]) -> None:
+    """Retention is housekeeping once the row is recorded: a row git would
+    not delete (a reference-transaction hook, a packed-refs.lock a killed git
+    left) is kept and said, and training goes on."""
+    lines = [line.strip() for line in kept[0][1].splitlines() if line.strip()]
+    why = next((line for line in lines if line.startswith(("error:", "fatal:"))),
+               lines[0] if lines else "no message")  # git's own line, not its advice
+    logger.warning("keep_last: git would not delete %s (%s); kept, tried again at the next "
+                   "checkpoint. A git hook refusing ref updates, or a lock file a killed git "
+                   "left (.git/packed-refs.lock), stops it: fix that, or remove those rows "
+                   "with `dvc-dali remove`", ", ".join(name for name, _ in kept), why)

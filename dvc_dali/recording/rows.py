@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from ..reading import gitcmd
 from ..core.errors import RecordError
-from ..reading.exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, iter_checkpoint_refs
+from ..reading.exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, common_dir, iter_checkpoint_refs
 from . import commit
 
 
@@ -68,7 +68,7 @@ def applied_at(git_dir: str) -> Optional[float]:
     """When `dvc exp apply` last wrote its ref (the loose ref's mtime); None
     when it is not a loose file (then the applied row wins only if newest)."""
     try:
-        return os.stat(os.path.join(git_dir, APPLIED_REF)).st_mtime
+        return os.stat(os.path.join(common_dir(git_dir), APPLIED_REF)).st_mtime
     except OSError:
         return None
 

@@ -41,3 +41,19 @@ def test_keep_best_by_a_metric_no_row_has_prunes_nothing_and_says_so(tmp_path):
     assert text.count("keep_best 'train/accuracy:max' (DVC_DALI_KEEP_BEST or keep_best=): "
                       "none of the") == 1, text
     assert "no row is pruned until one has it" in text, text
+
+
+def test_a_row_git_will_not_delete_is_kept_and_said_and_training_goes_on(tmp_path):
+    """A stale .git/packed-refs.lock (a killed `git gc`) or a hook refusing ref
+    updates made retention's delete fail: the run died right after each
+    recorded row, so it could never finish (found by a sweep)."""
+    project = template_project(tmp_path, steps=10)
+    (project / ".git" / "packed-refs.lock").write_text("")
+    said = run(["dvc", "exp", "run", "-n", "c", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_LAST": "1"})
+    rows = dvc_dali.rows("c", repo=project)
+    assert sorted(r["name"] for r in rows) == ["c-step10", "c-step5"], rows
+    text = said.stdout + said.stderr
+    assert "dvc-dali: keep_last: git would not delete c-step5 (error: Unable to create " in text
+    assert "packed-refs.lock': File exists.); kept, tried again at the next checkpoint" in text
+    assert "Traceback" not in text
