@@ -55,6 +55,23 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
             f"{os.path.relpath(stg.path, repo.root_dir)}: stage '{stg.name}' cannot resume "
             f"from checkpoints under DVC 3: {'; and '.join(problems)}. {dvc2}"
             + STAGE_FIX.format(path=path))
+    _check_cache_writable(repo.cache.local_cache_dir)
+
+
+def _check_cache_writable(cache: Optional[str]) -> None:
+    """A cache this run cannot write fails at the first checkpoint, after
+    the training up to it: said before the first step instead."""
+    if not cache or not os.path.isdir(cache) or os.access(cache, os.W_OK):
+        return
+    try:
+        read_only = bool(os.statvfs(cache).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    why = "a read-only file system" if read_only else "no write permission"
+    raise RecordError(
+        f"the DVC cache {cache} is not writable ({why}), so no checkpoint could be recorded "
+        "in it; training was not started. Fix its "
+        "permissions or mount, or use another cache (`dvc cache dir <path>`), then run again.")
 
 
 def reset_stage(stage: Optional[str] = None, root: Optional[str] = None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -55,8 +56,8 @@ def cache_output(out: Any, stage: Any) -> None:
     except Exception as exc:  # removed or changed while it was being cached
         raise RecordError(
             f"caching output '{out}' of stage '{_shown(stage)}' failed: "
-            f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; make "
-            "sure nothing else writes or deletes that output during training.") from exc
+            f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; "
+            f"{_cache_advice(exc, out.cache.path)}") from exc
     # A row must never name outputs the cache cannot check out again. The
     # output is hashed before the repo lock and cached under it: a command
     # that checked it out in between (`dvc checkout`, `dvc exp apply`) left
@@ -69,6 +70,19 @@ def cache_output(out: Any, stage: Any) -> None:
             "out meanwhile?), or the cache directory is full or not writable; nothing was "
             "recorded. Run no command that checks outputs out in this workspace while it "
             "trains, and check the cache directory's free space and permissions.")
+
+
+_CACHE_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+
+
+def _cache_advice(exc: BaseException, cache: str) -> str:
+    """What to do when caching an output failed: the cache's space or
+    permissions where the error says so, else another writer of the output."""
+    if isinstance(exc, OSError) and exc.errno in _CACHE_UNWRITABLE:
+        return (f"the DVC cache {cache} cannot be written: free space there or fix its "
+                "permissions or mount, then `dvc exp run` again (it resumes from the "
+                "checkpoint in the workspace).")
+    return "make sure nothing else writes or deletes that output during training."
 
 
 def cache_outputs(stage: Any) -> None:

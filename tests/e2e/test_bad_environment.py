@@ -4,6 +4,7 @@ signals, a cache on another filesystem."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -322,3 +323,56 @@ def test_reset_of_an_empty_stage_name_names_no_stage(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "reset", "--stage", ""],
                          cwd=project, capture_output=True, text=True, env=child_env())
     assert out.returncode == 1 and "no stage ''" in out.stderr, out
+
+
+def test_the_main_repos_hooks_do_not_refuse_a_temp_runs_rows(tmp_path):
+    """A --temp run's rows were pushed into the main repo through its
+    receive-pack, so a pre-receive or reference-transaction hook there refused
+    every row (the run died at its first checkpoint, the message blaming a
+    lock or permissions), while a workspace run's rows, like DVC's own
+    experiment refs, are written without hooks (found by a sweep)."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path, steps=4)
+    for hook in ("pre-receive", "reference-transaction"):
+        path = project / ".git" / "hooks" / hook
+        path.write_text(f"#!/bin/sh\necho {hook} refuses >&2\nexit 1\n")
+        path.chmod(0o755)
+    said = run(["dvc", "exp", "run", "--temp", "-n", "t", "-S", "train.checkpoint_every=2"],
+               project)
+    assert "refuses" not in said.stdout + said.stderr
+    assert {"t-step2", "t-step4"} <= set(exp_rows(project))
+
+
+@needs_mount
+def test_a_read_only_dvc_cache_is_refused_before_the_first_step(tmp_path):
+    """It failed at the first checkpoint, after the training up to it, with
+    advice about another writer of the output (found by a sweep)."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path, steps=4)
+    cache = project / ".dvc" / "cache"
+    cache.mkdir(exist_ok=True)
+    with mounted(cache, "--bind", str(cache)):
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(cache)], check=True)
+        refused = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=2"], project,
+                      check=False)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Traceback" not in said
+    assert (f"RecordError: the DVC cache {cache} is not writable (a read-only file system), "
+            "so no checkpoint could be recorded in it; training was not started.") in said, said
+    assert "step 2" not in refused.stdout
+    run(["dvc", "exp", "run", "-n", "w", "-S", "train.checkpoint_every=2"], project)
+    assert {"w-step2", "w-step4"} <= set(exp_rows(project))
+
+
+@pytest.mark.parametrize("err, says", [
+    (errno.EROFS, "the DVC cache /c cannot be written: free space there or fix"),
+    (errno.ENOSPC, "the DVC cache /c cannot be written"),
+    (errno.ENOENT, "make sure nothing else writes or deletes that output"),
+])
+def test_a_failed_caching_names_the_cache_where_the_error_is_the_caches(err, says):
+    from dvc_dali.recording.outputs import _cache_advice
+
+    assert says in _cache_advice(OSError(err, os.strerror(err)), "/c")
+    assert "nothing else writes" in _cache_advice(ValueError("changed"), "/c")
