@@ -111,6 +111,7 @@ class ProcessState:
     said_not_recording: bool = False  # signal_file
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
+    said_ignored: set[str] = field(default_factory=set)  # pipeline: stages with ignored outputs
     meta_checked: str = ""  # store: the last metadata text found shallow enough
     # store: the last snapshots this process wrote into each directory (its path
     # -> snapshot name -> files and subdirectories), so a superseded one is

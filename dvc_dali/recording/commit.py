@@ -67,6 +67,24 @@ def _utc_offset_minutes() -> int:
     return -(time.altzone if time.localtime().tm_isdst > 0 else time.timezone) // 60
 
 
+def ignored(toplevel: str, paths: list[str], baseline: str) -> list[str]:
+    """Those of ``paths`` (relative to toplevel) git ignores and the
+    baseline commit does not hold: a row's commit leaves them out, as DVC's
+    would (the index is not read: a row's build keeps its own in memory)."""
+    repo = _repo(toplevel)
+    tree = repo.revparse_single(baseline).peel(pygit2.Tree)
+
+    def held(path: str) -> bool:
+        try:
+            tree[path]
+        except KeyError:
+            return False
+        return True
+
+    return [p for p in paths if not held(p) and repo.path_is_ignored(
+        p + ("/" if os.path.isdir(os.path.join(toplevel, p)) else ""))]
+
+
 def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
                  pinned: Optional[dict[str, bytes]] = None) -> str:
     """Sha of a new commit (tracked changes + paths, relative to toplevel)

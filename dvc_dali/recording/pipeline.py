@@ -248,6 +248,23 @@ class _Phases(dict):
         self[phase] = time.perf_counter() - t
 
 
+def _say_ignored_outputs(where: _Where, stg: Any) -> None:
+    """Uncached outputs (DVCLive's metrics and plots) that git ignores (a
+    global excludes file's `dvclive/`) are in no row, as in no commit of
+    DVC's: said once, since show, keep_best and --best then find no metric."""
+    key = f"{where.toplevel}\0{stg.addressing}"
+    if key in STATE.said_ignored:
+        return
+    STATE.said_ignored.add(key)
+    outs = [o.fs_path for o in stg.outs if not o.use_cache and o.is_in_repo]
+    found = commit.ignored(where.toplevel, _relative_paths(outs, where.toplevel), where.baseline)
+    if found:
+        logger.warning("%s: uncached output of stage '%s' that git ignores, so no row "
+                       "holds it: `dvc-dali show`, keep_best and --best find no metric in it. "
+                       "Stop ignoring it (`git check-ignore -v %s` names the rule)",
+                       ", ".join(found), dvc_door.shown_address(stg), found[0])
+
+
 def _relative_paths(paths: list[str], toplevel: str) -> list[str]:
     """The existing ones of paths, relative to toplevel, each once."""
     out: list[str] = []
@@ -353,6 +370,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                  or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)
                                for p in dvc_door.take_new_gitignores(where.repo)]
+        _say_ignored_outputs(where, stg)
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     if request.held_files:

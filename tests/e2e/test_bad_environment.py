@@ -376,3 +376,20 @@ def test_a_failed_caching_names_the_cache_where_the_error_is_the_caches(err, say
 
     assert says in _cache_advice(OSError(err, os.strerror(err)), "/c")
     assert "nothing else writes" in _cache_advice(ValueError("changed"), "/c")
+
+
+def test_metrics_git_ignores_are_said_once_not_left_out_of_rows_silently(tmp_path):
+    """`dvclive/` in a global excludes file: every row was recorded without
+    its metrics, without a word, so show and keep_best found none (found by
+    a sweep; DVC's own experiment commit leaves them out alike)."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path, steps=4)
+    with open(project / ".git" / "info" / "exclude", "a") as fh:
+        fh.write("dvclive/\n")
+    said = run(["dvc", "exp", "run", "-n", "i", "-S", "train.checkpoint_every=2"], project)
+    text = said.stdout + said.stderr
+    assert text.count("dvc-dali: dvclive/metrics.json, dvclive/plots/metrics: uncached output "
+                      "of stage 'train' that git ignores, so no row holds it") == 1, text
+    assert "`git check-ignore -v dvclive/metrics.json` names the rule" in text
+    assert {"i-step2", "i-step4"} <= set(exp_rows(project))
