@@ -18,6 +18,7 @@ Built on Lightning's public API only:
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -120,6 +121,7 @@ class _DaliCheckpointIO(CheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
         if str(path).startswith(SCHEME):
+            self._owner.check_own(str(path))
             return self._owner.read()
         previous = self._other(path, "load")
         return previous.load_checkpoint(path, map_location=map_location,
@@ -214,6 +216,10 @@ class DaliCheckpoint(pl.Callback):
                 scheduler's lambda), named where it is in the dict; or
                 training data other than `loader`'s.
         """
+        if self not in trainer.callbacks:  # it trained, and nothing was checkpointed
+            raise ConfigError("lightning_callback(): cb.fit was given a Trainer without cb, so "
+                              "nothing would be checkpointed; build it with "
+                              "Trainer(callbacks=[cb], ...)")
         trainer.fit(model, train_dataloaders=self.loader(iterator), ckpt_path=self.ckpt_path,
                     **kwargs)
 
@@ -236,6 +242,12 @@ class DaliCheckpoint(pl.Callback):
                 "lightning_callback(): the training data is not cb.loader(iterator) over a "
                 "Checkpointer.iterator(), so its position would not be saved and a resumed "
                 "fit would train on other batches. Pass train_dataloaders=cb.loader(it).")
+        if trainer.global_step < self._saved_step:  # its rows would go back in steps
+            raise ConfigError(
+                f"lightning_callback(): this Trainer starts at step {trainer.global_step}, but "
+                f"the callback checkpointed step {self._saved_step} already (a new Trainer "
+                "restarts global_step at 0). To train further, fit the same Trainer again "
+                "with a larger max_steps or max_epochs.")
         if self._ck.resumed and not self.loaded:
             raise ConfigError(
                 f"{self._ck.path} holds step {self._ck.step}, and the DALI pipelines resume "
@@ -305,6 +317,20 @@ class DaliCheckpoint(pl.Callback):
                 "saves tensors, arrays, numbers, strings, and dicts/lists/tuples of them (an "
                 "object in save_hyperparameters(): pass ignore=[...]; a scheduler's lambda "
                 "state; a callback's state_dict).") from None
+
+    def check_own(self, path: str) -> None:
+        """``ckpt_path`` names this callback's checkpoint (cb.ckpt_path): any
+        other ``dvc-dali:`` path was ignored, its own read instead.
+
+        Raises:
+            ConfigError: another path.
+        """
+        mine = os.path.realpath(self._ck.path)
+        if os.path.realpath(path[len(SCHEME):]) != mine:
+            raise ConfigError(
+                f"ckpt_path={path!r}: this callback resumes only its own checkpoint "
+                f"({SCHEME}{self._ck.path}, cb.ckpt_path). To start from another run's "
+                "checkpoint, read it with dvc_dali.load() and load its weights into the model.")
 
     def read(self) -> dict[str, Any]:
         """The resumed dvc-dali checkpoint as Lightning's checkpoint dict.

@@ -199,6 +199,7 @@ class Checkpointer:
         self._pending_message = ""
         self._branched = False  # a retrained row's rows form a run of their own
         self._saved = self._resume_from(self._read(resume))
+        self._last_step = self._saved.snapshot.step if self._saved else None  # never back
         # proof at runtime: the batches after each checkpoint (batch_digests.py)
         self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
                                                self._ctx.verify_batches, self._ctx.inexact)
@@ -945,6 +946,12 @@ class Checkpointer:
                 f"(another Checkpointer or process may write it now), so step {step} is not "
                 "saved. Build a new Checkpointer to checkpoint again; it resumes from the last "
                 "checkpoint.")
+        if self._last_step is not None and step < self._last_step:
+            raise ConfigError(
+                f"step={step}: below the last checkpoint's step {self._last_step}, so its row "
+                "would be named and ordered as if it came before it. Steps must not go back: "
+                "count them across epochs and fits (a new Lightning Trainer restarts "
+                "global_step at 0: fit the same Trainer again, or pass it ckpt_path=cb.ckpt_path).")
         if self._lock.superseded:
             raise CheckpointLockedError(
                 f"Checkpointer({str(self.path)!r}): a newer Checkpointer in this process took "
@@ -954,6 +961,7 @@ class Checkpointer:
         user_arrays = dict(arrays or {})
         rng_state.check_names(user_arrays)  # before anything is captured
         parts = restorable.assemble(self._sources.values())
+        self._last_step = step
         return store.Capture(
             step=step,
             pipelines=parts[restorable.PIPELINES],

@@ -130,3 +130,22 @@ def test_an_array_keeps_its_layout_as_a_synchronous_save_writes_it(tmp_path):
             value.flags.f_contiguous), name
         assert asynchronous[name].strides == sync[name].strides
         assert np.array_equal(asynchronous[name], value)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_step_below_the_last_checkpoints_is_refused(tmp_path, asynchronous):
+    """make_checkpoint(6) then (2) was taken: the row of step 2 came after
+    step 6's, holding the later training (found by a sweep)."""
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=asynchronous, rng=False)
+    ck.make_checkpoint(6, arrays={"w": np.ones(2)})
+    for save in (ck.make_checkpoint, ck.save):
+        with pytest.raises(dvc_dali.ConfigError, match="step=2: below the last checkpoint's "
+                           "step 6, so its row would be named and ordered as if it came before"):
+            save(2)
+    ck.close()
+    again = dvc_dali.Checkpointer(tmp_path / "ck", asynchronous=asynchronous, rng=False)
+    with pytest.raises(dvc_dali.ConfigError, match="step=5: below the last checkpoint's step 6"):
+        again.make_checkpoint(5)  # resumed at 6
+    again.make_checkpoint(7)
+    again.close()
+    assert dvc_dali.load(tmp_path / "ck").step == 7

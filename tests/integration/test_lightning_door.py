@@ -71,3 +71,47 @@ def test_other_training_data_is_refused(data_dir, tmp_path):
     data = torch.utils.data.DataLoader(range(4))
     with pytest.raises(dvc_dali.ConfigError, match="not cb.loader"):
         _trainer(cb, 2).fit(Tiny(), train_dataloaders=data)
+
+
+def test_a_second_fit_with_a_new_trainer_is_refused_not_recorded_steps_back(data_dir,
+                                                                            tmp_path):
+    """A new Trainer restarts global_step at 0: its rows were step1, step2...
+    after step4, the second "step 4" holding 8 steps of training (found by
+    a sweep). Refused at the start of the fit, and by the Checkpointer for
+    any caller whose steps go back."""
+    ck, it = _setup(tmp_path / "d", data_dir)
+    cb = ck.lightning_callback(2)
+    model = Tiny()
+    cb.fit(_trainer(cb, 4), model, it)
+    with pytest.raises(dvc_dali.ConfigError, match="this Trainer starts at step 0, but the "
+                       "callback checkpointed step 4 already"):
+        cb.fit(_trainer(cb, 4), model, it)
+    with pytest.raises(dvc_dali.ConfigError, match="step=1: below the last checkpoint's step 4"):
+        ck.make_checkpoint(1)
+    ck.make_checkpoint(4)  # the same step again is taken
+    ck.close()
+    assert dvc_dali.load(tmp_path / "d").step == 4
+
+
+def test_a_trainer_without_the_callback_is_refused_before_it_trains(data_dir, tmp_path):
+    ck, it = _setup(tmp_path / "e", data_dir)
+    cb = ck.lightning_callback(2)
+    bare = pl.Trainer(max_steps=2, logger=False, accelerator="cpu", enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(dvc_dali.ConfigError, match="a Trainer without cb, so nothing would be "
+                       r"checkpointed; build it with Trainer\(callbacks=\[cb\]"):
+        cb.fit(bare, Tiny(), it)
+    assert bare.global_step == 0
+
+
+def test_a_ckpt_path_of_another_directory_is_refused_not_read_as_its_own(data_dir, tmp_path):
+    ck, it = _setup(tmp_path / "f", data_dir)
+    cb = ck.lightning_callback(2)
+    cb.fit(_trainer(cb, 2), Tiny(), it)
+    ck.close()
+    ck, it = _setup(tmp_path / "f", data_dir)
+    cb = ck.lightning_callback(2)
+    with pytest.raises(dvc_dali.ConfigError, match="ckpt_path='dvc-dali:/elsewhere': this "
+                       "callback resumes only its own checkpoint"):
+        _trainer(cb, 4).fit(Tiny(), train_dataloaders=cb.loader(it),
+                            ckpt_path="dvc-dali:/elsewhere")
