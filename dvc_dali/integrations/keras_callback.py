@@ -46,6 +46,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._live, self._on_checkpoint = live, on_checkpoint
         self.step = ck.step  # optimizer steps done, over all fit calls
         self._saved_step = ck.step
+        self._last_logs: dict[str, Any] = {}
         self._restored = not ck.resumed
         self._plan: int | None = None  # steps per epoch, while fit() drives model.fit
         self._begin = 0
@@ -140,6 +141,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Keras hook: checkpoints every ``every`` steps and on preemption."""
         before, self.step = self.step, self.step + batch - self._begin + 1
+        self._last_logs = dict(logs or {})  # the run's last row holds its last step's
         if not any(self._ck.tf_datasets.values()):
             raise ConfigError(
                 "model.fit was given a dataset other than the one Checkpointer.tf_dataset() "
@@ -180,7 +182,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
     def _save_last(self) -> None:
         """The run's end is a row too (DVC 2 recorded the last checkpoint)."""
         if self.step != self._saved_step:
-            self._checkpoint({})
+            self._checkpoint(self._last_logs)
 
     def _checkpoint(self, logs: dict[str, Any]) -> None:
         metrics = {key: float(value) for key, value in logs.items()

@@ -675,6 +675,9 @@ class Checkpointer:
         if not isinstance(dir, (str, os.PathLike)) or not os.fspath(dir):
             raise ConfigError(f"live(dir={dir!r}): must be the DVCLive directory, a path such "
                               "as 'dvclive'")
+        if "resume" in kwargs:  # DVCLive's own habit; here the checkpoint decides it
+            raise ConfigError(f"live(resume={kwargs['resume']!r}): dvc-dali sets resume from "
+                              "the checkpoint (resumed or not); drop the argument")
         return resume_live(self.step, self.resumed, dir,
                            before_write=weakref.WeakMethod(self._row_file_write), **kwargs)
 

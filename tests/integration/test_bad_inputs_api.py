@@ -97,6 +97,8 @@ CASES = {
                             "is invalid because it contains operators with non-unique names "
                             "('x'): give each its own."),
     "live_dir_int": ("C('ck').live(dir=5)", "ConfigError: live(dir=5): must be the DVCLive "),
+    "live_resume": ("C('ck').live(resume=True)", "ConfigError: live(resume=True): dvc-dali sets "
+                    "resume from the checkpoint"),
 }
 
 

@@ -53,13 +53,18 @@ def test_an_unrepresentable_value_is_refused_naming_it(data_dir, tmp_path):
         cb.fit(_trainer(cb, 2), Tiny(extra={1, 2}), it)
 
 
-def test_a_resumed_run_must_fit_from_its_checkpoint(data_dir, tmp_path):
-    ck, it = _setup(tmp_path / "b", data_dir)
+def _fitted_then_resumed(path, data):
+    """A run fitted 2 steps, then its Checkpointer built again (resumed)."""
+    ck, it = _setup(path, data)
     cb = ck.lightning_callback(2)
     cb.fit(_trainer(cb, 2), Tiny(), it)
     ck.close()
-    ck, it = _setup(tmp_path / "b", data_dir)
-    cb = ck.lightning_callback(2)
+    ck, it = _setup(path, data)
+    return ck, it, ck.lightning_callback(2)
+
+
+def test_a_resumed_run_must_fit_from_its_checkpoint(data_dir, tmp_path):
+    ck, it, cb = _fitted_then_resumed(tmp_path / "b", data_dir)
     assert cb.ckpt_path == f"dvc-dali:{tmp_path / 'b'}"
     with pytest.raises(dvc_dali.ConfigError, match="ckpt_path=cb.ckpt_path"):
         _trainer(cb, 4).fit(Tiny(), train_dataloaders=cb.loader(it))
@@ -105,12 +110,7 @@ def test_a_trainer_without_the_callback_is_refused_before_it_trains(data_dir, tm
 
 
 def test_a_ckpt_path_of_another_directory_is_refused_not_read_as_its_own(data_dir, tmp_path):
-    ck, it = _setup(tmp_path / "f", data_dir)
-    cb = ck.lightning_callback(2)
-    cb.fit(_trainer(cb, 2), Tiny(), it)
-    ck.close()
-    ck, it = _setup(tmp_path / "f", data_dir)
-    cb = ck.lightning_callback(2)
+    ck, it, cb = _fitted_then_resumed(tmp_path / "f", data_dir)
     with pytest.raises(dvc_dali.ConfigError, match="ckpt_path='dvc-dali:/elsewhere': this "
                        "callback resumes only its own checkpoint"):
         _trainer(cb, 4).fit(Tiny(), train_dataloaders=cb.loader(it),

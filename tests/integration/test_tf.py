@@ -72,3 +72,15 @@ def test_tf_dataset_data_rewritten_in_place_is_refused_by_name(data_dir, tmp_pat
                      ok=False)
     assert proc.returncode != 0 and "PipelineMismatchError" in proc.stderr, proc.stderr
     assert "changed class1/003.jpg" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_the_last_checkpoint_off_the_every_grid_holds_its_own_loss(data_dir, tmp_path, fit):
+    """The run's last checkpoint (step 5, every 2) was saved with no logs: its
+    row showed step 4's metrics, its metadata none (found by a sweep)."""
+    import dvc_dali
+
+    cfg = {"mode": "keras", "fit": fit, "epochs": 1, "steps_per_epoch": 5, "every": 2}
+    runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz")
+    saved = dvc_dali.load(tmp_path / "ck")
+    assert saved.step == 5 and "loss" in saved.metadata["keras"], saved.metadata
