@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .core.errors import (
+    BatchMismatchError,
     CheckpointCorruptError,
     CheckpointFormatError,
     CheckpointLockedError,
@@ -70,6 +71,7 @@ __all__ = [
     "ConfigError",
     "PipelineBuildError",
     "PipelineMismatchError",
+    "BatchMismatchError",
     "RankMismatchError",
     "RecordError",
     "SignalError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal as signals
 import subprocess
@@ -56,29 +57,42 @@ def cmd_init(args: argparse.Namespace) -> int:
     if blocked:
         print(f"dvc-dali init: {blocked}; nothing written.", file=sys.stderr)
         return 1
-    existing = [name for name in TEMPLATES if (dest / name).exists()]
+    source = Path(__file__).parent.parent / "templates"  # dvc_dali/templates
+    # `init` then `init --digits` (as init's last line says): the untouched
+    # templates are no obstacle, only the samples are written
+    existing = [name for name in TEMPLATES if (dest / name).exists()
+                and not (args.digits and _same_file(dest / name, source / name))]
     if args.digits and (dest / "data" / "images").exists():
         existing.append("data/images")  # the user's own images are never mixed with samples
     if existing and not args.force:
-        print(f"dvc-dali init: {', '.join(str(dest / n) for n in existing)} already exist; "
-              "nothing written. Use --force to overwrite them.", file=sys.stderr)
+        print(f"dvc-dali init: {', '.join(str(dest / n) for n in existing)} already "
+              f"exist{'s' if len(existing) == 1 else ''}; nothing written. Use --force to "
+              "overwrite them.", file=sys.stderr)
         return 1
-    source = Path(__file__).parent.parent / "templates"  # dvc_dali/templates
     dest.mkdir(parents=True, exist_ok=True)
     for name in TEMPLATES:
         shutil.copyfile(source / name, dest / name)
         print(f"wrote {dest / name}")
+    there = "" if dest.resolve() == Path.cwd().resolve() else f"cd {shlex.quote(args.dir)} && "
+    setup = f"{there}{setup_commands(dest)}git add . && git commit -m start && dvc exp run"
     if args.digits:
         from .sample_images import write_digits
 
         images = dest / "data" / "images"
         print(f"wrote {write_digits(images)} sample images to {images}/<digit>/")
-        print(f"next: `{setup_commands(dest)}git add . && git commit -m start && dvc exp run`")
+        print(f"next: `{setup}`")
     else:
-        print("next: put images in data/images/<class>/ (or `dvc-dali init --digits` for "
-              f"samples), then `{setup_commands(dest)}git add . && git commit -m start && "
-              "dvc exp run`")
+        digits = "dvc-dali init --digits" + (f" {shlex.quote(args.dir)}" if there else "")
+        print(f"next: put images in data/images/<class>/ (or `{digits}` for samples), then "
+              f"`{setup}`")
     return 0
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
 
 
 def _init_blocked(dest: Path) -> str:

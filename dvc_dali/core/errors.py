@@ -36,6 +36,11 @@ class PipelineMismatchError(DvcDaliError):
     """
 
 
+class BatchMismatchError(PipelineMismatchError):
+    """A resumed pipeline produced a batch other than the one the run it
+    continues produced after the same checkpoint (proof at runtime)."""
+
+
 class RankMismatchError(DvcDaliError):
     """A checkpoint saved by another number of processes, or another rank's state."""
 

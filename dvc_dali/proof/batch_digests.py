@@ -104,7 +104,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..core.errors import PipelineMismatchError
+from ..core.errors import BatchMismatchError
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -173,11 +173,6 @@ def group_size(bytes_per_batch: float) -> int:
 UNDESCRIBED = ("a dynamic-mode reader's data and arguments are not described in the "
                "checkpoint: a data file changed (even with its size and mtime kept), added or "
                "removed, another reader argument or the code around the reader would do this")
-
-
-class BatchMismatchError(PipelineMismatchError):
-    """A resumed pipeline produced a batch other than the one the run it
-    continues produced after the same checkpoint."""
 
 
 # -- digests -----------------------------------------------------------------

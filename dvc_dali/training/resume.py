@@ -123,11 +123,12 @@ def decide(saved_step: int | None, saved_run: Any, params: Mapping[str, Any],
             f"{checkpoint} holds a finished run (step {saved_step} of {saved_total}); {why}: "
             "starting a new run from step 0 (the finished one stays recorded)"))
     if finished and total_steps == saved_step and old_params is not None:
+        count = next(iter(steps_keys)) if len(steps_keys) == 1 else "<steps param>"
         return ResumeDecision(NOTHING, changes, (
             f"{checkpoint} holds a finished run (step {saved_step} of {saved_total}) and "
             "nothing changed, so there is nothing to train. Train it further with more steps "
-            "(`dvc exp run -S <steps param>=<more>`), start a new run with other params "
-            "(`dvc exp run -S ...`), or start over with `dvc-dali reset`"))
+            f"(`dvc exp run -S {count}=<more than {saved_step}>`), start a new run with other "
+            "params (`dvc exp run -S ...`), or start over with `dvc-dali reset`"))
     if not finished and total_steps is not None and total_steps <= saved_step:
         of = f" of {saved_total} steps" if saved_total is not None else ""
         return ResumeDecision(RESTART, changes, (

@@ -70,6 +70,26 @@ def test_init_writes_a_project_that_runs_and_refuses_to_overwrite(tmp_path):
     assert [rows[f"tpl-step{s}"]["step"] for s in (10, 20, 30)] == [10, 20, 30]
 
 
+def test_init_then_init_digits_as_its_last_line_says_writes_the_samples(tmp_path):
+    """`dvc-dali init` ends with "or `dvc-dali init --digits` for samples";
+    run then, it was refused (the templates exist) and only --force, which
+    overwrites the user's files, wrote them (found by a sweep). Untouched
+    templates are no obstacle now; an edited one still is. In another
+    directory, the next line starts with its `cd`."""
+    first = run([*DVC_DALI, "init", "p r"], tmp_path).stdout.splitlines()[-1]
+    assert first.startswith("next: put images in data/images/<class>/ (or `dvc-dali init "
+                            "--digits 'p r'` for samples), then `cd 'p r' && git init && "), first
+    digits = run([*DVC_DALI, "init", "--digits", "p r"], tmp_path)
+    assert (tmp_path / "p r" / "data" / "images" / "7").is_dir(), digits.stdout
+    train = tmp_path / "p r" / "train.py"
+    train.write_text(train.read_text() + "# mine\n")
+    shutil.rmtree(tmp_path / "p r" / "data")
+    refused = run([*DVC_DALI, "init", "--digits", "p r"], tmp_path, check=False)
+    assert refused.returncode == 1 and "p r/train.py already exists; nothing written" in (
+        refused.stderr)
+    assert train.read_text().endswith("# mine\n")
+
+
 def _failed_run(project, *args):
     """A `dvc exp run` that must fail in one line; params.yaml put back (DVC
     leaves a -S value in it, and git may not see the change: same size,

@@ -102,7 +102,7 @@ def test_finished_run_continues_for_more_steps_or_starts_new(project, uninterrup
     assert same.returncode != 0 and "step     " not in same.stdout
     said = same.stdout + same.stderr
     assert "finished run (step 60 of 60) and nothing changed" in said and "Traceback" not in said
-    assert "-S <steps param>=<more>" in said and "dvc-dali reset" in said
+    assert "-S train.steps=<more than 60>" in said and "dvc-dali reset" in said
     assert set(exp_rows(project)) == before
     # DVC deleted the stage's other outputs before the refused run, as before any
     # stage; nothing is lost: `dvc checkout` brings them back from dvc.lock

@@ -361,3 +361,15 @@ def test_companion_files_are_pruned_at_the_first_checkpoint_and_every_50th(tmp_p
     assert bd._digest_thread().drain()  # jobs run in order
     assert [d for d in pruned if d == tmp_path] == [tmp_path] * 3  # checkpoints 1, 51, 101
     rec.close()
+
+
+def test_the_refusal_of_a_differing_batch_is_public_and_a_pipeline_mismatch():
+    """The guides and the Keras callback name BatchMismatchError as the error to
+    catch, but `dvc_dali.BatchMismatchError` was an AttributeError (found by a
+    sweep)."""
+    import dvc_dali
+    from dvc_dali.proof import batch_digests
+
+    assert "BatchMismatchError" in dvc_dali.__all__
+    assert dvc_dali.BatchMismatchError is batch_digests.BatchMismatchError
+    assert issubclass(dvc_dali.BatchMismatchError, dvc_dali.PipelineMismatchError)

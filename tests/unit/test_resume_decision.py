@@ -36,9 +36,9 @@ def run(params=LR1, total=10):
 
 NOTHING_SAID = (
     "checkpoint holds a finished run (step {step} of {total}) and nothing changed, so there is "
-    "nothing to train. Train it further with more steps (`dvc exp run -S <steps param>="
-    "<more>`), start a new run with other params (`dvc exp run -S ...`), or start over with "
-    "`dvc-dali reset`")
+    "nothing to train. Train it further with more steps (`dvc exp run -S {count}="
+    "<more than {step}>`), start a new run with other params (`dvc exp run -S ...`), or start "
+    "over with `dvc-dali reset`")
 
 # id, saved step, saved run, params now, total_steps now, action, changes, message
 ROWS = [
@@ -81,9 +81,13 @@ ROWS = [
     ("finished, same params, more steps: trains further", 10, run(), LR1, 15, RESUME, (), ""),
     # ... and with nothing changed there is nothing to train (refused under dvc exp run).
     ("finished, same params, same steps: nothing to train", 10, run(), LR1, 10, NOTHING, (),
-     NOTHING_SAID.format(step=10, total=10)),
+     NOTHING_SAID.format(step=10, total=10, count="<steps param>")),
     ("past its total, same params, same steps", 12, run(), LR1, 12, NOTHING, (),
-     NOTHING_SAID.format(step=12, total=10)),
+     NOTHING_SAID.format(step=12, total=10, count="<steps param>")),
+    # the param that is the step count is named (it was a placeholder: found by a sweep)
+    ("finished, nothing changed, the count a param", 10, run({"train.steps": 10, **LR1}),
+     {"train.steps": 10, **LR1}, 10, NOTHING, (),
+     NOTHING_SAID.format(step=10, total=10, count="train.steps")),
     # ... anything else starts a new run from step 0.
     ("finished, fewer steps", 10, run(), LR1, 8, RESTART, (),
      "checkpoint holds a finished run (step 10 of 10); total_steps is 8, fewer than 10: "
