@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from ..core.errors import CheckpointCorruptError
+from ..core.errors import CheckpointCorruptError, ConfigError
 
 _OBSERVED = "_dvc_dali_observed"  # marks a reader's next_epoch already wrapped
+DEFAULT_RNG = "dvc_dali.default_rng"  # the key of the thread's default RNG
 
 
 def checkpoint(name: str, saved: str | None = None, where: str = "") -> Any:
@@ -30,20 +31,56 @@ def checkpoint(name: str, saved: str | None = None, where: str = "") -> Any:
     return ckpt
 
 
-def serialize(ckpt: Any) -> str:
+def serialize(ckpt: Any, name: str) -> str:
     """The registered objects' states now, as the text to save."""
-    ckpt.collect()
+    try:
+        ckpt.collect()
+    except RuntimeError as exc:  # e.g. a resumed state nothing was registered for
+        said = str(exc).rstrip(".")
+        advice = (" Register each reader and RNG under the name it was saved with, right "
+                  "after ck.dynamic() and before the loop, as the run that saved it did (its "
+                  "batches are not those of a resume otherwise)."
+                  if "no corresponding registered ops" in said else "")
+        raise ConfigError(f"dynamic-mode checkpoint {name!r}: {said}.{advice}") from None
     return ckpt.serialize()
 
 
-def on_readers(ckpt: Any, hook: Callable[[str, Any], None]) -> None:
+def take_default_rng(ckpt: Any) -> None:
+    """Register this thread's default RNG (what random operators without
+    ``rng=`` draw from; ``ndd.random.set_seed`` seeds it) as
+    :data:`DEFAULT_RNG`, which gives it its saved state back: unregistered, a
+    resume drew the seed's numbers again. Not when the script registered it
+    itself, nor for a resumed state saved without it (an older checkpoint)."""
+    from nvidia.dali.experimental.dynamic import random as dyn_random
+
+    rng = dyn_random.get_default_rng()
+    if id(rng) in ckpt._reverse:  # noqa: SLF001 - registered already, under any name
+        return
+    if ckpt.is_loaded and DEFAULT_RNG not in ckpt._states:  # noqa: SLF001
+        return
+    ckpt.register(rng, DEFAULT_RNG)
+
+
+def on_readers(ckpt: Any, hook: Callable[[str, Any], None], name: str) -> None:
     """``hook(key, reader)`` after each reader registered on ``ckpt`` from
     now on, under the key ``register`` returns. RNGs are registered on it
-    too; they yield no batches (what has ``next_epoch`` is a reader)."""
+    too; they yield no batches (what has ``next_epoch`` is a reader).
+    DALI's refusals (a name the resumed state lacks, an object registered
+    under a second name) are ConfigErrors naming the saved names."""
     register = ckpt.register
 
-    def registering(op: Any, name: str | None = None) -> str:
-        key = register(op, name)
+    def registering(op: Any, key: str | None = None) -> str:
+        if ckpt._reverse.get(id(op)) == DEFAULT_RNG:  # noqa: SLF001 - taken already
+            return DEFAULT_RNG
+        try:
+            key = register(op, key)
+        except (KeyError, RuntimeError) as exc:
+            saved = sorted(ckpt._states) if ckpt.is_loaded else []  # noqa: SLF001
+            held = f" (the checkpoint holds {saved})" if saved else ""
+            raise ConfigError(
+                f"dynamic-mode checkpoint {name!r}: {str(exc).strip(chr(34)).rstrip('.')}{held}. "
+                "Register "
+                "each reader and RNG once, under the name it was saved with.") from None
         if callable(getattr(op, "next_epoch", None)):
             hook(key, op)
         return key

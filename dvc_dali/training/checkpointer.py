@@ -176,10 +176,10 @@ class Checkpointer:
         self.total_steps = _checked_total_steps(total_steps)
         # everything the checkpoint restores (restorable.py), by (manifest part, name)
         self._sources: dict[tuple[str, str], Restorable] = {}
-        # the dynamic-mode readers whose batches are digested: stream -> (its
-        # Checkpoint's name, its name there), for the manifest (BatchProof)
+        # dynamic-mode readers digested: stream -> (Checkpoint's name, name there)
         self._dynamic_readers: dict[str, tuple[str, str]] = {}
         self._generators: restorable.RandomGenerators | None = None
+        self._past_resume_point = False  # the random generators were set back
         self.rank, self.world_size = distributed.checked_world(os.environ)
         self._run: Run | None = None  # under `dvc exp run`: the run this process trains
         if self._ctx.mode == "record":
@@ -363,6 +363,10 @@ class Checkpointer:
         checked at construction, is set back here, once."""
         if self._generators is not None:
             self._generators.set_back()
+            self._past_resume_point = True
+            for (section, _), source in self._sources.items():
+                if section == restorable.DYNAMIC:
+                    dali_dynamic.take_default_rng(source.checkpoint)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -574,7 +578,9 @@ class Checkpointer:
         if key not in self._sources:
             self._register(restorable.DynamicMode(name))
             dali_dynamic.on_readers(self._sources[key].checkpoint, _reader_digests(
-                self._batches, self._sources, self._dynamic_readers, name))
+                self._batches, self._sources, self._dynamic_readers, name), name)
+            if self._past_resume_point:  # else taken there, after the script's seeding
+                dali_dynamic.take_default_rng(self._sources[key].checkpoint)
         return self._sources[key].checkpoint
 
     def keras_callback(self, every: int, live: Any = None,

@@ -278,7 +278,7 @@ class DynamicMode:
         self.checkpoint = dali_dynamic.checkpoint(self.name, state, where)
 
     def capture(self) -> dict[str, Any]:
-        return {"state": dali_dynamic.serialize(self.checkpoint)}
+        return {"state": dali_dynamic.serialize(self.checkpoint, self.name)}
 
 
 @dataclass(eq=False)

@@ -5,7 +5,8 @@ process of its own; every batch and every end of epoch goes to OUT (.npz).
 
 CONFIG: {"framework": "torch"|"jax"|"dynamic", "iterator": "generic"|"classification",
 "policy": "FILL"|"DROP"|"PARTIAL", "auto_reset": bool, "reader_name": bool,
-"prefetch": int, "plain": bool (restore as plain DALI would: no package fix)}
+"prefetch": int, "plain": bool (restore as plain DALI would: no package fix),
+"default_rng": bool (dynamic: random ops draw from the seeded default RNG)}
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def main() -> None:
     ap = pipelines.runner_parser("config")
     args = ap.parse_args()
     cfg = json.loads(args.config)
+    if cfg.get("default_rng"):  # random ops without rng=: the thread's default RNG
+        import nvidia.dali.experimental.dynamic as ndd
+
+        ndd.random.set_seed(7)
     ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)
     results = {}
     step = ck.step
@@ -73,7 +78,8 @@ def main() -> None:
         while step < args.until:
             for files, labels in reader.next_epoch(batch_size=BATCH):
                 step += 1
-                angle = ndd.random.uniform(batch_size=BATCH, range=(-10.0, 10.0), rng=rng)
+                angle = ndd.random.uniform(batch_size=BATCH, range=(-10.0, 10.0),
+                                           rng=None if cfg.get("default_rng") else rng)
                 results[f"{step:04d}_label"] = np.asarray(ndd.as_tensor(labels))
                 results[f"{step:04d}_angle"] = np.asarray(ndd.as_tensor(angle))
                 saved(step)

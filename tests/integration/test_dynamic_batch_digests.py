@@ -145,3 +145,37 @@ def test_two_readers_whose_streams_would_be_one_are_refused(tmp_path, images):
                                          r"be one stream, 'a/b/c'"):
         ck.dynamic("a/b").register(ndd.readers.File(file_root=f"{images}/images", seed=2), "c")
     ck.close()
+
+
+def test_registrations_dali_refuses_are_one_line_naming_the_saved_names(tmp_path, images):
+    """A reader registered under another name on resume, one registered twice,
+    or none registered before the next save: DALI's KeyError and
+    RuntimeError tracebacks (found by a sweep)."""
+    import nvidia.dali.experimental.dynamic as ndd
+
+    import dvc_dali
+
+    def reader():
+        return ndd.readers.File(file_root=str(images / "images"), random_shuffle=True, seed=5)
+
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    first = reader()
+    ck.dynamic().register(first, "reader")
+    with pytest.raises(dvc_dali.ConfigError, match="Cannot register the operator with a new "
+                       "key 'again' when it's already been added with the key 'reader'"):
+        ck.dynamic().register(first, "again")
+    with pytest.raises(dvc_dali.ConfigError, match="dynamic-mode checkpoint 'dynamic': Cannot "
+                       "get the reader's state before its first iteration"):
+        ck.make_checkpoint(1)
+    next(iter(first.next_epoch(batch_size=2)))
+    ck.make_checkpoint(1)
+    ck.close()
+    again = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    with pytest.raises(dvc_dali.ConfigError, match=r"does not contain a state for 'other' \(the "
+                       r"checkpoint holds \['reader'\]\)\. Register each reader and RNG once"):
+        again.dynamic().register(reader(), "other")
+    with pytest.raises(dvc_dali.ConfigError, match=r"dynamic-mode checkpoint 'dynamic': "
+                       r"Checkpoint state has entries with no corresponding registered ops: "
+                       r"\['reader'\]\. Register each reader and RNG under the name"):
+        again.make_checkpoint(2)
+    again.close()

@@ -58,5 +58,5 @@ def test_a_field_written_twice_is_refused():
 def test_dynamic_mode_captures_its_entry_like_the_others(monkeypatch):
     from dvc_dali.dali import dali_dynamic
 
-    monkeypatch.setattr(dali_dynamic, "serialize", lambda checkpoint: "{}")
+    monkeypatch.setattr(dali_dynamic, "serialize", lambda checkpoint, name: "{}")
     assert restorable.DynamicMode("dyn").capture() == {"state": "{}"}
