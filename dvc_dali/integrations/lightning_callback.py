@@ -98,6 +98,19 @@ def _plain(value: Any, where: str, depth: int = 0) -> Any:
     return value
 
 
+def _validation_follows(trainer: Any) -> bool:
+    """Whether Lightning validates right after this training batch (its own
+    decision, asked the same way). Where it cannot be asked, False: the
+    checkpoint is taken at once, as before. Should the answer be wrong (a
+    time-based val_check_interval), the checkpoint comes at the next batch."""
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return (not loop._skip_next_val  # noqa: SLF001 - Lightning's own decision
+                and bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)))  # noqa: SLF001
+    except (AttributeError, TypeError):
+        return False
+
+
 class _DaliCheckpointIO(CheckpointIO):
     """Saves and reads the paths that start with :data:`SCHEME`; hands any
     other path to the IO it replaced."""
@@ -168,6 +181,7 @@ class DaliCheckpoint(pl.Callback):
         # Only ck.resumed, ck.path and the like are read before then: they
         # change nothing.
         self._saved_step = self.step = 0
+        self._after_validation = False  # a due checkpoint waits for the validation after it
         self._metrics: dict[str, float] = {}
         self.loaded = False  # the resumed checkpoint was read through our CheckpointIO
 
@@ -262,11 +276,24 @@ class DaliCheckpoint(pl.Callback):
         if self.step == before:
             return  # accumulating gradients: no optimizer step yet
         crossed = self.step // self._every != before // self._every
-        if self._ck.should_save(self.step, self._every) or crossed:
+        due = self._ck.should_save(self.step, self._every) or crossed or self._after_validation
+        self._after_validation = due and _validation_follows(trainer)
+        if due and not self._after_validation:
+            self._checkpoint(trainer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Lightning hook: the checkpoint of a step whose validation runs right
+        after it. Taken before, it held the validation pipelines' positions
+        before that validation, which a resumed fit skips as done (as
+        Lightning does for a checkpoint of that batch): every later
+        validation read the batches of the one before."""
+        if self._after_validation and not trainer.sanity_checking:
+            self._after_validation = False
             self._checkpoint(trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Lightning hook: checkpoints the run's last step."""
+        self._after_validation = False
         if trainer.global_step != self._saved_step:  # the run's end is a row too
             self.step = trainer.global_step
             self._checkpoint(trainer)

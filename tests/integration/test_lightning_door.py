@@ -115,3 +115,46 @@ def test_a_ckpt_path_of_another_directory_is_refused_not_read_as_its_own(data_di
                        "callback resumes only its own checkpoint"):
         _trainer(cb, 4).fit(Tiny(), train_dataloaders=cb.loader(it),
                             ckpt_path="dvc-dali:/elsewhere")
+
+
+class Validated(Tiny):
+    """Records each validation batch by the step it validates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, list[float]] = {}
+
+    def validation_step(self, batch, batch_idx):
+        self.seen.setdefault(self.global_step, []).append(float(batch[0]["images"].sum()))
+
+
+def _validated_fit(path, data, steps):
+    ck = dvc_dali.Checkpointer(path)
+    fn, kw = pipelines.make("rotate", str(data))["train"]
+    train = ck.iterator(DALIGenericIterator, [ck.pipeline("train", fn, **kw)],
+                        ["images", "labels", "angle"], reader_name="reader", auto_reset=True)
+    val = ck.iterator(DALIGenericIterator, [ck.pipeline("val", fn, **{**kw, "seed": 9})],
+                      ["images", "labels", "angle"], reader_name="reader", auto_reset=True)
+    cb = ck.lightning_callback(2)
+    trainer = pl.Trainer(max_steps=steps, callbacks=[cb], logger=False, accelerator="cpu",
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, val_check_interval=2,
+                         check_val_every_n_epoch=None, num_sanity_val_steps=0,
+                         limit_val_batches=2)
+    model = Validated()
+    cb.fit(trainer, model, train, val_dataloaders=cb.loader(val))
+    ck.close()
+    return model.seen
+
+
+def test_validations_after_a_resume_read_the_batches_of_an_uninterrupted_run(data_dir,
+                                                                            tmp_path):
+    """The checkpoint of a step validated right after it was taken before the
+    validation, which a resumed fit skips as done: every later validation
+    read the batches of the one before, so the logged validation metrics
+    were wrong without a word (found by a sweep)."""
+    whole = _validated_fit(tmp_path / "whole", data_dir, 6)
+    first = _validated_fit(tmp_path / "ck", data_dir, 2)
+    resumed = _validated_fit(tmp_path / "ck", data_dir, 6)
+    assert sorted(whole) == [2, 4, 6] and first == {2: whole[2]}
+    assert resumed == {4: whole[4], 6: whole[6]}
