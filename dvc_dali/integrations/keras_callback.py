@@ -47,6 +47,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self.step = ck.step  # optimizer steps done, over all fit calls
         self._saved_step = ck.step
         self._last_logs: dict[str, Any] = {}
+        self._at_epoch_end = False  # a due checkpoint waits for the epoch's validation
         self._restored = not ck.resumed
         self._plan: int | None = None  # steps per epoch, while fit() drives model.fit
         self._begin = 0
@@ -150,7 +151,21 @@ class DaliCheckpoint(keras.callbacks.Callback):
                 "ds.map(...)) and give fit the dataset it returns.")
         crossed = self.step // self._every != before // self._every  # steps_per_execution > 1
         if self._ck.should_save(self.step, self._every) or crossed:
-            self._checkpoint(logs or {})
+            steps = self._plan or self.params.get("steps")
+            if steps and self.step % steps == 0:  # an epoch's end: after its validation
+                self._at_epoch_end = True
+            else:
+                self._checkpoint(logs or {})
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: the checkpoint due at an epoch's last step, taken after
+        the epoch's validation (with its val_ metrics). Taken before, it held
+        the validation data's position before a validation the resumed fit,
+        which starts at the next epoch, never repeats: every later validation
+        read the batches of the one before."""
+        if self._at_epoch_end:
+            self._at_epoch_end = False
+            self._checkpoint(logs or self._last_logs)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         """Keras hook: checkpoints the last step (under a plain ``model.fit``)."""
@@ -192,8 +207,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._ck.wait()
         if self._live is not None and metrics:
             self._live.step = self.step
-            for key, value in metrics.items():
-                self._live.log_metric(f"train/{key}", value)
+            for key, value in metrics.items():  # Keras's val_loss as val/loss
+                self._live.log_metric(f"val/{key[4:]}" if key.startswith("val_") else
+                                      f"train/{key}", value)
             self._live.next_step()
         if self._on_checkpoint is not None:
             self._on_checkpoint(self.step, metrics)

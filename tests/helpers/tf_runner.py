@@ -10,8 +10,9 @@ as dvc-dali did before its check node)}
 -> every batch's images, labels and angles by 1-based step.
 CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "steps_per_epoch": S, "every": N, "signal_at": K (SIGTERM to itself after step K),
-"kill_at": K (SIGKILL after step K's checkpoint), "map_outside": bool}
--> the final model variables.
+"kill_at": K (SIGKILL after step K's checkpoint), "map_outside": bool,
+"val": bool (validation_data: a tf_dataset "val", 2 steps an epoch)}
+-> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ def to_float(images, labels, angles):
     return tf.cast(images, tf.float32) / 255.0, labels
 
 
-def dataset(ck, cfg, data):
+def dataset(ck, cfg, data, name="train"):
     batch = cfg.get("batch", 4)
     transform = None
     if cfg.get("transform"):
         transform = lambda ds: ds.map(lambda im, lab, ang: (im, lab, ang * 2.0))  # noqa: E731
     if cfg["mode"] == "keras" and not cfg.get("map_outside"):
         transform = lambda ds: ds.map(to_float)  # noqa: E731
-    return ck.tf_dataset("train", pipelines.rotate_pipe, data=data, batch_size=batch,
+    return ck.tf_dataset(name, pipelines.rotate_pipe, data=data, batch_size=batch,
                          num_threads=1, device_id=None, seed=cfg.get("seed", 7),
                          pad=cfg.get("pad", False),
                          prefetch_queue_depth=cfg.get("prefetch", 2),
@@ -94,11 +95,19 @@ class _Signals(keras.callbacks.Callback):
     def __init__(self, cb, cfg) -> None:
         super().__init__()
         self.cb, self.cfg = cb, cfg
+        self.val_loss: dict[str, float] = {}
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         if self.cb.step == self.cfg.get("signal_at"):
             os.kill(os.getpid(), signal.SIGTERM)
-        if self.cb.step == self.cfg.get("kill_at"):
+        if self.cb.step == self.cfg.get("kill_at") and self.cb.step % self.cfg[
+                "steps_per_epoch"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if "val_loss" in (logs or {}):
+            self.val_loss[f"val_loss_{epoch}"] = float(logs["val_loss"])
+        if self.cb.step == self.cfg.get("kill_at"):  # an epoch's end: checkpointed by now
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -116,13 +125,17 @@ def keras_fit(cfg, data, ckpt) -> dict:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     cb = ck.keras_callback(cfg.get("every", 5))
     fit = dict(epochs=cfg["epochs"], steps_per_epoch=cfg["steps_per_epoch"], verbose=0)
+    if cfg.get("val"):  # a validation dataset of its own, 2 batches an epoch
+        fit.update(validation_data=dataset(ck, {**cfg, "seed": 9}, data, "val"),
+                   validation_steps=2)
     extra = [_Signals(cb, cfg)]
     if cfg["fit"] == "cb":
         cb.fit(model, ds, callbacks=extra, **fit)
     else:
         model.fit(ds, callbacks=[cb, *extra], **fit)
     print(f"tf_runner: trained to step {cb.step}", flush=True)
-    return {v.path.replace("/", "__"): np.asarray(v) for v in model.variables}
+    return {**{v.path.replace("/", "__"): np.asarray(v) for v in model.variables},
+            **{k: np.array(v) for k, v in extra[0].val_loss.items()}}
 
 
 def damaged(cfg, data, ckpt) -> dict:

@@ -262,6 +262,25 @@ def test_keras_model_fit_resumes_at_an_epoch_boundary(data_dir, tmp_path, keras_
     same_weights(weights, keras_reference)
 
 
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_keras_validations_after_a_resume_read_the_batches_of_an_uninterrupted_fit(
+        data_dir, tmp_path, fit):
+    """The checkpoint at an epoch's end was taken before that epoch's
+    validation, which the resumed fit (starting at the next epoch) never
+    repeats: every later validation read the batches of the one before, and
+    val_loss was wrong without a word (found by a sweep)."""
+    cfg = {**KERAS, "fit": fit, "val": True}
+    whole, _ = runner(cfg, data_dir, tmp_path / "whole", tmp_path / "w.npz")
+    _, proc = runner({**cfg, "kill_at": 20}, data_dir, tmp_path / "ck", tmp_path / "a.npz",
+                     ok=False)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    resumed, _ = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "b.npz")
+    assert sorted(k for k in resumed if k.startswith("val_")) == ["val_loss_2"]
+    assert resumed["val_loss_2"] == whole["val_loss_2"]
+    same_weights({k: v for k, v in resumed.items() if not k.startswith("val_")},
+                 {k: v for k, v in whole.items() if not k.startswith("val_")})
+
+
 def test_keras_model_fit_refuses_to_start_mid_epoch(data_dir, tmp_path, keras_reference):
     runner({**KERAS, "fit": "cb", "kill_at": 15}, data_dir, tmp_path / "ck",
            tmp_path / "a.npz", ok=False)
