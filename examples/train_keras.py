@@ -101,7 +101,7 @@ def main(argv=None) -> int:
           f"{steps} steps, batch {batch}, seed {p['seed']}, lr {lr}, checkpoint every {every}")
     epoch_steps = EPOCH if steps % EPOCH == 0 else steps
     cb.fit(model, dataset, epochs=steps // epoch_steps, steps_per_epoch=epoch_steps,
-           verbose=0, callbacks=[_KillAt(kill_at, cb)] if kill_at else [])
+           verbose=0, callbacks=[_KillAt(kill_at, cb, epoch_steps)] if kill_at else [])
     save_model(Path(args.model), model)
     live.end()
     print(f"train: wrote {args.model} at step {max(ck.step, steps)}")
@@ -111,16 +111,23 @@ def main(argv=None) -> int:
 class _KillAt(keras.callbacks.Callback):
     """DVC_DALI_EXAMPLE_KILL_AT_STEP: SIGKILL right after that step's checkpoint."""
 
-    def __init__(self, step: int, cb) -> None:
+    def __init__(self, step: int, cb, epoch_steps: int) -> None:
         super().__init__()
-        self.kill_step, self.cb = step, cb
+        self.kill_step, self.cb, self.epoch_steps = step, cb, epoch_steps
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if self.cb.step == self.kill_step:
-            import signal
+        if self.cb.step == self.kill_step and self.cb.step % self.epoch_steps:
+            self._kill()
 
-            print(f"train: {KILL_ENV}={self.kill_step}: killing myself (SIGKILL)", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if self.cb.step == self.kill_step:  # an epoch's checkpoint is taken at its end
+            self._kill()
+
+    def _kill(self) -> None:
+        import signal
+
+        print(f"train: {KILL_ENV}={self.kill_step}: killing myself (SIGKILL)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
