@@ -1295,10 +1295,17 @@ class _Companion:
         self._finalizer()
 
 
+# a tf_dataset's transform= runs in TensorFlow, whose random state the
+# checkpoint of the iterator does not hold
+TF_RANDOM = ("a random operation in tf_dataset(transform=) (tf.random.*, or a shuffle "
+             "or map drawing without a seed: its state is not saved)")
+
+
 def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
-                 data_lines: Iterable[str]) -> str:
+                 data_lines: Iterable[str], causes: Sequence[str] = ()) -> str:
     """'DALI 2.4.0 -> 2.3.0; data ...', and where the data's listing cannot
-    tell, the causes that remain (a version change may not be the one)."""
+    tell, the causes that remain (a version change may not be the one);
+    ``causes``: more of them, of this kind of stream."""
     saved, now = saved_versions.get("dali"), now_versions.get("dali")
     parts = [f"DALI {saved} -> {now}"] if saved and saved != now else []
     data = list(data_lines)
@@ -1306,7 +1313,9 @@ def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
         unchanged = ("the data files' names and sizes and the pipeline's description are "
                      "unchanged" if parts else "the DALI version, the data files' names and "
                      "sizes and the pipeline's description are unchanged")
+        more = "".join(f", {cause}" for cause in causes)
         data = [f"{unchanged}; a file rewritten in place with its old size, a changed "
-                "external_source callable, plugin or custom operator, another kind of "
-                "device, or the training step writing into the batch in place would do this"]
+                f"external_source callable, plugin or custom operator, another kind of "
+                f"device{more}, or the training step writing into the batch in place would do "
+                "this"]
     return "; ".join(parts + data)

@@ -384,9 +384,11 @@ class BatchProof:
                 return batch_digests.what_changed(saved_versions, versions(),
                                                   [batch_digests.UNDESCRIBED])
             entry = manifest[PIPELINES].get(name) or {}
-            contents = getattr(sources.get((PIPELINES, name)), "contents", None)
+            source = sources.get((PIPELINES, name))
+            contents = getattr(source, "contents", None)
             data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
-            return batch_digests.what_changed(saved_versions, versions(), data)
+            causes = [batch_digests.TF_RANDOM] if isinstance(source, TfDataset) else []
+            return batch_digests.what_changed(saved_versions, versions(), data, causes)
 
         return why
 

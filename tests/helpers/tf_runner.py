@@ -6,7 +6,7 @@ ck.keras_callback) in a process of its own; what it saw goes to OUT (.npz).
 CONFIG, stream mode: {"mode": "stream", "until": N, "save_at": [K...], "batch": B,
 "seed": S, "reiter": bool (a new iter() after each save), "transform": bool,
 "kill_after": K (SIGKILL after step K), "old_layout": bool (the TF state saved
-as dvc-dali did before its check node)}
+as dvc-dali did before its check node), "random_transform": bool (a tf.random op)}
 -> every batch's images, labels and angles by 1-based step.
 CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "steps_per_epoch": S, "every": N, "signal_at": K (SIGTERM to itself after step K),
@@ -44,6 +44,9 @@ def dataset(ck, cfg, data, name="train"):
     transform = None
     if cfg.get("transform"):
         transform = lambda ds: ds.map(lambda im, lab, ang: (im, lab, ang * 2.0))  # noqa: E731
+    if cfg.get("random_transform"):  # TensorFlow's own random state: not saved
+        transform = lambda ds: ds.map(  # noqa: E731
+            lambda im, lab, ang: (im, lab, ang + tf.random.uniform(tf.shape(ang))))
     if cfg["mode"] == "keras" and not cfg.get("map_outside"):
         transform = lambda ds: ds.map(to_float)  # noqa: E731
     return ck.tf_dataset(name, pipelines.rotate_pipe, data=data, batch_size=batch,

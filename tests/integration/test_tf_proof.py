@@ -69,6 +69,19 @@ def test_tf_batches_that_differ_are_refused_before_their_step(data_dir, tmp_path
     assert proc.stderr.count("no longer exact") == 1, proc.stderr[-3000:]
 
 
+def test_a_random_op_in_transform_is_named_among_the_causes(data_dir, tmp_path):
+    """Refused on resume, rightly, but the causes named were data, code and
+    in-place writes, never TensorFlow's own random state (found by a sweep)."""
+    cfg = {"mode": "stream", "until": 5, "random_transform": True}
+    _, proc = runner({**cfg, "save_at": [2], "kill_after": 3}, data_dir, tmp_path / "ck",
+                     tmp_path / "a.npz", ok=False)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "b.npz", ok=False)
+    text = proc.stdout + proc.stderr
+    assert "BatchMismatchError" in text and "Traceback" not in text, text[-3000:]
+    assert "a random operation in tf_dataset(transform=) (tf.random.*" in text, text[-3000:]
+
+
 def test_tf_batches_that_differ_are_refused_under_keras_fit(data_dir, tmp_path):
     """cb.fit and model.fit: the refusal comes out of fit typed, before the
     step trains on the batch."""
