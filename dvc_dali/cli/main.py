@@ -421,7 +421,9 @@ def _doctor_leftovers(report: _Report, root: Path) -> None:
                                                else "no stale signal"))
     try:  # not root/.git: the DVC root may be below the git top, or in a worktree
         git_dir = Path(git_dirs(str(root))[0])
-    except DvcDaliError:
+    except DvcDaliError as exc:
+        if "safe.directory" in str(exc):  # git refuses the repository itself
+            report(False, str(exc))
         git_dir = root / ".git"
     # git's locks: the index, HEAD, packed-refs..., every ref (DVC's, the rows'),
     # a linked worktree's own (index, HEAD) and those of the refs it shares

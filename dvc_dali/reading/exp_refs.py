@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 import re
+import shlex
+from pathlib import Path
 from typing import Any, Iterator, Optional, TypedDict
 from urllib.parse import unquote
 
@@ -108,6 +109,7 @@ def git_dirs(path: str) -> tuple[str, str]:
                           check=False)
         lines = proc.stdout.split("\n")
         if proc.returncode != 0 or len(lines) < 2:
+            _refuse_ownership(proc.stderr, path)
             raise RecordError(f"'{path}' is not inside a git work tree "
                               f"({proc.stderr.strip()}): experiments and their rows live in "
                               "git, so run this in a git repository with a DVC project (`git "
@@ -126,6 +128,18 @@ def common_dir(git_dir: str) -> str:
     except (OSError, UnicodeDecodeError):
         return git_dir
     return os.path.normpath(os.path.join(git_dir, text)) if text else git_dir
+
+
+def _refuse_ownership(stderr: str, root: str) -> None:
+    """git's safe.directory refusal (a repository owned by another user: a
+    mounted volume), which is no damage to repair."""
+    if "dubious ownership" not in stderr:
+        return
+    at = re.search(r"repository at '([^']+)'", stderr)
+    raise RecordError(
+        f"git refuses to read {root}: it is owned by another user (git's safe.directory "
+        "check), so no row can be read or recorded. Run as that user, or trust it with `git "
+        f"config --global --add safe.directory {shlex.quote(at.group(1) if at else root)}`")
 
 
 def tree_path(root: str, path: str) -> str:
@@ -198,6 +212,8 @@ def exp_refs(root: str) -> list[tuple[str, str]]:
             f"{root} is not in a git repository, so it has no recorded rows: DVC experiments, "
             "and dvc-dali's rows, are git refs (a DVC project made with `dvc init --no-scm` "
             "has none). Run `git init` and `dvc init` without --no-scm to record rows")
+    if proc.returncode != 0:
+        _refuse_ownership(proc.stderr, root)
     if proc.returncode != 0 or broken:
         status = f" (exit {proc.returncode})" if proc.returncode else ""
         raise DvcDaliError(

@@ -393,3 +393,21 @@ def test_metrics_git_ignores_are_said_once_not_left_out_of_rows_silently(tmp_pat
                       "of stage 'train' that git ignores, so no row holds it") == 1, text
     assert "`git check-ignore -v dvclive/metrics.json` names the rule" in text
     assert {"i-step2", "i-step4"} <= set(exp_rows(project))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the project to another user")
+def test_a_repository_git_refuses_as_another_users_says_so_not_to_repair_it(tmp_path):
+    """A repository owned by another uid (a mounted volume): `show` told the
+    user to run `git fsck` and delete refs, `doctor` said all was well
+    (found by a sweep). It is git's safe.directory check, named with its fix."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path, steps=4)
+    subprocess.run(["chown", "-R", "12345:12345", str(project)], check=True)
+    said = f"git refuses to read {project}: it is owned by another user (git's " \
+           "safe.directory check)"
+    shown = run(["dvc-dali", "show"], project, check=False)
+    assert shown.returncode == 1 and said in shown.stderr, shown.stderr
+    assert "git fsck" not in shown.stderr and "update-ref" not in shown.stderr
+    doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project, check=False)
+    assert f"BAD  {said}" in doctor.stdout, doctor.stdout
