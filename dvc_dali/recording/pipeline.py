@@ -301,6 +301,8 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
             if old_entry else (None, 0, None))
         # a dependency changed since the row it starts from: DVC 2 branched too
         branched = request.branched or bool(getattr(where.run.start, "changed_deps", None))
+        if branched and where.run.start is not None:
+            run_start.say_changed_deps(where.run.start)
         if parent and request.resumed is None:  # a bare port: its params tell
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)

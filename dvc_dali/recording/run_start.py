@@ -110,7 +110,7 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
             start.params.update(flat_keys(values, prefix))
     finally:
         dvc_door.unlock_repo(repo)
-    _say_changed_deps(ctx, repo, stage, start)
+    _find_changed_deps(ctx, repo, stage, start)
     run.start = start
     atexit.register(exit_hooks.this_process_only(_put_params_back, start, repo.root_dir,
                                                  ctx.lock_timeout))
@@ -193,16 +193,22 @@ def _changed_deps(entry: dict, stage: Any, start: RunStart) -> list[str]:
     return changed
 
 
-def _say_changed_deps(ctx: RunContext, repo: Any, stage: Any, start: RunStart) -> None:
+def _find_changed_deps(ctx: RunContext, repo: Any, stage: Any, start: RunStart) -> None:
     """A run that starts from a recorded row whose deps (the training code, a
-    config file) changed since: said, as a changed param is (a changed data
-    set is refused later, by the pipeline's check)."""
+    config file) changed since: its rows branch off (said at its first row,
+    :func:`say_changed_deps`, once the pipeline's check let it resume: a
+    changed data set is refused there)."""
     row = start.resumed_row
     start.resumed_entry = _row_entry(ctx, repo, stage, row["sha"]) if row is not None else None
     entry = start.resumed_entry  # read once: stage_changed_since compares its params
     start.changed_deps = _changed_deps(entry, stage, start) if entry else []
-    if start.changed_deps:
-        logger.warning("%s changed since row %s (step %d), the checkpoint this run starts "
+
+
+def say_changed_deps(start: RunStart) -> None:
+    """Said at the first row of a run whose deps changed since its row."""
+    row = start.resumed_row
+    if start.changed_deps and row is not None:
+        logger.warning("%s changed since row %s (step %d), the checkpoint this run started "
                        "from: the rows it records are trained with the changed files, so "
                        "they are a run of their own, named by this `dvc exp run`, as DVC 2 "
                        "branched a checkpoint experiment off when its code changed",

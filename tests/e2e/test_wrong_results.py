@@ -198,7 +198,7 @@ def test_template_trains_again_when_params_change_after_the_end(tmp_path):
     assert "resuming at step 20" in said and "step 30/30" in said  # more steps: trains on
     assert "step 10/30" not in said
     assert ("dvc-dali: train.py changed since row b-step20 (step 20), the checkpoint this run "
-            "starts from: the rows it records are trained with the changed files, so they are "
+            "started from: the rows it records are trained with the changed files, so they are "
             "a run of their own, named by this `dvc exp run`") in said, said
     names = {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(project)}
     assert "c-step30" in names and "b-step30" not in names, names  # branched, as DVC 2 did
@@ -217,7 +217,7 @@ def test_bare_make_checkpoint_resumed_with_changed_code_branches_off(tmp_path):
         script.write("# an edit between two runs\n")
     resumed = run(["dvc", "exp", "run", "-n", "edited"], project)
     said = resumed.stdout + resumed.stderr
-    assert "train.py changed since row port-step2 (step 2), the checkpoint this run starts " \
+    assert "train.py changed since row port-step2 (step 2), the checkpoint this run started " \
            "from" in said, said
     assert (project / "checkpoint" / "state.txt").read_text() == "4"
     names = {ref.rsplit("/", 1)[-1] for _, ref in exp_refs(project)}
