@@ -149,14 +149,16 @@ class SavedCheckpoint:
                                          "description; start over with `dvc-dali reset`.")
         diff = dali_state.differences(old, description)
         if diff:
-            diff += self.explain_data(old, description)
+            data = self.explain_data(old, description)
+            fix = ("Restore the data as it was (`git checkout` or `dvc checkout` of it) to "
+                   "resume, or start over on the new data with" if data else
+                   "Run with the saved settings to resume, or start over with")
             raise PipelineMismatchError(
                 f"{self.manifest_path}: pipeline {name!r} differs from the one that wrote the "
                 "checkpoint, and DALI would restore into it silently, producing other "
-                "batches:\n  " + "\n  ".join(diff)
+                "batches:\n  " + "\n  ".join(diff + data)
                 + "".join(f"\n  param {c}" for c in self.param_changes)
-                + "\nRun with the saved settings to resume, or start over with "
-                "`dvc-dali reset` (or Checkpointer(..., resume=False)).")
+                + f"\n{fix} `dvc-dali reset` (or Checkpointer(..., resume=False)).")
 
     def dynamic_state(self, name: str) -> str:
         saved = self.snapshot.dynamic_states

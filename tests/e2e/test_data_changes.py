@@ -38,3 +38,5 @@ def test_new_data_after_a_finished_run_names_the_files(tmp_path, tracked_by):
     # the data is a dep too: a branch was announced, then the run refused (found by a
     # sweep); a branch is said at its first row, which a refused run never records
     assert "changed since row" not in text, text
+    assert "Restore the data as it was (`git checkout` or `dvc checkout` of it) to resume, " \
+           "or start over on the new data with `dvc-dali reset`" in text, text
