@@ -545,10 +545,13 @@ def _doctor_stages(report: _Report, root: Path) -> None:
                       "and `checkpoint: true` in dvc.yaml (`dvc-dali init` writes an example)")
     from .migrate import check_project
 
-    for line in check_project(str(root)):  # DVC 2 stages: `dvc-dali migrate` fixes them
+    flagged = check_project(str(root))  # DVC 2 stages: `dvc-dali migrate` fixes them
+    for line in flagged:
         report(False, line)
     ctx = RunContext.from_environ()
     for stage, path in outputs:
+        if any(f"stage '{stage}' will not resume" in line for line in flagged):
+            continue  # its problem is said once, with the command that fixes it
         try:
             maintenance.check_stage(ctx, path, stage=stage)
             report(True, f"stage {stage}: checkpoint output {os.path.relpath(path, root)} "

@@ -87,6 +87,11 @@ def test_dvc2_project_migrated_resumes_after_a_kill(tmp_path):
     assert "dvc.yaml: needs stage 'train', output 'checkpoint': persist: true" in checked.stdout
     assert "dvc.yaml: needs stage 'train': always_changed: true" in checked.stdout
     assert (project / "dvc.yaml").read_text() == DVC2_YAML  # --check changes nothing
+    # doctor says it once, with the fix (it said it twice: found by a sweep)
+    doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project, check=False)
+    bad = [line for line in doctor.stdout.splitlines()
+           if line.startswith("BAD") and "stage 'train'" in line]
+    assert len(bad) == 1 and "Fix: `dvc-dali migrate dvc.yaml`" in bad[0], doctor.stdout
 
     done = _migrate(project)
     assert "git diff dvc.yaml" in done.stdout
