@@ -8,12 +8,13 @@ always has its data on the DVC remote.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..reading import gitcmd
 from ..core.errors import DvcDaliError, RecordError
-from ..reading.exp_refs import exp_refs, list_rows
+from ..reading.exp_refs import Row, exp_refs, list_rows
 from . import dvc_door
 from .remove import select_refs
 
@@ -36,12 +37,17 @@ def _count(targets, names: Sequence[str]) -> list[Moved]:
                   sum(1 for t in targets if t.exp == n)) for n in dict.fromkeys(names)]
 
 
-def _unknown(targets, names: Sequence[str], where: str, listed: str) -> None:
-    """Refuse names no run has (``listed``: the command that lists them)."""
+def _unknown(targets, names: Sequence[str], where: str, listed: str,
+             rows: Sequence[Row] = ()) -> None:
+    """Refuse names no run has (``listed``: the command that lists them); a
+    row's name is said to be one, with its run's."""
     unknown = [n for n in dict.fromkeys(names) if n not in {t.exp for t in targets}]
     if unknown:
-        raise DvcDaliError(f"no run named {', '.join(unknown)} {where}: nothing moved. "
-                           f"{listed}")
+        by_row = {r["name"]: r["exp"] for r in rows}
+        hints = "".join(f"; {n} is one checkpoint row of run {by_row[n]}, and a run moves "
+                        f"whole: name {by_row[n]}" for n in unknown if n in by_row)
+        raise DvcDaliError(f"no run named {', '.join(map(shlex.quote, unknown))} {where}: "
+                           f"nothing moved. {listed}{hints}")
 
 
 def _row_name(target) -> str:
@@ -124,8 +130,10 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     """Push every row of the runs ``names``: their data to the DVC remote,
     then their refs to ``git_remote``; a ref whose data did not all reach the
     DVC remote is not pushed (DvcDaliError naming it, after the others went)."""
-    targets = select_refs(list_rows(root), names, exp_refs(root))
-    _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here")
+    listed = list_rows(root)
+    targets = select_refs(listed, names, exp_refs(root))
+    _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here",
+             listed)
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
@@ -188,7 +196,7 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         targets = select_refs(fetched, names, pulled)
         _unknown(targets, names, f"on {git_remote}",
                  f"`dvc exp list {git_remote}` lists the experiments there (a run's rows are "
-                 "<run>-step<N>)")
+                 "<run>-step<N>)", fetched)
         missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
         complete = [t for t in targets if t.sha not in missing]
         done = gitcmd.run(["update-ref", "--stdin"], root, check=False,

@@ -153,6 +153,12 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     nosuch = run(["dvc-dali", "pull", "origin", "b"], fresh, check=False)
     assert nosuch.returncode == 1 and "no run named b on origin" in nosuch.stderr
     assert "`dvc exp list origin` lists the experiments there" in nosuch.stderr  # not `show`
+    # a row's name: said to be one, with its run's (found by a sweep)
+    for command, where in (("pull", "on origin"), ("push", "in this repository")):
+        row = run(["dvc-dali", command, "origin", "a-step5"], fresh, check=False)
+        assert row.returncode == 1 and f"no run named a-step5 {where}" in row.stderr
+        assert "a-step5 is one checkpoint row of run a, and a run moves whole: name a" in (
+            row.stderr), row.stderr
     for command in ("pull", "push"):  # a DVC remote named that is not configured: said so
         said = run(["dvc-dali", command, "-r", "nosuch", "origin", "a"], fresh, check=False)
         assert said.returncode == 1, said.stdout + said.stderr
