@@ -12,11 +12,12 @@ the cache until `dvc gc`.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from ..reading import gitcmd
 from ..reading.best import best_row
 from ..reading.exp_refs import Row, git_dirs, list_rows, tree_path
+from ..reading.row_queries import DEFAULT_METRICS
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -58,18 +59,22 @@ def _say_no_best(spec: str, run_name: str, metrics_file: str, rows: int) -> None
 
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
           keep_last: Optional[int], keep_best: Optional[str],
-          metrics_file: str = "dvclive/metrics.json") -> list[str]:
-    """Delete the run's rows retention does not keep; their names."""
+          metrics_files: Sequence[str] = ()) -> list[str]:
+    """Delete the run's rows retention does not keep; their names.
+    ``metrics_files``: where keep_best's metric is looked for, in order (the
+    stage's metrics outputs), then DVCLive's default."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
     rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline]
     keep = {just_recorded}
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
-        best = best_row(rows, keep_best,
-                        lambda r: _metrics_at(git_dir, dvc_root, r["sha"], metrics_file))
+        files = list(dict.fromkeys([*metrics_files, DEFAULT_METRICS]))
+        best = next((found for found in (
+            best_row(rows, keep_best, lambda r, f=f: _metrics_at(git_dir, dvc_root, r["sha"], f))
+            for f in files) if found is not None), None)
         if best is None:  # a misspelt metric, or one not logged yet: the best is unknown
-            _say_no_best(keep_best, run_name, metrics_file, len(rows))
+            _say_no_best(keep_best, run_name, " or ".join(files), len(rows))
             return []
         keep.add(best["ref"])
     removed, kept = [], []

@@ -57,3 +57,23 @@ def test_a_row_git_will_not_delete_is_kept_and_said_and_training_goes_on(tmp_pat
     assert "dvc-dali: keep_last: git would not delete c-step5 (error: Unable to create " in text
     assert "packed-refs.lock': File exists.); kept, tried again at the next checkpoint" in text
     assert "Traceback" not in text
+
+
+def test_keep_best_reads_the_stages_own_metrics_file(tmp_path):
+    """DVCLive in another directory (ck.live("logs"), declared in dvc.yaml's
+    metrics): keep_best looked only in dvclive/metrics.json, so it found no
+    metric and pruned nothing (found by a sweep). The stage's metrics
+    outputs are read first."""
+    project = template_project(tmp_path, steps=15)
+    train, yaml = project / "train.py", project / "dvc.yaml"
+    train.write_text(train.read_text().replace("live = ck.live()", 'live = ck.live("logs")'))
+    yaml.write_text(yaml.read_text().replace("dvclive/", "logs/"))
+    run(["git", "commit", "-qam", "DVCLive in logs/"], project)
+    said = run(["dvc", "exp", "run", "-n", "d", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/loss:min"})
+    text = said.stdout + said.stderr
+    assert "none of the" not in text, text
+    rows = dvc_dali.rows("d", repo=project, metrics_file="logs/metrics.json")
+    best = dvc_dali.best_row(rows, "train/loss:min")
+    assert best is not None and len(rows) <= 2, rows
+    assert {r["name"] for r in rows} == {"d-step15", best["name"]}
