@@ -246,6 +246,15 @@ class Checkpointer:
                 "a changed parameter (a new run from step 0) from more steps (train further), "
                 "and would record rows for training it did not do.")
 
+    def _named_steps_param(self, message: str) -> str:
+        """The stage's param that is the step count (the one equal to
+        total_steps), where the script's params= left it out."""
+        start = getattr(self._run, "start", None)
+        params = start.params if start is not None else {}
+        names = [k for k, v in params.items()
+                 if type(v) is int and v == self.total_steps]  # noqa: E721 - not a bool
+        return message.replace("<steps param>", names[0]) if len(names) == 1 else message
+
     def _resume_from(self, snapshot: store.Snapshot | None
                      ) -> restorable.SavedCheckpoint | None:
         """What to restore from the checkpoint read (see :mod:`dvc_dali.training.resume`):
@@ -260,7 +269,7 @@ class Checkpointer:
                           manifest=str(snapshot.path / store.MANIFEST))
         if decision.action == NOTHING:
             if self._ctx.mode == "record":  # each rerun would add an experiment, training nothing
-                raise UnchangedCheckpointError(decision.message + ".")
+                raise UnchangedCheckpointError(self._named_steps_param(decision.message) + ".")
             decision = ResumeDecision(RESUME)  # a plain script: its loop has no step left
         if decision.action != RESUME and decision.message:
             logger.info(decision.message)
