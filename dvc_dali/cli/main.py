@@ -146,7 +146,8 @@ def group_runs(rows: list[Row]) -> list[list[Row]]:
     runs: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
-    groups = [sorted(mine, key=_in_step_order(mine)) for mine in runs.values()]
+    groups = [sorted(part, key=_in_step_order(part))
+              for mine in runs.values() for part in _lineages(mine)]
     parents = {r["parent"] for r in rows}
     for mine in groups:
         newest = newest_row(mine, parents)
@@ -154,6 +155,31 @@ def group_runs(rows: list[Row]) -> list[list[Row]]:
             row["latest"] = row is newest
     groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or ""))
     return groups
+
+
+def _lineages(rows: list[Row]) -> list[list[Row]]:
+    """A run's rows per lineage: a run started again from step 0 under the
+    same name (`dvc exp run -f -n NAME`) is a run of its own, not drawn as if
+    it went on from the first. A row whose parent is gone (`dvc exp remove`
+    of a middle row) stays with the rest."""
+    by_sha = {r["sha"]: r for r in rows}
+    parts: dict[str | None, list[Row]] = {}
+    for r in rows:
+        node, seen = r, set()
+        while node["parent"] in by_sha and node["sha"] not in seen:
+            seen.add(node["sha"])
+            node = by_sha[node["parent"]]
+        root = node["sha"] if node["parent"] is None else None  # None: a row removed above
+        parts.setdefault(root, []).append(r)
+    cut = parts.pop(None, [])
+    if cut:  # rows cut from their lineage: after the lineage that ends before them
+        start = min(r["time"] for r in cut)
+        before = [k for k, part in parts.items() if max(r["time"] for r in part) <= start]
+        if before:
+            parts[max(before, key=lambda k: max(r["time"] for r in parts[k]))] += cut
+        else:
+            parts[None] = cut
+    return list(parts.values())
 
 
 def draw_tree(rows: list[Row]) -> list[str]:

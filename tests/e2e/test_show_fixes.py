@@ -173,3 +173,18 @@ def test_load_reads_a_row_recorded_before_the_dvc_remote_was_added(tmp_path):
             "print(s.step, s.arrays['w'].tolist())")
     out = run([sys.executable, "-c", read], clone, check=False)
     assert out.returncode == 0 and out.stdout == "2 [2.0, 2.0]\n", out.stderr
+
+
+def test_a_name_reused_for_a_new_run_from_step_0_is_shown_as_a_run_of_its_own(tmp_path):
+    """`dvc exp run -f -n n` with other params after n finished: a new run from
+    step 0 whose rows were drawn in n's list after n-step4, as if they went
+    on from it (found by a sweep)."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path, steps=4)
+    run(["dvc", "exp", "run", "-n", "n", "-S", "train.checkpoint_every=2"], project)
+    again = run(["dvc", "exp", "run", "-f", "-n", "n", "-S", "train.lr=0.07"], project)
+    assert "starting a new run from step 0" in again.stdout + again.stderr
+    shown = run(["dvc-dali", "show", "n"], project).stdout
+    headers = [line for line in shown.splitlines() if line.startswith("n  (baseline")]
+    assert len(headers) == 2 and all("2 checkpoints" in h for h in headers), shown

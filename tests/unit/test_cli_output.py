@@ -46,13 +46,27 @@ def test_same_name_on_two_baselines_is_two_runs():
 def test_tree_draws_steps_in_order_and_a_branch():
     rows = chain("a", [10, 20, 30], [1, 2, 3])
     rows.append(row("a", 40, 3, sha="f" * 40, parent=rows[1]["sha"]))  # resumed from step 20
-    rows.append(row("a", 5, 3, sha="e" * 40))  # a second root, equal time
     lines = draw_tree(group_runs(rows)[0])
     steps = [line.split("step")[1].split()[0] for line in lines]
-    assert steps == ["5", "10", "20", "40", "30"]  # the branch, then the chain goes on
+    assert steps == ["10", "20", "40", "30"]  # the branch, then the chain goes on
     # the branch's only row is its last (└─); the run's last row too
-    assert lines[3].startswith("│ └─ step") and lines[3].endswith("← latest")
-    assert [line[:2] for line in lines] == ["├─", "├─", "├─", "│ ", "└─"]
+    assert lines[2].startswith("│ └─ step") and lines[2].endswith("← latest")
+    assert [line[:2] for line in lines] == ["├─", "├─", "│ ", "└─"]
+
+
+def test_a_run_started_again_from_step_0_under_its_name_is_a_run_of_its_own():
+    """`dvc exp run -f -n n` after n's rows: the new rows (no parent) were drawn
+    in n's list after its last row, as if they went on from it (found by a
+    sweep). A row whose parent was removed stays with its run."""
+    first = chain("n", [2, 4, 6], [1, 2, 3])
+    again = [dict(r, sha=r["sha"].replace("0", "9"), time=r["time"] + 10,
+                  parent=r["parent"] and r["parent"].replace("0", "9")) for r in first]
+    groups = group_runs(first + again)
+    assert [[r["time"] for r in g] for g in groups] == [[11, 12, 13], [1, 2, 3]]
+    cut = [r for r in first if r["step"] != 2]  # n-step2 removed: n-step4's parent is gone
+    assert [[r["step"] for r in g] for g in group_runs(cut + again)] == [[2, 4, 6], [4, 6]]
+    middle = [r for r in first if r["step"] != 4]  # n-step4 removed: n-step6 stays in n
+    assert [[r["step"] for r in g] for g in group_runs(middle + again)] == [[2, 4, 6], [2, 6]]
 
 
 def test_tree_ends_each_level_with_a_corner():
