@@ -37,6 +37,11 @@ def _snapshot(root: Path, path: str, row: str | None, tmp: Path
         return store.read_snapshot(root / path), {}
     from ..reading.loading import _resolve, revision_fs
 
+    try:
+        row.encode()
+    except UnicodeEncodeError:  # bytes no name has (the codec's error was said instead)
+        raise DvcDaliError(f"no row named {row!r}: row names are UTF-8 text. `dvc-dali show` "
+                           "lists the rows.") from None
     sha, found, where = _resolve(row, str(root))
     try:
         fs, in_tree = revision_fs(where, sha, path)
