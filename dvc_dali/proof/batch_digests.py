@@ -104,6 +104,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from ..core import plain_file
 from ..core.errors import BatchMismatchError
 from ..core.log import logger
 from ..core.process_state import STATE
@@ -596,20 +597,16 @@ class _Lines:
         self.problem = ""
 
     def __iter__(self) -> Iterator[bytes]:
-        try:  # a FIFO does not block the open; a link is not followed
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            opened = plain_file.open_regular(self.path)
         except FileNotFoundError:
             self.problem = MISSING
             return
-        except OSError as exc:
-            self.problem = ("is a symbolic link (not read)" if os.path.islink(self.path) else
-                            f"cannot be read ({exc.strerror or exc})")
+        except plain_file.Unreadable as exc:
+            self.problem = (f"is {exc.why} (not read)" if exc.why in (
+                plain_file.LINK, plain_file.NOT_REGULAR) else f"cannot be read ({exc.why})")
             return
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            self.problem = "is not a regular file (not read)"
-            return
-        with open(fd, "rb") as f:
+        with opened as f:
             yield from self._read(f)
 
     def _read(self, f: Any) -> Iterator[bytes]:

@@ -27,11 +27,10 @@ import json
 import os
 import shlex
 import shutil
-import stat
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core import atomic_file
+from ..core import atomic_file, plain_file
 from ..core.log import logger
 from .commit import sweep_leftovers
 
@@ -115,16 +114,12 @@ def read(root: str, lock_rel: str, stage_name: str) -> Optional[Note]:
     path = note_path(root, lock_rel, stage_name)
     where = os.path.relpath(path, root)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        opened = plain_file.open_regular(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        link = os.path.islink(path)
-        return Note(where, problem="a symbolic link" if link else exc.strerror or str(exc))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return Note(where, problem="not a regular file")
-    with os.fdopen(fd, "rb") as fobj:
+    except plain_file.Unreadable as exc:
+        return Note(where, problem=exc.why)
+    with opened as fobj:
         try:
             data = fobj.read(_MAX_BYTES + 1)
         except OSError as exc:
