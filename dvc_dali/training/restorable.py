@@ -312,11 +312,13 @@ class RandomGenerators:
 
 
 def _say_companion(step: int, companion: Path, problem: str,
-                   found: dict[str, list[list[str]]]) -> None:
+                   found: dict[str, list[list[str]]], unfinished: bool = False) -> None:
     """What a resume says of the companion file of the checkpoint at ``step``
     when not all of it could be read. The file is made (empty) right after
     its save: missing, the digests of whatever batches followed were lost;
-    damaged, the batches past the digests read from it are not compared."""
+    damaged, the batches past the digests read from it are not compared;
+    empty after a checkpoint short of its run's total_steps (``unfinished``:
+    a kill, not the run's end), nothing is compared."""
     if problem == batch_digests.MISSING:
         if not found:
             logger.info("no digests of the batches after the checkpoint at step %d were found "
@@ -327,6 +329,10 @@ def _say_companion(step: int, companion: Path, problem: str,
         logger.warning("the digests of the batches after the checkpoint at step %d: %s %s "
                        "(digests read: %s), so the batches past those are not verified",
                        step, companion, problem, read)
+    elif not any(found.values()) and unfinished:  # killed: it compares nothing, said
+        logger.info("no digest of a batch after the checkpoint at step %d is recorded in %s "
+                    "(no batch followed it, or a kill came before the first one's digest was "
+                    "written): no batch is compared", step, companion)
 
 
 @dataclass(eq=False)
@@ -370,8 +376,10 @@ class BatchProof:
         if foreign and not problem:  # a companion file naming streams the checkpoint lacks
             problem = (f"names {', '.join(map(repr, foreign))}, which the checkpoint does not "
                        "hold")
+        total = (manifest.get("run") or {}).get("total_steps")
         _say_companion(saved.snapshot.step, self.recorder.directory / f"{log_id}.jsonl",
-                       problem, {n: b for n, b in found.items() if n not in foreign})
+                       problem, {n: b for n, b in found.items() if n not in foreign},
+                       type(total) is int and saved.snapshot.step < total)  # noqa: E721
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
                              str(saved.manifest_path))
 

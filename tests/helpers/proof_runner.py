@@ -12,6 +12,7 @@ PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed on dvc-dali's
 digest thread (counted from 1) raises, as a failing digest would there.
 PROOF_GROUPED=1: the pipelines' batches are recorded in groups, as a GPU
 pipeline's are (batch_digests.GROUP_ON_CPU), however slowly they come.
+PROOF_TOTAL_STEPS=N: the Checkpointer's total_steps (as under dvc exp run).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def main() -> None:
 
         batch_digests.GROUP_ON_CPU, batch_digests.GROUP_WINDOW_S = True, 3600.0
 
-    ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh)
+    total = os.environ.get("PROOF_TOTAL_STEPS")  # the run's length, as under dvc exp run
+    ck = dvc_dali.Checkpointer(args.ckpt, resume=not args.fresh,
+                               total_steps=int(total) if total else None)
     steps = (dynamic_steps(ck, args.data) if args.kind == "dynamic"
              else pipeline_steps(ck, args.kind, args.data))
     results = {}

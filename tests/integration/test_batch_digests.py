@@ -41,6 +41,22 @@ def test_a_rewritten_file_the_next_batches_read_is_refused_before_its_step(tmp_p
                          **off)
 
 
+def test_a_resume_with_no_digest_recorded_after_its_checkpoint_says_so(tmp_path, images):
+    """Killed right after its save, before any later batch's digest was
+    written (a kill can come before the digest thread writes): the resume
+    compared nothing and said nothing, as if verified (found under load)."""
+    ckpt = tmp_path / "ckpt"
+    run = {"PROOF_TOTAL_STEPS": "4"}  # unfinished at step 2: a kill, not the run's end
+    proc = proof_run("rotate", images, ckpt, tmp_path / "first.npz", 4, save_at=[2],
+                     kill_after=2, **run)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 4, **run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no digest of a batch after the checkpoint at step 2 is recorded in " in proc.stderr
+    assert "no batch is compared" in proc.stderr and "are those the run it resumes produced" \
+        not in proc.stderr, proc.stderr
+
+
 def test_a_resume_on_purpose_on_changed_data_leaves_the_checkpoints_segment_alone(
         tmp_path, images):
     """DVC_DALI_INEXACT=1 on rewritten data, past the digests recorded: the
