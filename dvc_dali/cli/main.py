@@ -179,7 +179,12 @@ def _lineages(rows: list[Row]) -> list[list[Row]]:
             parts[max(before, key=lambda k: max(r["time"] for r in parts[k]))] += cut
         else:
             parts[None] = cut
-    return list(parts.values())
+    chains = [part for part in parts.values() if len(part) > 1]
+    if len(chains) < 2:  # one lineage, or rows without one (a list by step): one run
+        return [rows]
+    loose = [r for part in parts.values() if len(part) == 1 for r in part]
+    min(chains, key=lambda part: min(r["time"] for r in part)).extend(loose)
+    return chains
 
 
 def draw_tree(rows: list[Row]) -> list[str]:

@@ -67,6 +67,10 @@ def test_a_run_started_again_from_step_0_under_its_name_is_a_run_of_its_own():
     assert [[r["step"] for r in g] for g in group_runs(cut + again)] == [[2, 4, 6], [4, 6]]
     middle = [r for r in first if r["step"] != 4]  # n-step4 removed: n-step6 stays in n
     assert [[r["step"] for r in g] for g in group_runs(middle + again)] == [[2, 4, 6], [2, 6]]
+    # rows without lineage (no parents), or one row beside a lineage: one run, as before
+    loose = [row("d", s, 5, sha=f"{s}".ljust(40, "d")) for s in (2, 10, 9, 1)]
+    assert [[r["step"] for r in g] for g in group_runs(loose)] == [[1, 2, 9, 10]]
+    assert [len(g) for g in group_runs(first + [row("n", 8, 5, sha="e" * 40)])] == [4]
 
 
 def test_tree_ends_each_level_with_a_corner():
