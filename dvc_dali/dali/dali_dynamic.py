@@ -77,10 +77,9 @@ def on_readers(ckpt: Any, hook: Callable[[str, Any], None], name: str) -> None:
         except (KeyError, RuntimeError) as exc:
             saved = sorted(ckpt._states) if ckpt.is_loaded else []  # noqa: SLF001
             held = f" (the checkpoint holds {saved})" if saved else ""
-            raise ConfigError(
-                f"dynamic-mode checkpoint {name!r}: {str(exc).strip(chr(34)).rstrip('.')}{held}. "
-                "Register "
-                "each reader and RNG once, under the name it was saved with.") from None
+            said = str(exc).strip('"').rstrip(".")
+            raise ConfigError(f"dynamic-mode checkpoint {name!r}: {said}{held}. Register each "
+                              "reader and RNG once, under the name it was saved with.") from None
         if callable(getattr(op, "next_epoch", None)):
             hook(key, op)
         return key
