@@ -36,13 +36,20 @@ def serialize(ckpt: Any, name: str) -> str:
     try:
         ckpt.collect()
     except RuntimeError as exc:  # e.g. a resumed state nothing was registered for
-        said = str(exc).rstrip(".")
         advice = (" Register each reader and RNG under the name it was saved with, right "
                   "after ck.dynamic() and before the loop, as the run that saved it did (its "
                   "batches are not those of a resume otherwise)."
-                  if "no corresponding registered ops" in said else "")
-        raise ConfigError(f"dynamic-mode checkpoint {name!r}: {said}.{advice}") from None
+                  if "no corresponding registered ops" in str(exc) else "")
+        raise _refusal(name, exc, "", advice) from None
     return ckpt.serialize()
+
+
+def _refusal(name: str, exc: Exception, held: str, advice: str) -> ConfigError:
+    """DALI's refusal of a registration or a collection, in one line: its
+    own words (a KeyError's without their quotes), what the checkpoint holds
+    and what to do."""
+    said = str(exc).strip('"').rstrip(".")
+    return ConfigError(f"dynamic-mode checkpoint {name!r}: {said}{held}.{advice}")
 
 
 def take_default_rng(ckpt: Any) -> None:
@@ -76,10 +83,9 @@ def on_readers(ckpt: Any, hook: Callable[[str, Any], None], name: str) -> None:
             key = register(op, key)
         except (KeyError, RuntimeError) as exc:
             saved = sorted(ckpt._states) if ckpt.is_loaded else []  # noqa: SLF001
-            held = f" (the checkpoint holds {saved})" if saved else ""
-            said = str(exc).strip('"').rstrip(".")
-            raise ConfigError(f"dynamic-mode checkpoint {name!r}: {said}{held}. Register each "
-                              "reader and RNG once, under the name it was saved with.") from None
+            raise _refusal(name, exc, f" (the checkpoint holds {saved})" if saved else "",
+                           " Register each reader and RNG once, under the name it was saved "
+                           "with.") from None
         if callable(getattr(op, "next_epoch", None)):
             hook(key, op)
         return key
