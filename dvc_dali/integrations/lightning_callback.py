@@ -85,12 +85,14 @@ class DaliLoader:
 
 
 def _plain(value: Any, where: str, depth: int = 0) -> Any:
-    """Lightning's checkpoint with dict subclasses (AttributeDict) as plain
-    dicts; arrays.flatten then refuses, naming where, what it cannot save."""
+    """Lightning's checkpoint with its hyperparameters' AttributeDicts as
+    plain dicts (Lightning takes them back so); arrays.flatten then refuses,
+    naming where, what it cannot save: any other dict subclass, such as a
+    callback's defaultdict, which would come back without its default."""
     if depth > _MAX_DEPTH:
         raise ConfigError(f"the Lightning checkpoint at {where!r} is nested deeper than "
                           f"{_MAX_DEPTH} levels")
-    if isinstance(value, dict):
+    if type(value) in (dict, OrderedDict) or type(value).__name__ == "AttributeDict":
         items = ((k, _plain(v, f"{where}/{k}", depth + 1)) for k, v in value.items())
         return OrderedDict(items) if type(value) is OrderedDict else dict(items)
     if type(value) in (list, tuple):

@@ -53,6 +53,31 @@ def test_an_unrepresentable_value_is_refused_naming_it(data_dir, tmp_path):
         cb.fit(_trainer(cb, 2), Tiny(extra={1, 2}), it)
 
 
+class _Counts(pl.Callback):
+    """A callback whose state is a defaultdict, as counters often are."""
+
+    def __init__(self) -> None:
+        from collections import defaultdict
+
+        self.counts = defaultdict(int)
+
+    def state_dict(self):
+        return {"counts": self.counts}
+
+
+def test_a_callbacks_dict_subclass_is_refused_naming_it_not_saved_as_a_dict(data_dir,
+                                                                            tmp_path):
+    # found by a sweep: saved as a plain dict, so the resumed fit's counts[...] += 1
+    # failed with a KeyError (or, with .get(), counted otherwise) where the run did not
+    ck, it = _setup(tmp_path / "a", data_dir)
+    cb = ck.lightning_callback(2)
+    trainer = pl.Trainer(max_steps=2, callbacks=[cb, _Counts()], logger=False,
+                         accelerator="cpu", enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(dvc_dali.ConfigError, match="_Counts/counts': a defaultdict"):
+        cb.fit(trainer, Tiny(), it)
+
+
 def _fitted_then_resumed(path, data):
     """A run fitted 2 steps, then its Checkpointer built again (resumed)."""
     ck, it = _setup(path, data)
