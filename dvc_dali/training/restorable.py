@@ -365,6 +365,12 @@ class BatchProof:
             logger.warning("the batches after the checkpoint at step %d are not compared with "
                            "those the run it resumes produced (DVC_DALI_VERIFY_BATCHES=0): this "
                            "resume is not verified", saved.snapshot.step)
+        if log_id is None and self.recorder.on and (manifest.get(PIPELINES)
+                                                    or manifest.get("dynamic")):
+            logger.info("the checkpoint at step %d holds no batch digests (saved with "
+                        "DVC_DALI_VERIFY_BATCHES=0, or by a dvc-dali before them): the batches "
+                        "after it are not compared; this resume is not verified",
+                        saved.snapshot.step)
         if log_id is None or not self.recorder.on:
             return
         log = batch_digests.read_log(self.recorder.directory, log_id)

@@ -279,6 +279,23 @@ def test_verification_can_be_limited_or_turned_off(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
+def test_a_checkpoint_without_digests_resumes_saying_it_is_not_verified(tmp_path):
+    """Found by a sweep: a checkpoint of a dvc-dali before batch digests (or
+    saved with them off) resumed without a word: nothing told "proven"
+    from "not checked"."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 6, save_at=[2],
+                     kill_after=4, DVC_DALI_VERIFY_BATCHES="0")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert batch_digests.log_id_of(manifest(ckpt)) is None
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "r.npz", 6)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("the checkpoint at step 2 holds no batch digests (saved with "
+            "DVC_DALI_VERIFY_BATCHES=0, or by a dvc-dali before them): the batches after it are "
+            "not compared; this resume is not verified") in proc.stderr, proc.stderr
+    assert "are those the run it resumes produced" not in proc.stderr
+
+
 def test_a_manifest_with_forged_digests_names_the_field(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 4, save_at=[2, 4])
