@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from ..core.errors import CheckpointCorruptError, ConfigError
+from ..core.log import logger
 
 _OBSERVED = "_dvc_dali_observed"  # marks a reader's next_epoch already wrapped
 DEFAULT_RNG = "dvc_dali.default_rng"  # the key of the thread's default RNG
@@ -33,6 +34,11 @@ def checkpoint(name: str, saved: str | None = None, where: str = "") -> Any:
 
 def serialize(ckpt: Any, name: str) -> str:
     """The registered objects' states now, as the text to save."""
+    if not ckpt._ops:  # noqa: SLF001 - DALI's own refusal is a traceback at serialize()
+        raise ConfigError(f"dynamic-mode checkpoint {name!r}: nothing is registered on it, so "
+                          "no reader's position would be saved. Register each reader and RNG "
+                          "on ck.dynamic() (register(reader, \"reader\")) before the first "
+                          "checkpoint.")
     try:
         ckpt.collect()
     except RuntimeError as exc:  # e.g. a resumed state nothing was registered for
@@ -52,18 +58,27 @@ def _refusal(name: str, exc: Exception, held: str, advice: str) -> ConfigError:
     return ConfigError(f"dynamic-mode checkpoint {name!r}: {said}{held}.{advice}")
 
 
-def take_default_rng(ckpt: Any) -> None:
+def take_default_rng(ckpt: Any, name: str) -> None:
     """Register this thread's default RNG (what random operators without
     ``rng=`` draw from; ``ndd.random.set_seed`` seeds it) as
     :data:`DEFAULT_RNG`, which gives it its saved state back: unregistered, a
     resume drew the seed's numbers again. Not when the script registered it
-    itself, nor for a resumed state saved without it (an older checkpoint)."""
+    itself; a resumed state saved without it (by an earlier dvc-dali, or
+    with ``rng=False``) cannot take it (DALI refuses a name a loaded state
+    lacks), and the resume says its random numbers are not the run's."""
     from nvidia.dali.experimental.dynamic import random as dyn_random
 
     rng = dyn_random.get_default_rng()
     if id(rng) in ckpt._reverse:  # noqa: SLF001 - registered already, under any name
         return
     if ckpt.is_loaded and DEFAULT_RNG not in ckpt._states:  # noqa: SLF001
+        logger.warning(
+            "dynamic-mode checkpoint %r holds no state of the default RNG (saved by an earlier "
+            "dvc-dali, or with rng=False): random operators without rng= draw from the seed "
+            "again, so their numbers after this resume are not those of the run it resumes "
+            "(the batch digests compare the readers' batches only). For an exact run start "
+            "over with `dvc-dali reset`, or give each random operator an rng= registered on "
+            "ck.dynamic().", name)
         return
     ckpt.register(rng, DEFAULT_RNG)
 

@@ -16,6 +16,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..core.errors import ConfigError
+
+# Set on a pipeline while `create` builds an iterator over it, and after.
+_OWN = "_dvc_dali_own_iterator"
+
+
+def refuse_other_iterators(pipe: Any, name: str) -> None:
+    """A DALI iterator built over ``pipe`` other than by :func:`create`
+    (``DALIGenericIterator(pipe, ...)`` as DALI's tutorials do) is refused
+    at its construction: it keeps the epoch's counters (``last_batch_policy``,
+    the epoch's end) that ``pipe.checkpoint()`` does not hold, so a resume
+    would hand out other batches while the pipeline's own digests match.
+    Every DALI iterator asks its pipelines for a state with its counters
+    (``_get_checkpoint(iterator_data=...)``) when it is made."""
+    original = pipe._get_checkpoint
+
+    def _get_checkpoint(iterator_data: str = "") -> Any:
+        if iterator_data and not getattr(pipe, _OWN, False):
+            raise ConfigError(
+                f"pipeline {name!r}: a DALI iterator was built over it directly; its epoch "
+                "counters would not be saved, so a resume would hand out other batches. Build "
+                f"it with ck.iterator(<the iterator class>, pipe, ...) instead.")
+        return original(iterator_data)
+
+    pipe._get_checkpoint = _get_checkpoint  # on this instance: DALI's class stays as it is
+
 
 def create(iterator_class: Any, pipes: Sequence[Any], args: Sequence[Any],
            kwargs: dict[str, Any], resumed: bool) -> Any:
@@ -25,6 +51,8 @@ def create(iterator_class: Any, pipes: Sequence[Any], args: Sequence[Any],
         # an epoch's last batch restores into an iterator that skips that
         # epoch's end.
         kwargs = {**kwargs, "prepare_first_batch": False}
+    for pipe in pipes:
+        setattr(pipe, _OWN, True)
     return iterator_class(list(pipes), *args, **kwargs)
 
 

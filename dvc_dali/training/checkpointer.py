@@ -375,7 +375,7 @@ class Checkpointer:
             self._past_resume_point = True
             for (section, _), source in self._sources.items():
                 if section == restorable.DYNAMIC:
-                    dali_dynamic.take_default_rng(source.checkpoint)
+                    dali_dynamic.take_default_rng(source.checkpoint, source.name)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -415,7 +415,9 @@ class Checkpointer:
             PipelineBuildError: DALI cannot build the pipeline (no files
                 found, a bad argument), naming the operator and the line.
             ConfigError: an integer argument (``batch_size``,
-                ``num_threads``, ``device_id``, ``seed``) that is not one.
+                ``num_threads``, ``device_id``, ``seed``) that is not one;
+                later, a DALI iterator built over the pipeline other than
+                by `iterator` (its epoch counters would not be saved).
 
         Warns:
             UnnamedOperatorWarning: a stateful operator without ``name=``.
@@ -423,6 +425,7 @@ class Checkpointer:
         pipe, description, contents = self._prepare(name, source, kwargs)
         self._register(restorable.DaliPipeline(name, pipe, description, contents))
         self._batches.watch(name, pipe, dali_state.keeps_outputs(pipe))
+        dali_iterators.refuse_other_iterators(pipe, name)
         dali_state.warn_unnamed(name, pipe)  # called from here: the warning points at the caller
         return pipe
 
@@ -535,7 +538,10 @@ class Checkpointer:
 
         When resuming, ``prepare_first_batch=False`` is passed: with DALI's
         default, a checkpoint taken after an epoch's last batch restores into
-        an iterator that skips the end of that epoch.
+        an iterator that skips the end of that epoch. An iterator built over
+        such a pipeline directly (``DALIGenericIterator(pipe, ...)``) is
+        refused when it is made (a ConfigError): its counters would not be
+        saved, and a resume would hand out other batches.
 
         Args:
             iterator_class: PyTorch's ``DALIGenericIterator`` or
@@ -589,7 +595,7 @@ class Checkpointer:
             dali_dynamic.on_readers(self._sources[key].checkpoint, _reader_digests(
                 self._batches, self._sources, self._dynamic_readers, name), name)
             if self._past_resume_point:  # else taken there, after the script's seeding
-                dali_dynamic.take_default_rng(self._sources[key].checkpoint)
+                dali_dynamic.take_default_rng(self._sources[key].checkpoint, name)
         return self._sources[key].checkpoint
 
     def keras_callback(self, every: int, live: Any = None,

@@ -5,7 +5,7 @@ process of its own; every batch and every end of epoch goes to OUT (.npz).
 
 CONFIG: {"framework": "torch"|"jax"|"dynamic", "iterator": "generic"|"classification",
 "policy": "FILL"|"DROP"|"PARTIAL", "auto_reset": bool, "reader_name": bool,
-"prefetch": int, "plain": bool (restore as plain DALI would: no package fix),
+"prefetch": int, "plain": bool (the iterator built as plain DALI would: refused),
 "default_rng": bool (dynamic: random ops draw from the seeded default RNG)}
 """
 
@@ -45,7 +45,7 @@ def framework_iterator(cfg, ck, data):
         args = (Classification, [pipe])
     else:
         args = (Generic, [pipe], ["data", "label", "angle"])
-    if cfg.get("plain"):  # what a user of DALI alone writes: no restore fix
+    if cfg.get("plain"):  # what a user of DALI alone writes: refused
         return args[0](*args[1:], **options)
     return ck.iterator(*args, **options)
 

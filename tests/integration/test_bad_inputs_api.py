@@ -96,6 +96,22 @@ CASES = {
                             "PipelineBuildError: DALI could not build pipeline 't': The pipeline "
                             "is invalid because it contains operators with non-unique names "
                             "('x'): give each its own."),
+    # found by a sweep: an iterator over a ck.pipeline() made as DALI's tutorials do
+    # (not ck.iterator) kept its epoch counters unsaved; a resume handed out other
+    # batches (a padded duplicate) while the pipeline's digests matched
+    "iterator_direct": ("from pathlib import Path; Path('d').mkdir(); np.save('d/a.npy', "
+                        "np.zeros(2))\nfrom nvidia.dali import fn, pipeline_def\n"
+                        "from nvidia.dali.plugin.pytorch import DALIGenericIterator\n"
+                        "p = C('ck').pipeline('t', pipeline_def(lambda: fn.readers.numpy("
+                        "file_root='d', name='r')), batch_size=1, num_threads=1, "
+                        "device_id=None)\nDALIGenericIterator(p, ['x'], reader_name='r')",
+                        "ConfigError: pipeline 't': a DALI iterator was built over it "
+                        "directly; its epoch counters would not be saved, so a resume would "
+                        "hand out other batches. Build it with ck.iterator("),
+    # found by a sweep: DALI's "Cannot serialize an empty checkpoint" traceback
+    "dynamic_empty": ("c = C('ck', rng=False)\nc.dynamic()\nc.save(1)",
+                      "ConfigError: dynamic-mode checkpoint 'dynamic': nothing is registered "
+                      "on it, so no reader's position would be saved."),
     "live_dir_int": ("C('ck').live(dir=5)", "ConfigError: live(dir=5): must be the DVCLive "),
     "live_resume": ("C('ck').live(resume=True)", "ConfigError: live(resume=True): dvc-dali sets "
                     "resume from the checkpoint"),

@@ -182,3 +182,40 @@ def test_checking_a_state_touches_no_generator():
     with pytest.raises(dvc_dali.CheckpointCorruptError, match="torch is not a state"):
         rng_state.check(saved, "manifest.json")
     assert _generator_states() == before
+
+
+def test_a_dynamic_checkpoint_without_the_default_rngs_state_says_so_at_the_resume(
+        tmp_path, monkeypatch, capsys):
+    """Found by a sweep: a dynamic-mode checkpoint an earlier dvc-dali saved
+    (without the thread's default RNG) resumed with random operators drawing
+    from the seed again, not bit-exact, and said nothing."""
+    ndd = pytest.importorskip("nvidia.dali.experimental.dynamic",
+                              reason="DALI without dynamic mode")
+    from dvc_dali.dali import dali_dynamic
+
+    with monkeypatch.context() as m:  # what an earlier dvc-dali saved: no default RNG
+        m.setattr(dali_dynamic, "take_default_rng", lambda ckpt, name: None)
+        ck = dvc_dali.Checkpointer(tmp_path / "ck")
+        ck.dynamic().register(ndd.random.RNG(seed=1), "mine")
+        assert ck.step == 0
+        ck.save(1)
+        ck.close()
+    capsys.readouterr()
+    ck = dvc_dali.Checkpointer(tmp_path / "ck")
+    ck.dynamic().register(ndd.random.RNG(seed=1), "mine")
+    assert ck.step == 1
+    said = capsys.readouterr().err
+    assert "dynamic-mode checkpoint 'dynamic' holds no state of the default RNG" in said, said
+    assert "not those of the run it resumes" in said
+    ck.save(2)  # the resume goes on; its next checkpoint is saved as the first was
+    ck.close()
+    ck = dvc_dali.Checkpointer(tmp_path / "ck2")  # a fresh one takes it, and says nothing
+    ck.dynamic()
+    assert ck.step == 0
+    ck.save(1)
+    ck.close()
+    ck = dvc_dali.Checkpointer(tmp_path / "ck2")
+    ck.dynamic()
+    assert ck.step == 1
+    assert "default RNG" not in capsys.readouterr().err
+    ck.close()
