@@ -33,7 +33,27 @@ def _torch_leaf(value) -> tuple[np.ndarray, dict[str, Any]]:
     except TypeError:  # bfloat16, float8: no NumPy dtype; keep the bits
         view = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}[tensor.element_size()]
         host = tensor.view(getattr(__import__("torch"), view)).numpy()
-    return host, {"kind": "torch", "torch_dtype": dtype, "torch_view": view, "device": device}
+    info = {"kind": "torch", "torch_dtype": dtype, "torch_view": view, "device": device}
+    return host, {**info, **_trained(value)}
+
+
+def _trained(value: Any) -> dict[str, Any]:
+    """How a tensor is trained, kept so it comes back trained: a learned
+    value kept in ``arrays`` (``nn.Parameter``, ``requires_grad``) came back
+    a plain tensor, which a resumed optimizer never updates (its grad stays
+    None). Nothing for a state_dict's tensors: they are detached."""
+    if type(value).__name__ == "Parameter":
+        return {"parameter": True, "requires_grad": bool(value.requires_grad)}
+    return {"requires_grad": True} if value.requires_grad else {}
+
+
+def _refuse_torch(path: str, value: Any) -> None:
+    """A quantized tensor's bytes are its integers; its scale and zero point
+    would be lost (it came back a tensor no torch call reads)."""
+    if getattr(value, "is_quantized", False):
+        raise TypeError(f"array {path!r}: a quantized tensor ({value.dtype}) would come back "
+                        "without its scale and zero point; save value.dequantize(), or "
+                        "value.int_repr() with value.q_scale() and value.q_zero_point()")
 
 
 def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]] | None:
@@ -44,6 +64,7 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
     if module.startswith("cupy"):
         return (value.get() if read else value), {"kind": "cupy", "device": "gpu"}
     if module.startswith("torch") and hasattr(value, "detach"):
+        _refuse_torch(path, value)
         return _torch_leaf(value) if read else (value, {})
     if isinstance(value, (np.ndarray, np.generic)):
         _refuse_array_subclass(path, value)
@@ -54,13 +75,56 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
         if host.dtype.itemsize == 0:  # the reader refuses these: no way to check a size
             raise TypeError(f"array {path!r}: dtype {host.dtype} has zero-size elements")
         _refuse_expanding_view(path, host)
-        info = {"kind": "numpy", "device": "cpu"}
+        host, info = _extension(host)
+        info.update(kind="numpy", device="cpu")
         if isinstance(value, np.generic):  # np.float64(1.5) comes back a scalar, not 0-d
             info["scalar"] = True
         return host, info
     if module.startswith("jax") and hasattr(value, "__array__"):
-        return (np.asarray(value) if read else value), {"kind": "jax", "device": "cpu"}
+        if not read:
+            return value, {}
+        host, info = _extension(np.asarray(value))
+        return host, {**info, "kind": "jax", "device": "cpu"}
     return None
+
+
+def _extension(host: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """An array of an ml_dtypes dtype (bfloat16, float8, int4: JAX's and
+    Keras's low precisions) as its bits and the dtype's name: NumPy's dtype
+    string for them ('<V2', '<f1') rebuilds no such dtype (they came back as
+    raw bytes, or could not be read at all)."""
+    if not _of_ml_dtypes(host.dtype):
+        return host, {}
+    return host.view(f"u{host.dtype.itemsize}"), {"ml_dtype": host.dtype.name}
+
+
+def _of_ml_dtypes(dtype: np.dtype) -> bool:
+    return dtype.fields is None and dtype.type.__module__.split(".")[0] == "ml_dtypes"
+
+
+def _ml_dtype(info: dict[str, Any], host: np.ndarray) -> np.dtype | None:
+    """The ml_dtypes dtype a leaf was saved as (``_extension``), or None;
+    ValueError unless the saved bits fit it."""
+    name = info.get("ml_dtype")
+    if name is None:
+        return None
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"ml_dtype {str(name)[:40]!r} is not a dtype name")
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError(f"the array was saved as ml_dtypes.{name}; install ml_dtypes (pip "
+                         "install ml-dtypes) to read it") from None
+    found = getattr(ml_dtypes, name, None)
+    dtype = np.dtype(found) if isinstance(found, type) and issubclass(found, np.generic) \
+        else None
+    if dtype is None or not _of_ml_dtypes(dtype):
+        raise ValueError(f"ml_dtype {name!r} is not a dtype of the installed ml_dtypes "
+                         f"{getattr(ml_dtypes, '__version__', '')} (a newer one may have it)")
+    if host.dtype != np.dtype(f"u{dtype.itemsize}"):
+        raise ValueError(f"ml_dtype {name} has {dtype.itemsize}-byte elements, the saved "
+                         f"array is {host.dtype}")
+    return dtype
 
 
 def _refuse_array_subclass(path: str, value: Any) -> None:
@@ -181,7 +245,10 @@ def _restore_leaf(host: np.ndarray, info: dict[str, Any], cupy) -> Any:
         tensor = torch.from_numpy(host if host.flags.writeable else host.copy())
         if view is not None:
             tensor = tensor.view(_torch_dtype(torch, info, host))
-        return tensor
+        return _as_trained(torch, tensor, info)
+    extension = _ml_dtype(info, host)
+    if extension is not None:
+        host = host.view(extension)
     if kind == "cupy" and cupy is not None:
         return cupy.asarray(host)
     if kind == "jax":
@@ -191,6 +258,17 @@ def _restore_leaf(host: np.ndarray, info: dict[str, Any], cupy) -> Any:
             raise ValueError(f"a scalar saved with shape {host.shape}")
         return host[()]
     return host
+
+
+def _as_trained(torch, tensor: Any, info: dict[str, Any]) -> Any:
+    """The tensor as an ``nn.Parameter`` and with ``requires_grad`` where it
+    was saved so (``_trained``)."""
+    grad = info.get("requires_grad", False)
+    if not isinstance(grad, bool) or not isinstance(info.get("parameter", False), bool):
+        raise ValueError("requires_grad and parameter must be true or false")
+    if info.get("parameter"):
+        return torch.nn.Parameter(tensor, requires_grad=grad)
+    return tensor.requires_grad_(True) if grad else tensor
 
 
 def restore_leaf(host: np.ndarray, info: Any, cupy=None) -> Any:
@@ -313,7 +391,10 @@ def snapshot(value: Any) -> Any:
     if module.startswith("cupy"):
         return value.copy()
     if module.startswith("torch") and hasattr(value, "detach"):
-        return value.detach().clone()
+        copy = value.detach().clone()  # a Parameter's flags kept for the save
+        if type(value).__name__ == "Parameter":
+            return type(value)(copy, requires_grad=value.requires_grad)
+        return copy.requires_grad_(True) if value.requires_grad else copy
     # only the containers a save keeps are rebuilt (an OrderedDict stays one);
     # any other subclass is handed on as it is, for the save to refuse by name
     if type(value) in (dict, OrderedDict):

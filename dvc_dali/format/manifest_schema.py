@@ -23,8 +23,13 @@ FORMAT = "dvc-dali-checkpoint"
 # 3: arrays smaller than PACK_BELOW share pack files (arrays/NNNNN.pack, an
 # array at its "offset"); 2: a member file has a "crc32" (what reads check),
 # and an "md5" too where DVC recorded it; 1: an "md5" only.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# 4: an array of an ml_dtypes dtype (bfloat16, float8, int4) is saved as its
+# bits with the dtype's name ("ml_dtype"); written only by a checkpoint that
+# holds one, so that a dvc-dali before it refuses that one (it would read the
+# bits as unsigned integers) and reads every other.
+FORMAT_VERSION = 4
+WRITTEN_VERSION = 3  # what a checkpoint without such an array is written as
+READABLE_VERSIONS = (1, 2, 3, 4)
 # Each file of a snapshot costs a create, an fsync and later an unlink (about
 # 0.2 ms of CPU each on ext4, more than writing 100 KB), and a model's state
 # is mostly small tensors (biases, norms, optimizer steps): those share a pack.
@@ -352,11 +357,15 @@ def _check_torch(c: _Checker, info: dict, field: str, dtype: np.dtype) -> None:
     the tensor they were (a bfloat16 without its view would be int16)."""
     kind = info.get("kind", "numpy")
     if kind != "torch":
-        for name in ("torch_dtype", "torch_view"):
+        for name in ("torch_dtype", "torch_view", "requires_grad", "parameter"):
             if name in info:
                 c.fail(key(field, name), f"is {_show(info[name])} on a {kind} array; only a "
                        "torch array has it")
+        _check_ml_dtype(c, info, field, dtype, kind)
         return
+    if "ml_dtype" in info:
+        c.fail(key(field, "ml_dtype"), f"is {_show(info['ml_dtype'])} on a torch array; "
+               "only a NumPy or JAX array has it")
     view, view_field = info.get("torch_view"), key(field, "torch_view")
     if view is not None and (not isinstance(view, str) or view not in TORCH_VIEWS):
         c.fail(view_field, f"is {_show(view)}, expected null or int8/int16/int32/int64")
@@ -377,6 +386,19 @@ def _check_torch(c: _Checker, info: dict, field: str, dtype: np.dtype) -> None:
         c.fail(key(field, "dtype"), f"is {dtype.str!r}, but a torch {name} tensor"
                + ("" if view is None else f" viewed as {view}") + f" is saved as NumPy "
                f"'{saved}' ({np.dtype(saved).name})")
+
+
+def _check_ml_dtype(c: _Checker, info: dict, field: str, dtype: np.dtype, kind: str) -> None:
+    """An ml_dtypes array's bits are saved as unsigned integers of its size."""
+    if "ml_dtype" not in info:
+        return
+    if kind not in ("numpy", "jax"):
+        c.fail(key(field, "ml_dtype"), f"is {_show(info['ml_dtype'])} on a {kind} array; "
+               "only a NumPy or JAX array has it")
+    c.text(info["ml_dtype"], key(field, "ml_dtype"), _NAME, "an ml_dtypes dtype name")
+    if dtype.kind != "u":
+        c.fail(key(field, "dtype"), f"is {dtype.str!r}, but an ml_dtypes array is saved as "
+               "its bits, unsigned integers of its size")
 
 
 def _check_arrays(c: _Checker, trees: Any, n_files: int) -> None:

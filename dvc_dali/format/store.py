@@ -547,7 +547,9 @@ def write_capture(root: Path, capture: Capture,
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir(parents=True)
         members = _write_members(tmp, capture.pipelines, leaves, capture.dynamic or {}, batch)
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step,
+        version = (FORMAT_VERSION if any("ml_dtype" in info for _, info in leaves)
+                   else manifest_schema.WRITTEN_VERSION)
+        manifest = {"format": FORMAT, "format_version": version, "step": step,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "versions": capture.versions,
                     **members, "arrays": trees, **json.loads(meta_text),

@@ -716,7 +716,8 @@ class Checkpointer:
         tree, never through pickle. Preserved exactly: NumPy arrays (dtype,
         shape, order of bytes) and NumPy scalars (``np.float64(1.5)`` comes
         back a scalar), torch tensors (dtype, bfloat16/float8 by their bits;
-        on the CPU), CuPy arrays (on the GPU where one is usable), JAX
+        ``nn.Parameter`` and ``requires_grad`` kept; on the CPU; a quantized
+        tensor is refused), CuPy arrays (on the GPU where one is usable), JAX
         arrays, ``dict`` (str and int keys, in order), ``OrderedDict``,
         ``list``, ``tuple``, and Python ``None``, ``bool``, ``int``,
         ``float`` (nan and inf included) and ``str``. A save is atomic: a

@@ -199,6 +199,23 @@ def test_newer_format_version(saved):
         dvc_dali.Checkpointer(saved)
 
 
+def test_format_4_only_where_an_ml_dtypes_array_needs_it(tmp_path):
+    """A dvc-dali before format 4 read an ml_dtypes array's bits as unsigned
+    integers: only a checkpoint holding one is written as 4, which it refuses
+    ("newer than this dvc-dali reads"); every other stays readable to it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for name, value, version in (("plain", np.ones(2, np.float32), 3),
+                                 ("bf16", np.ones(2, ml_dtypes.bfloat16), 4)):
+        ck = dvc_dali.Checkpointer(tmp_path / name, resume=False)
+        ck.save(1, arrays={"w": value})
+        ck.close()
+        latest = (tmp_path / name / "LATEST").read_text().split()[0]
+        manifest = json.loads((tmp_path / name / latest / "manifest.json").read_text())
+        assert manifest["format_version"] == version, name
+        back = dvc_dali.load(tmp_path / name).arrays["w"]
+        assert back.dtype == value.dtype and back.tobytes() == value.tobytes(), name
+
+
 def test_foreign_manifest(saved):
     edit_manifest(saved, lambda m: m.update(format="orbax"))
     with pytest.raises(dvc_dali.CheckpointFormatError, match="not a dvc-dali manifest"):

@@ -204,7 +204,7 @@ def test_paths_cannot_leave_the_snapshot():
 
 
 @pytest.mark.parametrize("version,error", [
-    (4, CheckpointFormatError), (0, CheckpointCorruptError), ("1", CheckpointCorruptError),
+    (5, CheckpointFormatError), (0, CheckpointCorruptError), ("1", CheckpointCorruptError),
     (True, CheckpointCorruptError), (1.0, CheckpointCorruptError),
     (None, CheckpointCorruptError)])
 def test_format_version(version, error):
