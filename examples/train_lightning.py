@@ -119,12 +119,13 @@ def main(argv=None) -> int:
 
 class _KillAt(pl.Callback):
     """DVC_DALI_EXAMPLE_KILL_AT_STEP: SIGKILL right after that step's checkpoint
-    (listed after dvc-dali's callback, so its hook runs after the save)."""
+    (taken once every batch-end hook of the step has run: here, as the next
+    batch starts)."""
 
     def __init__(self, step: int, cb) -> None:
         self.kill_step, self.cb = step, cb
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.cb.step == self.kill_step:
             import signal
 

@@ -45,12 +45,15 @@ def refuse_other_iterators(pipe: Any, name: str) -> None:
 
 def create(iterator_class: Any, pipes: Sequence[Any], args: Sequence[Any],
            kwargs: dict[str, Any], resumed: bool) -> Any:
-    """``iterator_class(pipes, *args, **kwargs)``, made safe to restore into."""
-    if resumed:
-        # With DALI's default prepare_first_batch=True, a checkpoint taken after
-        # an epoch's last batch restores into an iterator that skips that
-        # epoch's end.
-        kwargs = {**kwargs, "prepare_first_batch": False}
+    """``iterator_class(pipes, *args, **kwargs)``, made safe to restore into,
+    with ``prepare_first_batch=False`` whether ``resumed`` or not. With
+    DALI's default (True), a checkpoint taken after an epoch's last batch
+    restores into an iterator that skips that epoch's end; and in a fresh
+    run an iterator first used after a checkpoint (a validation's) has
+    pulled its first batch before it, so the batch digests after it were
+    counted one batch ahead of those a resume pulls: an exact resume was
+    refused as a mismatch. The batches are the same either way."""
+    kwargs = {**kwargs, "prepare_first_batch": False}
     for pipe in pipes:
         setattr(pipe, _OWN, True)
     return iterator_class(list(pipes), *args, **kwargs)

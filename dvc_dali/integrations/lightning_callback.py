@@ -31,6 +31,7 @@ from ..core.errors import ConfigError
 SCHEME = "dvc-dali:"
 KEY = "lightning"
 _MAX_DEPTH = 64
+_OURS = "_dvc_dali_checkpoint_after"  # marks the module hook this callback wrapped
 
 
 class DaliLoader:
@@ -184,6 +185,7 @@ class DaliCheckpoint(pl.Callback):
         # change nothing.
         self._saved_step = self.step = 0
         self._after_validation = False  # a due checkpoint waits for the validation after it
+        self._due = False  # a due checkpoint waits for the module's on_train_batch_end
         self._metrics: dict[str, float] = {}
         self.loaded = False  # the resumed checkpoint was read through our CheckpointIO
 
@@ -269,6 +271,7 @@ class DaliCheckpoint(pl.Callback):
                 f"{self._ck.path} holds step {self._ck.step}, and the DALI pipelines resume "
                 "there, but trainer.fit did not restore it: pass ckpt_path=cb.ckpt_path (or "
                 "use cb.fit(trainer, model, iterator)).")
+        self._after_module_hook(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -280,8 +283,32 @@ class DaliCheckpoint(pl.Callback):
         crossed = self.step // self._every != before // self._every
         due = self._ck.should_save(self.step, self._every) or crossed or self._after_validation
         self._after_validation = due and _validation_follows(trainer)
-        if due and not self._after_validation:
-            self._checkpoint(trainer)
+        self._due = due and not self._after_validation  # taken after the module's hook
+
+    def _after_module_hook(self, trainer: Any, pl_module: Any) -> None:
+        """The module's ``on_train_batch_end``, which Lightning calls after every
+        callback's, takes a due checkpoint when it returns: taken in this
+        callback's hook, the row held neither the later callbacks' nor the
+        module's updates of that batch (an EMA, a counter), which a resumed
+        fit never makes again. Set on the instance, for this fit only."""
+        hook = pl_module.on_train_batch_end
+        if getattr(hook, _OURS, False):
+            return
+
+        def on_train_batch_end(*args: Any, **kwargs: Any) -> Any:
+            result = hook(*args, **kwargs)
+            if self._due:
+                self._due = False
+                self._checkpoint(trainer)
+            return result
+
+        setattr(on_train_batch_end, _OURS, True)
+        pl_module.on_train_batch_end = on_train_batch_end
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Lightning hook: the module's own ``on_train_batch_end`` back."""
+        if getattr(pl_module.__dict__.get("on_train_batch_end"), _OURS, False):
+            del pl_module.__dict__["on_train_batch_end"]
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Lightning hook: the checkpoint of a step whose validation runs right
@@ -295,7 +322,7 @@ class DaliCheckpoint(pl.Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Lightning hook: checkpoints the run's last step."""
-        self._after_validation = False
+        self._after_validation = self._due = False
         if trainer.global_step != self._saved_step:  # the run's end is a row too
             self.step = trainer.global_step
             self._checkpoint(trainer)

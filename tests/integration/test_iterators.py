@@ -184,3 +184,62 @@ def test_torch_iterator_on_gpu_resumes_bit_exact(reference, data_dir, tmp_path, 
     ref_dir, ref = reference(cfg)
     ckpt = copy_checkpoint(ref_dir / f"ckpt-{point}", tmp_path / "ckpt")
     assert_same_from(ref, run_iter(cfg, data_dir, ckpt, tmp_path / "r.npz", TOTAL), point)
+
+
+VAL_SCRIPT = '''
+import os, signal, sys, dvc_dali
+from nvidia.dali import fn, pipeline_def
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+@pipeline_def
+def p(shuffle):
+    return fn.readers.numpy(file_root="data", random_shuffle=shuffle, name="reader"),
+ck = dvc_dali.Checkpointer("ck", total_steps=6)
+tp = ck.pipeline("train", p, batch_size=4, num_threads=1, device_id=None, seed=1, shuffle=True)
+vp = ck.pipeline("val", p, batch_size=4, num_threads=1, device_id=None, seed=2, shuffle=False)
+train = ck.iterator(DALIGenericIterator, tp, ["x"], reader_name="reader", auto_reset=True)
+val = ck.iterator(DALIGenericIterator, vp, ["x"], reader_name="reader", auto_reset=True,
+                  last_batch_policy=LastBatchPolicy.PARTIAL)
+for step in range(ck.step + 1, 7):
+    try:
+        batch = next(train)
+    except StopIteration:  # auto_reset: the next epoch
+        batch = next(train)
+    print(step, "train", batch[0]["x"][:, 0].tolist(), flush=True)
+    if step % 3 == 0:  # a validation every 3 steps, a checkpoint every 2
+        print(step, "val", [v[0]["x"][:, 0].tolist() for v in val], flush=True)
+    if step % 2 == 0:
+        ck.make_checkpoint(step)
+    if step == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+ck.close()
+'''
+
+
+def test_a_validation_iterator_first_used_after_a_checkpoint_resumes_exactly(tmp_path):
+    """Found by a sweep: a fresh run's validation iterator pulled its first
+    batch when it was made (DALI's prepare_first_batch), before the first
+    checkpoint, so the digests after it were one batch ahead of what a
+    resume pulls: the exact resume was refused as a mismatch blaming the data."""
+    import subprocess
+    import sys
+
+    (tmp_path / "data").mkdir()
+    for i in range(10):
+        np.save(tmp_path / "data" / f"a{i}.npy", np.full((2,), i, np.int32))
+    (tmp_path / "train.py").write_text(VAL_SCRIPT)
+
+    def run(kill_at: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "train.py", str(kill_at)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    whole = run(0)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (tmp_path / "ck").rename(tmp_path / "whole")
+    assert run(3).returncode == -9  # after step 3's validation, between two checkpoints
+    resumed = run(0)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "pipeline 'val': the batches for steps 3-" in resumed.stderr and "differs" not in \
+        resumed.stderr, resumed.stderr
+    lines = whole.stdout.splitlines()
+    after_2 = next(i for i, line in enumerate(lines) if line.startswith("3 "))
+    assert resumed.stdout.splitlines() == lines[after_2:], (whole.stdout, resumed.stdout)

@@ -78,6 +78,50 @@ def test_a_callbacks_dict_subclass_is_refused_naming_it_not_saved_as_a_dict(data
         cb.fit(trainer, Tiny(), it)
 
 
+class _Counted(Tiny):
+    """A module whose own on_train_batch_end updates its state (as an EMA does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("ends", torch.zeros((), dtype=torch.int64))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.ends += 1
+
+
+class _Ends(pl.Callback):
+    def __init__(self) -> None:
+        self.ends = 0
+
+    def on_train_batch_end(self, *args):
+        self.ends += 1
+
+    def state_dict(self):
+        return {"ends": self.ends}
+
+
+def test_a_row_holds_the_batch_end_updates_of_later_callbacks_and_the_module(data_dir,
+                                                                              tmp_path):
+    """Found by a sweep: the checkpoint was taken in this callback's
+    on_train_batch_end, before the later callbacks' and the module's own (an
+    EMA, a counter), so the row of step 4 held their state of step 3 and a
+    resumed fit never made step 4's updates."""
+    ck, it = _setup(tmp_path / "a", data_dir)
+    cb = ck.lightning_callback(2)
+    model = _Counted()
+    trainer = pl.Trainer(max_steps=4, callbacks=[cb, _Ends()], logger=False, accelerator="cpu",
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    cb.fit(trainer, model, it)
+    ck.close()
+    saved = dvc_dali.load(tmp_path / "a")
+    assert saved.step == 4
+    state = saved.arrays["lightning"]
+    assert int(state["state_dict"]["ends"]) == 4
+    assert state["callbacks"]["_Ends"]["ends"] == 4
+    assert "on_train_batch_end" not in model.__dict__  # the module's own hook is back
+
+
 def _fitted_then_resumed(path, data):
     """A run fitted 2 steps, then its Checkpointer built again (resumed)."""
     ck, it = _setup(path, data)
