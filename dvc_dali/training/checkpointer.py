@@ -46,7 +46,7 @@ from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
 from ..core.run import Run
 from .restorable import Restorable
-from .resume import NOTHING, RESUME, ResumeDecision, decide
+from .resume import NOTHING, RESUME, ResumeDecision, decide, name_steps_param
 
 
 def _array_module():
@@ -247,13 +247,10 @@ class Checkpointer:
                 "and would record rows for training it did not do.")
 
     def _named_steps_param(self, message: str) -> str:
-        """The stage's param that is the step count (the one equal to
-        total_steps), where the script's params= left it out."""
+        """The stage's param that is the step count, in the refusal's hint."""
         start = getattr(self._run, "start", None)
-        params = start.params if start is not None else {}
-        names = [k for k, v in params.items()
-                 if type(v) is int and v == self.total_steps]  # noqa: E721 - not a bool
-        return message.replace("<steps param>", names[0]) if len(names) == 1 else message
+        return name_steps_param(message, start.params if start is not None else {},
+                                self.total_steps)
 
     def _resume_from(self, snapshot: store.Snapshot | None
                      ) -> restorable.SavedCheckpoint | None:

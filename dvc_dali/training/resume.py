@@ -21,6 +21,7 @@ one row of a table test (tests/unit/test_resume_decision.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,3 +145,23 @@ def decide(saved_step: int | None, saved_run: Any, params: Mapping[str, Any],
     if further:
         return ResumeDecision(RESUME, (), f"resuming {checkpoint} at step {saved_step}{further}")
     return ResumeDecision(RESUME)
+
+
+_MORE = re.compile(r"`dvc exp run -S [^`=]+=<more than ")
+
+
+def name_steps_param(message: str, stage_params: Mapping[str, Any],
+                     total_steps: int | None) -> str:
+    """``message`` (:func:`decide`'s "nothing to train") naming the stage's
+    param that is the step count in its ``-S`` hint: the script's own key
+    (``steps`` of its ``params=``) is no param DVC can set (``train.steps``
+    is). The stage's int param equal to ``total_steps``; of several (a batch
+    size of 4 and 4 steps), the one whose name says steps; else as it was."""
+    names = [k for k, v in stage_params.items()
+             if type(v) is int and v == total_steps]  # noqa: E721 - not a bool
+    if len(names) > 1:
+        names = [k for k in names if "step" in k.rsplit(".", 1)[-1].lower()]
+    if len(names) != 1:
+        return message
+    return _MORE.sub(lambda _: f"`dvc exp run -S {names[0]}=<more than ", message)
+

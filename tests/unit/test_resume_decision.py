@@ -172,3 +172,24 @@ def test_decision_is_frozen():
 
 def test_param_changes_shows_values_json_cannot_write():
     assert param_changes({"x": 1}, {"x": {1, 2}}) == ["x: 1 -> \"{1, 2}\""]
+
+
+SAID = NOTHING_SAID.format(step=4, total=4, count="steps")
+STAGE = {"train.steps": 4, "train.batch_size": 4, "train.lr": 0.1, "train.flag": True}
+
+
+@pytest.mark.parametrize("stage, total, count", [
+    # found by two sweeps: the script's own key ("steps"), which DVC refuses to set,
+    # or the placeholder where a batch size of 4 equalled 4 steps
+    (STAGE, 4, "train.steps"),
+    ({"train.steps": 4, "train.lr": 0.1}, 4, "train.steps"),
+    ({"n_iter": 4}, 4, "n_iter"),
+    ({"a.max_steps": 4, "a.warmup_steps": 4}, 4, "steps"),  # which: not told, left as it was
+    ({"train.flag": True}, 1, "steps"),  # a bool is no count
+    ({}, 4, "steps"),
+])
+def test_the_hint_names_the_stages_steps_param(stage, total, count):
+    from dvc_dali.training.resume import name_steps_param
+
+    assert name_steps_param(SAID, stage, total) == NOTHING_SAID.format(step=4, total=4,
+                                                                       count=count)
