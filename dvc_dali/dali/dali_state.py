@@ -203,7 +203,8 @@ def check_restorable(pipe: Any, name: str) -> None:
         if op._callback is None or group is None:
             form = "no source (fed with feed_input)"
         elif group.source_desc.kind != SourceKind.CALLABLE:
-            form = f"a {group.source_desc.kind.name.lower()} source"
+            kind = group.source_desc.kind.name.lower().replace("_func", " function")
+            form = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} source"
         elif not group.source_desc.has_inputs:
             form = "a callable without arguments"
         else:
@@ -268,11 +269,31 @@ def _data_digest(value: Any, where: str) -> str | None:
     return h.hexdigest()
 
 
+_UNSERIALIZABLE = re.compile(r"Could not serialize the operator: `?([\w.]+)`?")
+
+
+def _refuse_unserializable(name: str, text: str) -> None:
+    """An operator DALI cannot serialize (``fn.python_function``): the
+    pipeline is described (and so a changed one told at a resume) from its
+    serialized graph, so it is not supported yet; not a build failure."""
+    found = _UNSERIALIZABLE.search(text)
+    if found:
+        raise UnsupportedPipelineError(
+            f"pipeline {name!r}: DALI cannot serialize its operator {found.group(1)}, and "
+            "dvc-dali describes a pipeline by its serialized graph (to tell a changed one at a "
+            "resume): not supported yet. Compute it in a one-argument external_source callable "
+            "instead.") from None
+
+
 def describe(pipe: Any, name: str) -> dict[str, Any]:
     """What determines pipeline ``name``'s output stream, as plain JSON data."""
     build_graph(pipe, name)
     with _dali_builds(name):  # DALI makes its backend here, where batch_size=0 is found
-        serialized = pipe.serialize()
+        try:
+            serialized = pipe.serialize()
+        except RuntimeError as exc:
+            _refuse_unserializable(name, str(exc))
+            raise
     msg = protowire.parse(serialized)
     operators: dict[str, Any] = {}
     data: dict[str, str] = {}

@@ -430,10 +430,15 @@ def test_external_source_forms(tmp_path):
         "a parameterless callable": _es_pipe(lambda: [np.zeros(2, np.float32)] * 2),
         "feed_input": _es_pipe(None, name="fed"),
     }
+    said = {"a generator function": "has a generator function source",
+            "an iterable": "has an iterable source",  # it said "a iterable": a sweep
+            "a parameterless callable": "has a callable without arguments",
+            "feed_input": "has no source"}
     for form, p in unsupported.items():
         with pytest.raises(dvc_dali.UnsupportedPipelineError,
-                           match="cannot save its position.*SampleInfo.*BatchInfo"):
+                           match="cannot save its position.*SampleInfo.*BatchInfo") as got:
             dvc_dali.Checkpointer(tmp_path / "x").pipeline("p", p)
+        assert said[form] in str(got.value), str(got.value)
     ok = _es_pipe(lambda info: np.full(2, info.idx_in_epoch, np.float32), batch=False)
     ck = dvc_dali.Checkpointer(tmp_path / "ok")
     pipe = ck.pipeline("p", ok)

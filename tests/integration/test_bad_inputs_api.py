@@ -112,6 +112,14 @@ CASES = {
     "dynamic_empty": ("c = C('ck', rng=False)\nc.dynamic()\nc.save(1)",
                       "ConfigError: dynamic-mode checkpoint 'dynamic': nothing is registered "
                       "on it, so no reader's position would be saved."),
+    # found by a sweep: "DALI could not build ...: fix the pipeline's arguments"
+    "python_function": ("from nvidia.dali import fn, pipeline_def\n"
+                        "p = pipeline_def(lambda: fn.python_function(fn.random.uniform("
+                        "name='u'), function=lambda x: x))\nC('ck').pipeline('t', p, "
+                        "batch_size=1, num_threads=1, device_id=None, exec_async=False, "
+                        "exec_pipelined=False)",
+                        "UnsupportedPipelineError: pipeline 't': DALI cannot serialize its "
+                        "operator nvidia.dali.fn.python_function, and dvc-dali describes"),
     "live_dir_int": ("C('ck').live(dir=5)", "ConfigError: live(dir=5): must be the DVCLive "),
     "live_resume": ("C('ck').live(resume=True)", "ConfigError: live(resume=True): dvc-dali sets "
                     "resume from the checkpoint"),
