@@ -21,6 +21,7 @@ the i-th CRC belongs to the same file before and after.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -32,8 +33,15 @@ from ..core.process_state import STATE
 KEY = "contents"  # the pipeline entry's manifest field
 LOCATION_ARGS = ("file_root", "file_list")
 # readers that name their files one by one (webdataset's paths, TFRecord's
-# path and index_path, numpy's files, COCO's annotations_file, ...)
-FILE_ARGS = ("files", "paths", "path", "index_paths", "index_path", "annotations_file")
+# path and index_paths, numpy's files, COCO's annotations_file, the video
+# reader's filenames, caffe's LMDB directory (path), ...); a directory named so
+# is read whole, as a file_root is
+FILE_ARGS = ("files", "paths", "path", "index_paths", "index_path", "annotations_file",
+             "filenames")
+# nemo_asr's manifests: JSON lines naming the audio files (audio_filepath)
+MANIFEST_ARGS = ("manifest_filepaths",)
+# LMDB's lock file holds readers' slots, not data: any reader that locks rewrites it
+_NOT_DATA = frozenset({"lock.mdb"})
 MAX_FILES = 10_000  # 8 hex digits a file in every manifest (80 KB at most); a resume
 # reads every file: 100,000 small files would cost seconds
 _CHUNK = 1 << 20
@@ -48,10 +56,10 @@ def locations(description: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
         args = op.get("args", {})
         root = args.get("file_root")
         root = root if isinstance(root, str) and root else None
-        for arg in LOCATION_ARGS + FILE_ARGS:
+        for arg in LOCATION_ARGS + FILE_ARGS + MANIFEST_ARGS:
             value = args.get(arg)
             named = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
-            if (isinstance(value, str) and value) or (arg in FILE_ARGS and named):
+            if (isinstance(value, str) and value) or (arg not in LOCATION_ARGS and named):
                 found[f"{inst}.{arg}"] = (value, root)
     return found
 
@@ -61,7 +69,26 @@ def _named(value: Any, root: str | None) -> list[tuple[str, str, int]]:
     out = []
     for name in [value] if isinstance(value, str) else value:
         path = os.path.join(root, name) if root and not os.path.isabs(name) else name
-        out.append((name, path, os.stat(path).st_size))
+        if os.path.isdir(path):  # caffe's LMDB: every file in it (it failed: "a directory")
+            out += [f for f in _walk(path, f"{name.rstrip('/')}/")
+                    if os.path.basename(f[0]) not in _NOT_DATA]
+        else:
+            out.append((name, path, os.stat(path).st_size))
+    return out
+
+
+def _manifested(value: Any) -> list[tuple[str, str, int]]:
+    """nemo_asr's manifests and the audio files their lines name
+    (``audio_filepath``: absolute, or relative to the manifest's directory)."""
+    out = []
+    for manifest in [value] if isinstance(value, str) else value:
+        out.append((manifest, manifest, os.stat(manifest).st_size))
+        with open(manifest, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                audio = json.loads(line).get("audio_filepath") if line.strip() else None
+                if isinstance(audio, str) and audio:
+                    path = os.path.join(os.path.dirname(manifest), audio)
+                    out.append((audio, path, os.stat(path).st_size))
     return out
 
 
@@ -130,6 +157,8 @@ class Contents:
                     files = _listed(path, root)
                 elif where.endswith(".file_root"):
                     files = _walk(path)
+                elif where.endswith(MANIFEST_ARGS):
+                    files = _manifested(path)
                 else:
                     files = _named(path, root if where.endswith(".files") else None)
                 total = sum(size for _, _, size in files)
@@ -144,9 +173,10 @@ class Contents:
                             MAX_FILES)
                     continue
                 crcs = "".join(_crc(p) for _, p, _ in files)
-            except OSError as exc:  # DALI's build names a missing file itself
+            except (OSError, ValueError, AttributeError) as exc:  # DALI's build names a
+                # missing file itself; a manifest that is not JSON lines of objects
                 logger.warning("pipeline %r: could not read the data of %s to digest its "
-                               "contents (%s); a resume will check names and sizes only",
+                               "contents (%s); a resume will not check their contents",
                                self.name, where, exc)
                 continue
             self._records[where] = {"files": len(files), "bytes": total, "crc32": crcs}
@@ -210,7 +240,7 @@ def check(contents: Contents, saved_entry: dict[str, Any], manifest_path: str,
         return
     raise PipelineMismatchError(
         f"{manifest_path}: pipeline {contents.name!r} reads files whose contents changed "
-        "since the checkpoint was written (same names and sizes), so DALI would resume on "
+        "since the checkpoint was written, so DALI would resume on "
         f"other data and produce other batches:\n  {what}\nRestore the data as it was (`dvc "
         "checkout`, `git checkout`) to resume, or start over on the new data with `dvc-dali "
         "reset` (or Checkpointer(..., resume=False)); to continue on purpose, knowing the run "

@@ -152,3 +152,42 @@ def test_digests_that_cannot_be_kept_are_said_while_recording_and_resuming(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("no digests of the batches after the checkpoint at step 2 were found"
             in proc.stderr and "those batches are not verified" in proc.stderr), proc.stderr
+
+
+def test_a_directory_a_reader_names_its_files_and_a_manifests_audio_are_checked(tmp_path):
+    """Found by a sweep: caffe's LMDB directory (``path``), the video
+    reader's ``filenames`` and the audio files a nemo_asr manifest names were
+    not checked at all (a directory was "could not read"), so data replaced
+    after a kill right after a checkpoint was trained on without a word."""
+    import json
+
+    from dvc_dali.proof import data_contents
+
+    (tmp_path / "db").mkdir()
+    for name in ("data.mdb", "lock.mdb", "a.webm", "b.webm", "x.wav", "y.wav"):
+        where = tmp_path / ("db" if name.endswith(".mdb") else "") / name
+        where.write_bytes(name.encode() * 100)
+    (tmp_path / "m.json").write_text("".join(json.dumps({"audio_filepath": f, "text": "t"})
+                                             + "\n" for f in ("x.wav", "y.wav")))
+    ops = {"caffe": {"path": str(tmp_path / "db")},
+           "video": {"filenames": [str(tmp_path / "a.webm"), str(tmp_path / "b.webm")]},
+           "nemo": {"manifest_filepaths": [str(tmp_path / "m.json")]}}
+    description = {"operators": {k: {"type": k, "args": v, "inputs": []} for k, v in ops.items()}}
+
+    def contents():
+        found = data_contents.start("p", description, 1 << 30)
+        found.result()
+        return found
+
+    saved = contents().result()
+    assert set(saved) == {"caffe.path", "video.filenames", "nemo.manifest_filepaths"}
+    assert saved["caffe.path"]["files"] == 1  # lock.mdb holds readers' slots, not data
+    (tmp_path / "db" / "lock.mdb").write_bytes(b"another reader")
+    assert contents().changed(saved) == []
+    for name in ("db/data.mdb", "b.webm", "y.wav"):
+        (tmp_path / name).write_bytes(b"other data")
+    changed = contents().changed(saved)
+    assert [line.split(":")[0].split(" (")[0] for line in changed] == [
+        "caffe.path", "nemo.manifest_filepaths", "video.filenames"], changed
+    assert changed[0].endswith("/db/data.mdb") and changed[1].endswith("changed y.wav")
+    assert "changed " in changed[2] and "b.webm" in changed[2], changed
