@@ -16,6 +16,7 @@ from __future__ import annotations
 # BackupAndRestore starts a resumed fit at its epoch.
 # ruff: noqa: SLF001
 
+import re
 import weakref
 from typing import Any, Callable
 
@@ -244,10 +245,11 @@ class DaliCheckpoint(keras.callbacks.Callback):
         model, optimizer = self._variables()
         for part, now in (("model", model), ("optimizer", optimizer)):
             values, paths = saved.get(part), names.get(part)
-            if [p for p, _ in now] != paths or len(values or ()) != len(now):
+            differ = first_difference(paths, [p for p, _ in now])
+            if differ or len(values or ()) != len(now):
                 raise ConfigError(
-                    f"{where}: the saved {part} variables {_short(paths)} are not this "
-                    f"{part}'s {_short([p for p, _ in now])}. Resume with the model and "
+                    f"{where}: the saved {part} variables are not this {part}'s "
+                    f"({differ or 'as many variables as values'}). Resume with the model and "
                     "optimizer that wrote it, or start over with `dvc-dali reset`.")
             for (path, variable), value in zip(now, values):
                 if path.rsplit("/", 1)[-1] == "learning_rate":
@@ -262,7 +264,21 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._restored = True
 
 
-def _short(paths: Any) -> str:
-    if not isinstance(paths, list):
-        return "(none)"
-    return "[" + ", ".join(map(str, paths[:4])) + (", ..." if len(paths) > 4 else "") + "]"
+# A LossScaleOptimizer (mixed_float16) names its inner optimizer's variables
+# under its own scope when a train step builds them, not when build() does
+# before a restore: the same variables, in the same order (found by a sweep:
+# every resume of such a run was refused).
+_LOSS_SCALE = re.compile(r"^loss_scale_optimizer/")
+
+
+def first_difference(saved: Any, now: list[str]) -> str:
+    """'' where the saved variable paths are this model's or optimizer's
+    (a LossScaleOptimizer's scope aside); else the first that differs."""
+    if not isinstance(saved, list):
+        return "none saved"
+    for i, (old, new) in enumerate(zip(saved, now)):
+        if _LOSS_SCALE.sub("", str(old)) != _LOSS_SCALE.sub("", new):
+            return f"variable {i} is {str(old)[:80]!r} saved, {new[:80]!r} now"
+    if len(saved) != len(now):
+        return f"{len(saved)} saved, {len(now)} now"
+    return ""
