@@ -16,6 +16,7 @@ from __future__ import annotations
 # BackupAndRestore starts a resumed fit at its epoch.
 # ruff: noqa: SLF001
 
+import contextlib
 import re
 import weakref
 from typing import Any, Callable
@@ -89,9 +90,10 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._plan = steps_per_epoch
         try:
             if done and epoch < epochs:  # the rest of the interrupted epoch
-                history = model.fit(x, epochs=epoch + 1, initial_epoch=epoch,
-                                    steps_per_epoch=steps_per_epoch - done,
-                                    callbacks=[self, *callbacks], **kwargs)
+                with _not_finalized(model.optimizer, epoch + 1 < epochs):
+                    history = model.fit(x, epochs=epoch + 1, initial_epoch=epoch,
+                                        steps_per_epoch=steps_per_epoch - done,
+                                        callbacks=[self, *callbacks], **kwargs)
                 epoch += 1
             if epoch < epochs:
                 history = model.fit(x, epochs=epochs, initial_epoch=epoch,
@@ -262,6 +264,23 @@ class DaliCheckpoint(keras.callbacks.Callback):
                         "`dvc-dali reset`.")
                 variable.assign(np.asarray(value).astype(variable.dtype, copy=False))
         self._restored = True
+
+
+@contextlib.contextmanager
+def _not_finalized(optimizer: Any, more: bool) -> Any:
+    """Where a second model.fit follows (``more``), the first one's end
+    leaves the model's weights as they are: Keras finalizes them at each
+    fit's end, which with ``use_ema`` writes the moving average into them,
+    and one uninterrupted fit does that once, at its end (a resumed run went
+    on training from the average: found by a sweep)."""
+    if not more or optimizer is None:
+        yield
+        return
+    optimizer.finalize_variable_values = lambda var_list: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values
 
 
 # A LossScaleOptimizer (mixed_float16) names its inner optimizer's variables

@@ -124,7 +124,7 @@ def keras_fit(cfg, data, ckpt) -> dict:
     model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(),
                               keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dropout(0.3), keras.layers.Dense(3)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
+    model.compile(optimizer=keras.optimizers.Adam(0.01, use_ema=bool(cfg.get("use_ema"))),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     cb = ck.keras_callback(cfg.get("every", 5))
     fit = dict(epochs=cfg["epochs"], steps_per_epoch=cfg["steps_per_epoch"], verbose=0)

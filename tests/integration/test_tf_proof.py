@@ -296,6 +296,20 @@ def test_keras_validations_after_a_resume_read_the_batches_of_an_uninterrupted_f
                  {k: v for k, v in whole.items() if not k.startswith("val_")})
 
 
+def test_keras_use_ema_resumed_mid_epoch_ends_with_the_uninterrupted_fits_weights(
+        data_dir, tmp_path):
+    """Found by a sweep: cb.fit resumes mid-epoch with two model.fit calls,
+    and Keras wrote the optimizer's moving average into the weights at the
+    first one's end: the run went on training from the average."""
+    cfg = {**KERAS, "fit": "cb", "use_ema": True}
+    whole, _ = runner(cfg, data_dir, tmp_path / "whole", tmp_path / "w.npz")
+    _, proc = runner({**cfg, "kill_at": 15}, data_dir, tmp_path / "ck", tmp_path / "a.npz",
+                     ok=False)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    resumed, _ = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "b.npz")
+    same_weights(resumed, whole)
+
+
 def test_keras_model_fit_refuses_to_start_mid_epoch(data_dir, tmp_path, keras_reference):
     runner({**KERAS, "fit": "cb", "kill_at": 15}, data_dir, tmp_path / "ck",
            tmp_path / "a.npz", ok=False)
