@@ -12,7 +12,9 @@ uninterrupted run made:
   position) and ``gauss_next``;
 - NumPy's legacy global generator (``np.random.seed``/``np.random.rand``);
 - torch's CPU generator (dropout, ``torch.rand``) and, where CUDA is
-  initialised, every CUDA device's.
+  initialised, every CUDA device's;
+- Keras's global ``SeedGenerator`` (``keras.random.normal(shape)`` without
+  ``seed=``, the Dropout of a layer given no seed), where Keras made it.
 
 Nothing is pickled: the states are one byte array (one file) and plain
 numbers, in the checkpoint's arrays under the reserved name :data:`KEY`
@@ -21,8 +23,11 @@ it after the user's arrays, whose files keep their numbers). A framework is
 only touched when it is already imported (``sys.modules``), never imported
 for this.
 Not saved: generators the user creates (``np.random.default_rng``,
-``torch.Generator``, a ``jax.random`` key: the user's arrays), and CuPy's
-global generator (cuRAND does not expose its position).
+``torch.Generator``, a ``jax.random`` key: the user's arrays; a Keras
+layer's own ``SeedGenerator`` is a model variable), CuPy's global generator
+(cuRAND does not expose its position), and TensorFlow's stateful
+``tf.random.*`` ops without a ``tf.random.Generator`` (their kernels keep
+their position).
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ def capture() -> dict[str, Any]:
         parts.append(("torch", torch.get_rng_state().numpy()))
         for i, state in enumerate(_torch_cuda(torch) or ()):
             parts.append((f"torch_cuda{i}", state))
+    keras = _keras_generator(make=False)
+    if keras is not None:
+        parts.append(("keras", np.ascontiguousarray(np.asarray(keras.state)).view(np.uint8)))
     return {
         "blob": np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
                                 for _, a in parts]),
@@ -83,6 +91,32 @@ def capture() -> dict[str, Any]:
                   "pos": int(numpy_state["state"]["pos"]),
                   "has_gauss": int(numpy_state["has_gauss"]),
                   "gauss": float(numpy_state["gauss"])}}
+
+
+def _keras_generator(make: bool) -> Any:
+    """Keras's global SeedGenerator (what its random ops without ``seed=``
+    draw from), where Keras is imported: the one it made (``make``: made
+    now if it made none, as Keras's first such draw would); else None."""
+    seeds = sys.modules.get("keras.src.random.seed_generator")
+    state = sys.modules.get("keras.src.backend.common.global_state")
+    if seeds is None or state is None or not hasattr(seeds, "GLOBAL_SEED_GENERATOR"):
+        return None
+    if make:
+        return seeds.global_seed_generator()
+    return state.get_global_attribute(seeds.GLOBAL_SEED_GENERATOR)
+
+
+def _restore_keras(saved: np.ndarray, where: str) -> None:
+    """Keras's global SeedGenerator set to its saved state (made first where
+    the resumed process has not drawn from it yet)."""
+    generator = _keras_generator(make=True)
+    if generator is None:
+        logger.debug("%s: Keras is not imported; its generator state is not restored", where)
+        return
+    now = np.asarray(generator.state)
+    if saved.size != now.nbytes:
+        raise _bad(where, "keras", f"holds {saved.size} bytes, Keras's generator {now.nbytes}")
+    generator.state.assign(saved.view(now.dtype).reshape(now.shape))
 
 
 def _bad(where: str, field: str, what: str) -> CheckpointCorruptError:
@@ -208,6 +242,8 @@ class Staged:
         np.random.set_state(self.numpy)
         if "torch" in self.parts:
             _restore_torch(self.parts, self.where)
+        if "keras" in self.parts:
+            _restore_keras(self.parts["keras"], self.where)
 
 
 def check(saved: Any, where: str) -> Staged:

@@ -219,3 +219,21 @@ def test_a_dynamic_checkpoint_without_the_default_rngs_state_says_so_at_the_resu
     assert ck.step == 1
     assert "default RNG" not in capsys.readouterr().err
     ck.close()
+
+
+def test_keras_global_seed_generator_comes_back_at_the_resume_point(tmp_path):
+    """Found by a sweep: keras.random.normal(shape) without seed= (a Noise
+    layer) drew other numbers after a resume; the resumed fit ended with
+    other weights, without a word."""
+    keras = pytest.importorskip("keras")
+    keras.random.normal((2,))  # Keras makes its global generator and draws
+    ck = dvc_dali.Checkpointer(tmp_path / "ck")
+    assert ck.step == 0
+    ck.save(1)
+    ck.close()
+    want = np.asarray(keras.random.normal((3,)))
+    keras.random.normal((5,))  # drawn on past the checkpoint
+    ck = dvc_dali.Checkpointer(tmp_path / "ck")
+    assert ck.step == 1  # the resume point
+    assert np.array_equal(np.asarray(keras.random.normal((3,))), want)
+    ck.close()
