@@ -17,9 +17,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Optional
 
@@ -37,14 +39,35 @@ def last_kept() -> Optional[tuple[int, str]]:
     return current.kept if current is not None else None
 
 
-def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "") -> str:
+def _elsewhere() -> bool:
+    """This run trains in a repository of its own (``--temp``, the queue),
+    not in the workspace a plain `dvc exp run` resumes."""
+    current = run.current()
+    if current is None or not current.dvc_root:
+        return False
+    from .context import repo_root
+
+    return repo_root() != Path(current.dvc_root).resolve()
+
+
+def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "",
+                      elsewhere: Optional[bool] = None) -> str:
+    """What an interrupted run says of what it kept and how to resume it:
+    `dvc exp run` in the workspace; a ``--temp`` or queued run's row
+    (``elsewhere``; None: found out) through `dvc exp apply` first, as the
+    workspace does not hold it (found by a sweep)."""
+    elsewhere = _elsewhere() if elsewhere is None else elsewhere
     if recorded is None:
-        return (f"{how}: no checkpoint was recorded by this run; `dvc exp run` resumes from the "
-                "last one in the workspace, if any")
+        return (f"{how}: no checkpoint was recorded by this run" + (
+            "" if elsewhere else "; `dvc exp run` resumes from the last one in the "
+            "workspace, if any"))
     step, row = recorded
     if not row:  # a rank other than 0: rank 0 recorded the row, and names it
-        return (f"{how}: step {step} is kept (rank 0 recorded its row); `dvc exp run` resumes "
-                "from it")
+        return (f"{how}: step {step} is kept (rank 0 recorded its row)" + (
+            "" if elsewhere else "; `dvc exp run` resumes from it"))
+    if elsewhere:
+        return (f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp apply "
+                f"{shlex.quote(row)}` then `dvc exp run` resumes from it")
     return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
 
 

@@ -61,6 +61,22 @@ def test_the_interruption_line_names_the_runs_last_row():
         "terminated (SIGTERM)", exit_hooks.last_kept())
 
 
+@pytest.mark.parametrize("recorded, elsewhere, said", [
+    ((4, "a-step4"), False, "step 4 is kept as row a-step4; `dvc exp run` resumes from it"),
+    # found by a sweep: a --temp or queued run's row is not in the workspace, which
+    # a plain `dvc exp run` resumed from step 0
+    ((4, "a-step4"), True, "step 4 is kept as row a-step4; `dvc exp apply a-step4` then "
+                           "`dvc exp run` resumes from it"),
+    (None, True, "no checkpoint was recorded by this run"),
+    (None, False, "no checkpoint was recorded by this run; `dvc exp run` resumes from the "
+                  "last one in the workspace, if any"),
+    ((4, ""), True, "step 4 is kept (rank 0 recorded its row)"),
+])
+def test_the_interruption_line_says_how_to_resume_where_the_run_trained(recorded, elsewhere,
+                                                                         said):
+    assert exit_hooks.interruption_line("x", recorded, elsewhere=elsewhere) == f"x: {said}"
+
+
 def test_the_process_state_holds_no_run_field():
     names = set(ProcessState.__dataclass_fields__)
     assert not names & {"run_start", "run_started", "kept", "tips"}
