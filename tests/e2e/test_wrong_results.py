@@ -204,17 +204,21 @@ def test_template_trains_again_when_params_change_after_the_end(tmp_path):
     assert "c-step30" in names and "b-step30" not in names, names  # branched, as DVC 2 did
 
 
-def test_bare_make_checkpoint_resumed_with_changed_code_branches_off(tmp_path):
+@pytest.mark.parametrize("committed", [False, True])
+def test_bare_make_checkpoint_resumed_with_changed_code_branches_off(tmp_path, committed):
     """Killed, its script edited, resumed: the rows after the kill are
     trained by the new script, so they are a run of their own, as DVC 2.58
     made a new experiment of them (measured); the run went on under the old
-    name without a word."""
+    name without a word. The edit committed too (a sweep: the row was looked
+    for on the new commit only, so nothing was said)."""
     project = bare_project(tmp_path, RESUMABLE.replace("    outs:",
                                                        "    deps: [train.py]\n    outs:"))
     killed = run(["dvc", "exp", "run", "-n", "port"], project, check=False, env={"KILL_AT": "2"})
     assert killed.returncode != 0
     with open(project / "train.py", "a") as script:
         script.write("# an edit between two runs\n")
+    if committed:
+        run(["git", "commit", "-qm", "edit", "train.py"], project)
     resumed = run(["dvc", "exp", "run", "-n", "edited"], project)
     said = resumed.stdout + resumed.stderr
     assert "train.py changed since row port-step2 (step 2), the checkpoint this run started " \
