@@ -25,7 +25,8 @@ MAX_TREE_DEPTH = 64
 def _torch_leaf(value) -> tuple[np.ndarray, dict[str, Any]]:
     tensor = value.detach()
     device = str(tensor.device)
-    tensor = tensor.cpu().contiguous()
+    # a conjugate or negative view's values, not its lazy flag (its bits are the base's)
+    tensor = tensor.resolve_conj().resolve_neg().cpu().contiguous()
     dtype = str(tensor.dtype).removeprefix("torch.")
     try:
         host = tensor.numpy()
@@ -48,12 +49,37 @@ def _trained(value: Any) -> dict[str, Any]:
 
 
 def _refuse_torch(path: str, value: Any) -> None:
-    """A quantized tensor's bytes are its integers; its scale and zero point
-    would be lost (it came back a tensor no torch call reads)."""
+    """What a tensor's bytes alone would not bring back, refused naming it
+    (at the call, asynchronous saves too; they were torch's tracebacks, or
+    a quantized tensor came back one no torch call reads): a quantized
+    tensor's scale and zero point, a sparse or nested tensor's layout; and
+    an expanded view of a few bytes that would be written as gigabytes."""
     if getattr(value, "is_quantized", False):
         raise TypeError(f"array {path!r}: a quantized tensor ({value.dtype}) would come back "
                         "without its scale and zero point; save value.dequantize(), or "
                         "value.int_repr() with value.q_scale() and value.q_zero_point()")
+    if getattr(value, "is_nested", False):
+        raise TypeError(f"array {path!r}: a nested tensor would not come back as one; save "
+                        "list(value.unbind())")
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise TypeError(f"array {path!r}: a {layout.removeprefix('torch.')} tensor would not "
+                        "come back as one; save value.to_dense(), or its indices and values")
+    nbytes = value.numel() * value.element_size()
+    if nbytes > _EXPANDS_ABOVE:
+        spanned = value.element_size() * (1 + sum((n - 1) * abs(s) for n, s in
+                                                   zip(value.shape, value.stride()) if n))
+        if nbytes - spanned > _EXPANDS_ABOVE:
+            raise TypeError(f"array {path!r}: a view of {spanned} bytes of memory that would "
+                            f"be written as {nbytes} bytes (an expanded view repeats its data); "
+                            "save the tensor it views, or value.clone() if the whole is meant")
+
+
+def _refuse_jax(path: str, value: Any) -> None:
+    """A typed PRNG key (``jax.random.key``) has no bytes NumPy can hold."""
+    if "key<" in str(getattr(value, "dtype", "")):
+        raise TypeError(f"array {path!r}: a typed PRNG key ({value.dtype}); save "
+                        "jax.random.key_data(key), and jax.random.wrap_key_data() it back")
 
 
 def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]] | None:
@@ -81,6 +107,7 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
             info["scalar"] = True
         return host, info
     if module.startswith("jax") and hasattr(value, "__array__"):
+        _refuse_jax(path, value)
         if not read:
             return value, {}
         host, info = _extension(np.asarray(value))

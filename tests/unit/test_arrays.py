@@ -323,3 +323,27 @@ def test_an_ml_dtype_that_does_not_fit_the_bits_is_refused(info, says):
     pytest.importorskip("ml_dtypes")
     with pytest.raises(ValueError, match=says):
         arrays.restore_leaf(np.zeros(2, np.uint8), info)
+
+
+def test_what_a_tensors_bytes_would_not_bring_back_is_refused_naming_it():
+    """Found by a sweep: torch's or JAX's tracebacks naming no array (and, in
+    an asynchronous save, raised by the next call only)."""
+    torch = pytest.importorskip("torch")
+    cases = {
+        "a sparse_coo tensor would not come back": torch.eye(2).to_sparse(),
+        "a sparse_csr tensor would not come back": torch.eye(2).to_sparse_csr(),
+        "a nested tensor would not come back": torch.nested.nested_tensor(
+            [torch.zeros(1), torch.zeros(2)]),
+        "a view of 4 bytes of memory that would be written as": torch.zeros(1).expand(
+            1 << 29),
+    }
+    for says, value in cases.items():
+        for check in (save, lambda v: arrays.check("value", v)):
+            with pytest.raises(TypeError, match=f"'value/t': {says}"):
+                check({"t": value})
+    conj = torch.tensor([1 + 2j]).conj()  # a lazy view: saved as its values
+    assert torch.equal(load(save({"t": conj}))["t"], conj.resolve_conj())
+    jax = pytest.importorskip("jax")
+    for check in (save, lambda v: arrays.check("value", v)):
+        with pytest.raises(TypeError, match="'value/k': a typed PRNG key"):
+            check({"k": jax.random.key(0)})
