@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..core.context import RunContext
 from ..core.errors import RecordError
@@ -158,22 +158,26 @@ def _refuse_if_training(outs: list[Any], root: str) -> None:
                 "queue kill`), then `dvc-dali reset` again.")
 
 
-def runs_in_training(root: str, rows: list[Any]) -> dict[str, int]:
+def runs_in_training(root: str, rows: Callable[[], list[Any]]) -> dict[str, int]:
     """{run name: pid} of the runs a live process is training into a
     checkpoint now, in this workspace or in the directory DVC runs a
     `--temp` or queued experiment in: the run of the row its stage's
-    dvc.lock entry there names (each recorded row rewrites that entry)."""
+    dvc.lock entry there names (each recorded row rewrites that entry).
+    ``rows`` lists the rows once those entries are read: a row recorded
+    while they were looked for (a second or so) is among them (rows listed
+    before missed it, and a run training fast was not seen: a sweep)."""
     from ..reading.exp_refs import outs_digest
 
-    found: dict[str, int] = {}
+    held: list[tuple[int, str]] = []
     for stg, out in _training_outs(root):
         pid = _holder(out)
-        if pid is None:
-            continue
-        entry = lockfile.entry_of(stg)
-        digest = outs_digest(entry)
-        found.update({r["exp"]: pid for r in rows if entry and r["outs"] == digest})
-    return found
+        entry = lockfile.entry_of(stg) if pid is not None else None
+        if entry:
+            held.append((pid, outs_digest(entry)))
+    if not held:
+        return {}
+    listed = rows()
+    return {r["exp"]: pid for pid, digest in held for r in listed if r["outs"] == digest}
 
 
 def _training_outs(root: str) -> list[tuple[Any, Any]]:

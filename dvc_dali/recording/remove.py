@@ -71,12 +71,13 @@ def _unknown_message(unknown: list[str], rows: list[Row]) -> str:
             "the runs" + ("; " + "; ".join(hints) if hints else ""))
 
 
-def _refuse_runs_in_training(root: str, rows: list[Row], names: set[str]) -> None:
+def _refuse_runs_in_training(root: str, names: set[str]) -> None:
     """A run a live process is training: its next rows would be parented on
     the rows removed under it."""
     from .maintenance import runs_in_training
 
-    busy = {n: pid for n, pid in runs_in_training(root, rows).items() if n in names}
+    busy = {n: pid for n, pid in runs_in_training(root, lambda: list_rows(root)).items()
+            if n in names}
     if busy:
         name, pid = next(iter(busy.items()))
         raise DvcDaliError(f"run {name} is training in process {pid} (it holds the checkpoint "
@@ -94,7 +95,7 @@ def remove_runs(root: str, names: Sequence[str]) -> list[Removed]:
     unknown = [n for n in dict.fromkeys(names) if n not in {t.exp for t in targets}]
     if unknown:
         raise DvcDaliError(_unknown_message(unknown, rows))
-    _refuse_runs_in_training(root, rows, {t.exp for t in targets})
+    _refuse_runs_in_training(root, {t.exp for t in targets})
     # `delete <ref> <old sha>`: what `git update-ref -d <ref> <sha>` does per
     # ref, so a ref rewritten since it was listed is left alone.
     script = "".join(f"delete {t.ref} {t.sha}\n" for t in targets)
