@@ -34,7 +34,9 @@ def checkpoint(name: str, saved: str | None = None, where: str = "") -> Any:
 
 def serialize(ckpt: Any, name: str) -> str:
     """The registered objects' states now, as the text to save."""
-    if not ckpt._ops:  # noqa: SLF001 - DALI's own refusal is a traceback at serialize()
+    # nothing registered, nothing resumed: DALI's own refusal is a traceback at
+    # serialize() (a resumed state's entries are named by collect() below)
+    if not ckpt._ops and not ckpt._states:  # noqa: SLF001
         raise ConfigError(f"dynamic-mode checkpoint {name!r}: nothing is registered on it, so "
                           "no reader's position would be saved. Register each reader and RNG "
                           "on ck.dynamic() (register(reader, \"reader\")) before the first "
