@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 from ..reading import gitcmd
 from ..core.errors import DvcDaliError
+from ..core.log import logger
 from ..reading.exp_refs import Row, baseline_and_name, exp_refs, list_rows
 
 
@@ -63,6 +64,21 @@ def summarize(targets: Sequence[Target]) -> list[Removed]:
     return list(seen.values())
 
 
+def continued(rows: Iterable[Row], targets: Sequence[Target]) -> list[tuple[str, str]]:
+    """(run, row) for each run not removed that was resumed from a row
+    ``targets`` removes: its rows stay, but no longer show where it started
+    (DVC 2 kept that history in the continuing experiment's commits)."""
+    gone = {t.sha for t in targets if t.row}
+    names = {t.exp for t in targets}
+    rows = list(rows)
+    by_sha = {r["sha"]: r["name"] for r in rows}
+    found: dict[str, str] = {}
+    for r in rows:
+        if r["exp"] not in names and r.get("parent") in gone:
+            found.setdefault(r["exp"], by_sha[r["parent"]])
+    return sorted(found.items())
+
+
 def _unknown_message(unknown: list[str], rows: list[Row]) -> str:
     by_row = {r["name"]: r["exp"] for r in rows}
     hints = [f"{n} is one checkpoint row of run {by_row[n]} (`dvc exp remove {n}` removes "
@@ -96,6 +112,10 @@ def remove_runs(root: str, names: Sequence[str]) -> list[Removed]:
     if unknown:
         raise DvcDaliError(_unknown_message(unknown, rows))
     _refuse_runs_in_training(root, {t.exp for t in targets})
+    for run, row in continued(rows, targets):  # found by a sweep: said nothing
+        logger.warning("run %s was resumed from %s: its rows stay, but from now on nothing "
+                       "shows where it started (its first steps were trained by the run "
+                       "removed)", run, row)
     # `delete <ref> <old sha>`: what `git update-ref -d <ref> <sha>` does per
     # ref, so a ref rewritten since it was listed is left alone.
     script = "".join(f"delete {t.ref} {t.sha}\n" for t in targets)

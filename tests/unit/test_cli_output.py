@@ -8,7 +8,7 @@ import pytest
 
 from dvc_dali.cli.main import _message, draw_tree, group_runs, parse_batch, render
 from dvc_dali.core.errors import DvcDaliError
-from dvc_dali.recording.remove import Removed, select_refs, summarize
+from dvc_dali.recording.remove import Removed, continued, select_refs, summarize
 
 B1, B2 = "a" * 40, "b" * 40
 
@@ -136,6 +136,17 @@ def test_select_refs_takes_every_row_of_a_run_and_dvcs_own_ref():
     assert summarize(targets) == [Removed("a", B1, 2, True), Removed("a", B2, 1, False)]
     assert select_refs(rows, ["b-step1"], own) == []  # a row's name is not a run's
     assert [t.exp for t in select_refs(rows, ["c"], own)] == ["c"]  # a run without rows
+
+
+def test_removing_a_run_another_continues_names_it():
+    """Found by a sweep: `dvc-dali remove a`, where b was resumed from a-step2,
+    said nothing; b then showed as a run that started at step 3."""
+    a = chain("a", [1, 2], [1, 2])
+    b = [row("b", 3, 3, parent=a[1]["sha"])]
+    rows = a + b + chain("c", [1], [4])
+    assert continued(rows, select_refs(rows, ["a"])) == [("b", "a-step2")]
+    assert continued(rows, select_refs(rows, ["a", "b"])) == []  # removed too
+    assert continued(rows, select_refs(rows, ["c"])) == []
 
 
 @pytest.mark.parametrize("made, said", [
