@@ -125,6 +125,42 @@ def _push_data(root: str, shas: list[str], dvc_remote: str | None
     return missing, here, failure
 
 
+def rejected_rows(porcelain: str) -> list[str]:
+    """The row names of the refs ``git push --porcelain`` says it rejected
+    (a line ``!<TAB><src>:<dst><TAB>[rejected] ...``), but those an atomic
+    push left out only because another was rejected."""
+    return [line.split("\t")[1].rsplit(":", 1)[-1].rsplit("/", 1)[-1]
+            for line in porcelain.splitlines()
+            if line.startswith("!\t") and line.count("\t") >= 2
+            and "atomic push failed" not in line]
+
+
+def _push_refs(root: str, git_remote: str, refspecs: list[str]) -> None:
+    """The rows' refs, all or none (``--atomic``, where the remote can): a
+    push half done said it failed, named none of what went, and its remote
+    then held a run mixed from two recordings (found by a sweep)."""
+    base = ["push", "--quiet", "--porcelain"]
+    proc = gitcmd.run([*base, "--atomic", git_remote, *refspecs], root, check=False,
+                      unrunnable=DvcDaliError)
+    if proc.returncode != 0 and "atomic" in proc.stderr and "support" in proc.stderr:
+        proc = gitcmd.run([*base, git_remote, *refspecs], root, check=False,
+                          unrunnable=DvcDaliError)
+    if proc.returncode == 0:
+        return
+    rejected = rejected_rows(proc.stdout)
+    if rejected:
+        shown = ", ".join(rejected[:5]) + (", ..." if len(rejected) > 5 else "")
+        raise DvcDaliError(
+            f"git push to {git_remote}: nothing pushed: {git_remote} holds other commits under "
+            f"{shown} (rows of this run recorded elsewhere, by another machine or clone). "
+            f"`dvc-dali pull {git_remote} <run>` fetches them to compare; to push these, "
+            f"delete those refs there first (`git push {git_remote} --delete <ref>`). The data "
+            "is on the DVC remote.")
+    said = (proc.stderr.strip() or proc.stdout.strip()).rstrip(".")
+    raise DvcDaliError(f"git push to {git_remote} failed: {said}. The data is on the DVC "
+                       "remote; run the command again once git can push.")
+
+
 def push_runs(root: str, git_remote: str, names: Sequence[str],
               dvc_remote: str | None = None) -> list[Moved]:
     """Push every row of the runs ``names``: their data to the DVC remote,
@@ -137,13 +173,7 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
-        refspecs = [f"{t.sha}:{t.ref}" for t in complete]
-        proc = gitcmd.run(["push", "--quiet", git_remote, *refspecs], root, check=False,
-                          unrunnable=DvcDaliError)
-        if proc.returncode != 0:
-            said = proc.stderr.strip().rstrip(".")
-            raise DvcDaliError(f"git push to {git_remote} failed: {said}. The data is on the "
-                               "DVC remote; run the command again once git can push.")
+        _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in complete])
     if missing:
         pushed = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                   if m.refs] or ["nothing"]

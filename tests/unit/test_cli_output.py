@@ -203,3 +203,15 @@ def test_params_files_are_params_yaml_and_those_the_stages_name(tmp_path):
                                       os.path.join("w", "cfg.yaml"), "grid.yaml"]
     (tmp_path / "dvc.yaml").write_text("- a list\n")
     assert params_files(tmp_path) == ["params.yaml"]
+
+
+def test_a_rejected_push_names_the_rows_the_remote_holds_otherwise():
+    from dvc_dali.recording.share import rejected_rows
+
+    out = ("To ../r.git\n"
+           "!\t62ea:refs/exps/ab/cd/x-step6\t[rejected] (non-fast-forward)\n"
+           "!\t62ea:refs/exps/ab/cd/x-step10\t[rejected] (atomic push failed)\n"
+           "*\t62ea:refs/exps/ab/cd/x-step12\t[new reference]\n"
+           "Done\n")
+    assert rejected_rows(out) == ["x-step6"]
+    assert rejected_rows("") == []
