@@ -983,6 +983,7 @@ class Checkpointer:
         user_arrays = dict(arrays or {})
         rng_state.check_names(user_arrays)  # before anything is captured
         parts = restorable.assemble(self._sources.values())
+        self._say_dropped(parts[restorable.PIPELINES])
         self._last_step = step
         return store.Capture(
             step=step,
@@ -996,6 +997,23 @@ class Checkpointer:
             # DVC when this process records; elsewhere the cheaper crc32 serves
             digest="md5" if self._ctx.mode == "record" else "crc32",
         )
+
+    _dropped_said = False  # set on the instance once said
+
+    def _say_dropped(self, pipelines: dict[str, Any]) -> None:
+        """Said once, at the first save: the resumed checkpoint's pipelines
+        this run did not register are in none of its checkpoints, so a later
+        resume starts them from their beginning (it was silent: a sweep)."""
+        if self._saved is None or self._dropped_said:
+            return
+        self._dropped_said = True
+        gone = sorted(set(self._saved.snapshot.manifest["pipelines"]) - set(pipelines))
+        if gone:
+            logger.warning("pipeline(s) %s of the checkpoint at step %d were not registered "
+                           "in this run: this checkpoint and the next do not hold their "
+                           "positions, so a later resume starts them from their beginning "
+                           "(register every pipeline before the first checkpoint)",
+                           ", ".join(map(repr, gone)), self._saved.snapshot.step)
 
     def _write(self, captured: store.Capture) -> Path:
         """Publish a snapshot (see :func:`_publish_one` and :func:`_publish_ranks`)."""

@@ -421,6 +421,18 @@ def test_a_pipeline_registered_after_the_checkpoint_starts_from_its_beginning(
                    for g, w in zip(got, want))
 
 
+def test_a_pipeline_not_registered_on_resume_is_said_at_the_first_save(saved, tmp_path,
+                                                                        capsys):
+    """Found by a sweep: the next checkpoint dropped its position without a word."""
+    ck = dvc_dali.Checkpointer(saved)
+    capsys.readouterr()
+    ck.save(ck.step + 1)
+    ck.save(ck.step + 2)
+    said = capsys.readouterr().err
+    assert said.count("pipeline(s) 'train' of the checkpoint at step ") == 1, said
+    ck.close()
+
+
 # -- external_source forms DALI cannot restore -----------------------------
 def _es_pipe(source, **es_kw):
     @pipeline_def(**CPU, batch_size=2, seed=1)
