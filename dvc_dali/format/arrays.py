@@ -38,12 +38,18 @@ def _torch_leaf(value) -> tuple[np.ndarray, dict[str, Any]]:
     return host, {**info, **_trained(value)}
 
 
+def _is_parameter(value: Any) -> bool:
+    """A torch ``nn.Parameter``, told by its class's name (torch is imported
+    only when a torch leaf is read)."""
+    return type(value).__name__ == "Parameter"
+
+
 def _trained(value: Any) -> dict[str, Any]:
     """How a tensor is trained, kept so it comes back trained: a learned
     value kept in ``arrays`` (``nn.Parameter``, ``requires_grad``) came back
     a plain tensor, which a resumed optimizer never updates (its grad stays
     None). Nothing for a state_dict's tensors: they are detached."""
-    if type(value).__name__ == "Parameter":
+    if _is_parameter(value):
         return {"parameter": True, "requires_grad": bool(value.requires_grad)}
     return {"requires_grad": True} if value.requires_grad else {}
 
@@ -65,14 +71,10 @@ def _refuse_torch(path: str, value: Any) -> None:
     if layout != "torch.strided":
         raise TypeError(f"array {path!r}: a {layout.removeprefix('torch.')} tensor would not "
                         "come back as one; save value.to_dense(), or its indices and values")
-    nbytes = value.numel() * value.element_size()
-    if nbytes > _EXPANDS_ABOVE:
-        spanned = value.element_size() * (1 + sum((n - 1) * abs(s) for n, s in
-                                                   zip(value.shape, value.stride()) if n))
-        if nbytes - spanned > _EXPANDS_ABOVE:
-            raise TypeError(f"array {path!r}: a view of {spanned} bytes of memory that would "
-                            f"be written as {nbytes} bytes (an expanded view repeats its data); "
-                            "save the tensor it views, or value.clone() if the whole is meant")
+    size = value.element_size()
+    _refuse_repeating(path, value.numel() * size, size, tuple(value.shape),
+                      [s * size for s in value.stride()], "an expanded",
+                      "the tensor it views, or value.clone() if the whole is meant")
 
 
 def _refuse_jax(path: str, value: Any) -> None:
@@ -173,13 +175,22 @@ def _refuse_expanding_view(path: str, host: np.ndarray) -> None:
     """A broadcast view (np.broadcast_to: strides of 0) is written whole: one
     of a few bytes may stand for terabytes, which failed in a copy with
     NumPy's MemoryError naming no array."""
-    if host.nbytes <= _EXPANDS_ABOVE or 0 in host.shape:
+    _refuse_repeating(path, host.nbytes, host.itemsize, host.shape, host.strides,
+                      "a broadcast", "the array it views, or np.array(value) if the whole "
+                      "is meant")
+
+
+def _refuse_repeating(path: str, nbytes: int, itemsize: int, shape: tuple[int, ...],
+                      byte_strides: Any, view: str, fix: str) -> None:
+    """A view whose strides repeat its data (NumPy's broadcast_to, torch's
+    expand: strides of 0) that would be written as more than _EXPANDS_ABOVE
+    bytes beyond the memory it spans, refused naming it."""
+    if nbytes <= _EXPANDS_ABOVE or 0 in shape:
         return
-    spanned = host.itemsize + sum((n - 1) * abs(s) for n, s in zip(host.shape, host.strides))
-    if host.nbytes - spanned > _EXPANDS_ABOVE:
+    spanned = itemsize + sum((n - 1) * abs(s) for n, s in zip(shape, byte_strides))
+    if nbytes - spanned > _EXPANDS_ABOVE:
         raise TypeError(f"array {path!r}: a view of {spanned} bytes of memory that would be "
-                        f"written as {host.nbytes} bytes (a broadcast view repeats its data); "
-                        "save the array it views, or np.array(value) if the whole is meant")
+                        f"written as {nbytes} bytes ({view} view repeats its data); save {fix}")
 
 
 def _refuse_subclass(name: str, value: Any) -> None:
@@ -419,7 +430,7 @@ def snapshot(value: Any) -> Any:
         return value.copy()
     if module.startswith("torch") and hasattr(value, "detach"):
         copy = value.detach().clone()  # a Parameter's flags kept for the save
-        if type(value).__name__ == "Parameter":
+        if _is_parameter(value):
             return type(value)(copy, requires_grad=value.requires_grad)
         return copy.requires_grad_(True) if value.requires_grad else copy
     # only the containers a save keeps are rebuilt (an OrderedDict stays one);

@@ -164,4 +164,3 @@ def name_steps_param(message: str, stage_params: Mapping[str, Any],
     if len(names) != 1:
         return message
     return _MORE.sub(lambda _: f"`dvc exp run -S {names[0]}=<more than ", message)
-
