@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.helpers import child_env
 from tests.helpers.launch import copy_checkpoint, requires_gpu, run_script
 
 torch = pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
@@ -230,7 +231,7 @@ def test_a_validation_iterator_first_used_after_a_checkpoint_resumes_exactly(tmp
 
     def run(kill_at: int) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "train.py", str(kill_at)], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, env=child_env())
 
     whole = run(0)
     assert whole.returncode == 0, whole.stderr[-3000:]
