@@ -147,11 +147,11 @@ _our_job = async_ranks.AsyncRanks._run  # every rank's write, and rank 0's commi
 _timed_job = CPU.timed(_our_job, "background")
 
 
-def _job(self: Any, seq: str, captured: Any, record: Any) -> None:
+def _job(self: Any, seq: str, captured: Any, *rest: Any) -> None:
     """Ours, its CPU counted but at the last step (CPU.count is of those before it)."""
     total = (captured.run or {}).get("total_steps")
     last = total is not None and captured.step >= total
-    return (_our_job if last else _timed_job)(self, seq, captured, record)
+    return (_our_job if last else _timed_job)(self, seq, captured, *rest)
 
 
 async_ranks.AsyncRanks._run = _job  # type: ignore[method-assign]
