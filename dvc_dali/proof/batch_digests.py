@@ -1104,11 +1104,22 @@ class Recorder:
         later resume from the checkpoint), and the next manifest's record of
         it keeps only the batches produced before the difference. The next
         save starts a fresh segment."""
+        self.leave_segment({name: index})
+
+    def leave_segment(self, cut: dict[str, int] | None = None) -> None:
+        """The run left the resumed checkpoint's segment on purpose: at batch
+        ``cut[name]`` of a stream whose batch differed, or where each stream
+        is now (a data change let through when a pipeline is restored, before
+        its first batch: DVC_DALI_INEXACT=1). Its later batches would
+        otherwise be appended as those that followed the checkpoint, and an
+        exact resume from it be refused for the data it put back (found by a
+        sweep)."""
+        cut = cut or {}
         with self._lock:
             self._diverged = True
             self._close_log()
             for stream, done in self._done.items():
-                del done[index if stream == name else self._count.get(stream, 0):]
+                del done[cut.get(stream, self._count.get(stream, 0)):]
 
     def _settle(self) -> None:
         """Hand the group waiting over and wait for the digests in flight (one

@@ -218,26 +218,26 @@ def start(name: str, description: dict[str, Any], limit: int) -> Contents:
 
 
 def check(contents: Contents, saved_entry: dict[str, Any], manifest_path: str,
-          inexact: bool) -> None:
+          inexact: bool) -> bool:
     """Refuse (or, with DVC_DALI_INEXACT=1, say) data whose contents changed
-    since the checkpoint was written."""
+    since the checkpoint was written; True where a change was let through."""
     saved = saved_entry.get(KEY)
     if not saved:
-        return
+        return False
     if contents.limit <= 0:
         logger.warning("pipeline %r: the contents of its data, digested when %s was written, "
                        "are not checked (DVC_DALI_CONTENT_DIGEST_MAX=0): this resume checks "
                        "their names and sizes only", contents.name, manifest_path)
-        return
+        return False
     lines = contents.changed(saved)
     if not lines:
-        return
+        return False
     what = "\n  ".join(lines)
     if inexact:
         logger.warning("pipeline %r: the contents of its data changed since %s was written "
                        "(%s); continuing on purpose (DVC_DALI_INEXACT=1): this run is no longer "
                        "exact", contents.name, manifest_path, "; ".join(lines))
-        return
+        return True
     raise PipelineMismatchError(
         f"{manifest_path}: pipeline {contents.name!r} reads files whose contents changed "
         "since the checkpoint was written, so DALI would resume on "

@@ -200,18 +200,24 @@ class Checkpointer:
         self._branched = False  # a retrained row's rows form a run of their own
         self._saved = self._resume_from(self._read(resume))
         self._last_step = self._saved.snapshot.step if self._saved else None  # never back
-        # proof at runtime: the batches after each checkpoint (batch_digests.py)
-        self._batches = batch_digests.Recorder(batch_digests.companion_dir(self.path),
-                                               self._ctx.verify_batches, self._ctx.inexact)
-        self._register(restorable.BatchProof(
-            self._batches, self._sources, self._dynamic_readers, _versions,
-            _row_digests(str(self.path), self._run) if self._run is not None else None),
-            announce=False)
+        self._batches = self._start_proof()
         # the global random generators (rng_state): checked now, saved with each
         # checkpoint, set back at the resume point (_resume_point)
         if self._ctx.rng if rng is None else rng:
             self._generators = restorable.RandomGenerators()
             self._register(self._generators, announce=False)
+
+    def _start_proof(self) -> batch_digests.Recorder:
+        """The proof at runtime: the batches after each checkpoint (batch_digests.py)."""
+        recorder = batch_digests.Recorder(batch_digests.companion_dir(self.path),
+                                          self._ctx.verify_batches, self._ctx.inexact)
+        if self._saved is not None:  # a data change let through: not the checkpoint's batches
+            self._saved.went_inexact = recorder.leave_segment
+        self._register(restorable.BatchProof(
+            recorder, self._sources, self._dynamic_readers, _versions,
+            _row_digests(str(self.path), self._run) if self._run is not None else None),
+            announce=False)
+        return recorder
 
     def _read(self, resume: bool) -> store.Snapshot | None:
         """The checkpoint in the directory (None: ``resume`` false, or none).

@@ -109,6 +109,9 @@ class SavedCheckpoint:
         self.param_changes = param_changes  # named in a mismatch, which they may explain
         self.inexact = inexact  # DVC_DALI_INEXACT: changed data said, not refused
         self.explain_data = lambda old, new: []  # the files behind a changed data digest
+        # a change let through on purpose (DVC_DALI_INEXACT=1): the batch
+        # digests leave the checkpoint's segment (set by the Checkpointer)
+        self.went_inexact: Callable[[], None] = lambda: None
         self.manifest_path = snapshot.path / store.MANIFEST
 
     def entry(self, name: str) -> dict[str, Any]:
@@ -212,8 +215,9 @@ class DaliPipeline:
             return
         state = saved.pipeline_state(self.name, self.description)
         dali_state.build(self.pipe, self.name, state, str(saved.state_file(self.name)))
-        data_contents.check(self.contents, saved.entry(self.name), str(saved.manifest_path),
-                            saved.inexact)
+        if data_contents.check(self.contents, saved.entry(self.name),
+                               str(saved.manifest_path), saved.inexact):
+            saved.went_inexact()
 
     def capture(self) -> dict[str, Any]:
         # under a framework iterator, through it: pipe.checkpoint() would lose
@@ -260,8 +264,9 @@ class TfDataset:
             state = saved.pipeline_state(self.name, self.description, kind=dali_tf.KIND)
             where = str(saved.state_file(self.name))
             self.check_node = saved.entry(self.name).get(dali_tf.CHECK_NODE) is True
-            data_contents.check(self.contents, saved.entry(self.name),
-                                str(saved.manifest_path), saved.inexact)
+            if data_contents.check(self.contents, saved.entry(self.name),
+                                   str(saved.manifest_path), saved.inexact):
+                saved.went_inexact()
         self.stream = dali_tf.Stream(state, where)
 
     @property

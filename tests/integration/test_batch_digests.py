@@ -95,6 +95,37 @@ def test_a_resume_on_purpose_on_changed_data_leaves_the_checkpoints_segment_alon
                      r"resumes produced", proc.stderr), proc.stderr
 
 
+def test_a_resume_on_purpose_past_changed_contents_leaves_the_checkpoints_segment_alone(
+        tmp_path, images):
+    """The data's contents changed (content digests on, the default) and
+    DVC_DALI_INEXACT=1, the run it resumes killed right after its save: the
+    batches it trains on are not appended as those that followed the
+    checkpoint, so the data put back, the exact resume from that checkpoint
+    is not refused for them (it was: a sweep's branch off a row, then `dvc
+    exp apply` of the row)."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("rotate", images, ckpt, tmp_path / "first.npz", 8, save_at=[4],
+                     kill_after=4)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    assert batch_digests.read_companion(companion(ckpt), log_id) == {}
+    originals = {path: path.read_bytes() for path in (images / "images").rglob("*.jpg")}
+    for path in originals:
+        perturb_same_size_and_mtime(path)
+
+    proc = proof_run("rotate", images, ckpt, tmp_path / "inexact.npz", 8, kill_after=7,
+                     DVC_DALI_INEXACT="1")
+    assert proc.returncode == -9 and "no longer exact" in proc.stderr, proc.stderr[-3000:]
+    assert batch_digests.read_companion(companion(ckpt), log_id) == {}
+
+    for path, raw in originals.items():
+        keep_size_and_mtime(path, raw)
+    proc = proof_run("rotate", images, ckpt, tmp_path / "exact.npz", 8)
+    assert proc.returncode == 0 and "BatchMismatchError" not in proc.stderr, \
+        proc.stderr[-3000:]
+    same_as_uninterrupted("rotate", images, tmp_path, tmp_path / "exact.npz", 8)
+
+
 def test_a_resume_that_ends_before_its_digests_run_out_says_at_close_what_it_compared(
         tmp_path, capsys):
     from tests.helpers import pipelines
