@@ -70,6 +70,21 @@ def push_refs(dvc_root: str, remote: str, refs: list[tuple[str, str]]) -> float:
     return cpu
 
 
+def remote_refs(dvc_root: str, remote: str, refs: list[str]) -> dict[str, str]:
+    """{ref: sha} of those of ``refs`` the git remote holds."""
+    found: dict[str, str] = {}
+    for at in range(0, len(refs), MAX_BATCH):
+        proc = gitcmd.run(["ls-remote", remote, *refs[at:at + MAX_BATCH]], cwd=dvc_root,
+                          env=_git_env(), check=False)
+        if proc.returncode != 0:
+            raise OSError(proc.stderr.strip() or f"git ls-remote exited {proc.returncode}")
+        for line in proc.stdout.splitlines():
+            sha, _, ref = line.partition("\t")
+            if ref in refs:
+                found[ref] = sha
+    return found
+
+
 def push_ref(dvc_root: str, remote: str, sha: str, ref: str) -> None:
     """The ref to the git remote (never forced: a row is never overwritten)."""
     push_refs(dvc_root, remote, [(sha, ref)])
@@ -98,6 +113,9 @@ class Pusher:
         self._known: set[str] = set()  # md5s on the DVC remote, found or sent
         self._inflight: list[Job] = []  # the batch being pushed now
         self._next_at = 0.0  # monotonic time before which no push starts (see CPU_SHARE)
+        # the run's rows recorded before this process that the git remote
+        # lacks were looked for (_catch_up): a resumed run's first push
+        self._caught_up = False
         self._waiting = 0  # callers of wait(): no spacing while someone waits
         self.stats = {"rows": 0, "pushes": 0, "cpu_s": 0.0}  # this thread + git's CPU
         self._thread = threading.Thread(target=self._run, name="dvc-dali-push", daemon=True)
@@ -178,15 +196,15 @@ class Pusher:
         except (AttributeError, OSError):
             pass
         while True:
-            with self._cond:
-                while not self._closing and not (
-                        self._todo and (self._waiting or time.monotonic() >= self._next_at)):
-                    self._cond.wait(max(self._next_at - time.monotonic(), 0.001)
-                                    if self._todo else None)
-                if self._closing:
-                    return
-                batch = self._next_batch()
-                self._inflight = batch
+            batch = self._take()
+            if batch is None:
+                return
+            if not batch:  # the catch-up first
+                try:
+                    self._catch_up()
+                except Exception as exc:  # retried as a push is
+                    self._failed(self._todo[0] if self._todo else Job("", self.run_name), exc)
+                continue
             started = time.monotonic()
             cpu0 = time.thread_time()
             try:
@@ -210,6 +228,51 @@ class Pusher:
                 self._pushed += [j.name for j in pushed]
                 self._inflight = []
                 self._cond.notify_all()
+
+    def _take(self) -> list[Job] | None:
+        """The next batch, once due; [] for the catch-up before the first
+        one; None once closing."""
+        with self._cond:
+            while not self._closing and not (
+                    self._todo and (self._waiting or time.monotonic() >= self._next_at)):
+                self._cond.wait(max(self._next_at - time.monotonic(), 0.001)
+                                if self._todo else None)
+            if self._closing:
+                return None
+            batch = self._next_batch() if self._caught_up else []
+            self._inflight = batch
+            return batch
+
+    def _catch_up(self) -> None:
+        """Once, before the first push: the rows of this run recorded before
+        this process that the git remote lacks go first. A process killed
+        before its pusher sent them (rows come faster than MAX_GAP_S apart)
+        left them behind, and the resumed run pushed only its own (found by
+        a sweep). A row the remote holds with another commit (recorded
+        elsewhere) is left alone, and said."""
+        from ..reading.exp_refs import list_rows
+
+        with self._cond:
+            queued, name = {j.ref for j in self._todo}, self.run_name
+        rows = [r for r in list_rows(self.dvc_root, name)
+                if r["ref"] not in queued and r["name"] not in self._pushed]
+        there = remote_refs(self.dvc_root, self.git_remote, [r["ref"] for r in rows])
+        other = [r["name"] for r in rows if there.get(r["ref"], r["sha"]) != r["sha"]]
+        rows = [r for r in rows if r["ref"] not in there]
+        if rows and self._repo is None:
+            self._repo, self._odb = dvc_door.open_repo(self.dvc_root), None
+        jobs = [Job(r["ref"], r["name"], r["sha"], dvc_door.rev_out_hashes(self._repo, [r["sha"]]))
+                for r in rows]
+        if other:
+            logger.warning("%s on %s: another commit under that name (recorded elsewhere); "
+                           "left alone", ", ".join(other), self.git_remote)
+        if jobs:
+            logger.info("%s of %s recorded before this process, not on %s: pushed first",
+                        ", ".join(j.name for j in jobs), name, self.git_remote)
+        with self._cond:
+            self._todo[:0] = jobs
+            self._caught_up = True
+            self._cond.notify_all()
 
     def _next_batch(self) -> list[Job]:
         """The jobs queued (rows and deletions), up to a second one of a ref."""

@@ -54,6 +54,29 @@ def test_a_killed_run_leaves_complete_rows_on_the_remotes_and_resumes_on_a_new_c
     assert {"a-step15", "a-step20"} <= set(exp_rows(fresh)), exp_rows(fresh)
 
 
+def test_rows_a_killed_run_had_not_pushed_yet_go_with_the_resumed_runs(tmp_path):
+    """The rows recorded while their push waited (here: the DVC remote
+    broken) when the machine was killed: the resumed run pushes them before
+    its own; it pushed only its own (found by a sweep)."""
+    project = preemptible_project(tmp_path)
+    bare, store = with_remotes(project, tmp_path)
+    store.write_text("not a directory")  # every data push fails
+    proc = start(project, "-n", "a", "-S", "train.checkpoint_every=5", env={"PREEMPT_AT": "13"})
+    trainer_ready(project, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert {"a-step5", "a-step10"} <= set(exp_rows(project)) and remote_rows(bare) == {}
+    store.unlink()
+    out = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], project)
+    text = out.stdout + out.stderr
+    assert "a-step5, a-step10 of a recorded before this process, not on origin: pushed " \
+        "first" in text, text
+    on_remote = remote_rows(bare)
+    assert set(on_remote) == {"a-step5", "a-step10", "a-step15", "a-step20"}, on_remote
+    for name, sha in on_remote.items():
+        assert missing_data(bare, store, sha) == [], name
+
+
 def test_a_preempted_run_pushes_its_last_row_before_it_exits(tmp_path):
     project = preemptible_project(tmp_path)
     bare, store = with_remotes(project, tmp_path)
