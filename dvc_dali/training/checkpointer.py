@@ -17,6 +17,7 @@ import functools
 import numbers
 import os
 import platform
+import shutil
 import signal
 import threading
 import time
@@ -1241,9 +1242,15 @@ def _publish_ranks(path: Path, captured: store.Capture, rank: int, world_size: i
     rank_dir = f"rank-{rank:05d}"
     name, sha = store.write_capture(path / rank_dir, captured,
                                     rank={"rank": rank, "world_size": world_size})
-    entries = distributed.all_gather((f"{rank_dir}/{name}", sha))
+    entries = distributed.all_gather((f"{rank_dir}/{name}", sha, captured.step))
+    # every rank gets the same list, so all refuse alike (none waits on another)
+    message = rank_commit.different_steps(
+        str(path), {r: e[2] for r, e in enumerate(entries)}, entries[0][2])
+    if message:
+        shutil.rmtree(path / rank_dir / name, ignore_errors=True)
+        raise CheckpointWriteError(message)
     if rank == 0:
-        store.publish(path, [tuple(e) for e in entries])
+        store.publish(path, [(e[0], e[1]) for e in entries])
         store.remove_leftovers(path, keep="")
     distributed.barrier()
     store.remove_leftovers(path / rank_dir, keep=name)

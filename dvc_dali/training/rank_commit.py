@@ -61,13 +61,9 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
     message = mismatch_message(unlike or {}, step)
     if message:
         return Decision(FAIL, message=message)
-    other = sorted((r, m.step) for r, m in durable.items() if m.step != step)
-    if other:
-        found = ", ".join(f"rank {r} step {s}" for r, s in other)
-        return Decision(FAIL, message=(
-            f"{checkpoint}: the ranks checkpointed different steps (rank 0 step {step}, "
-            f"{found}); nothing was recorded for step {step}. Call make_checkpoint() at the "
-            "same step on every rank (Checkpointer.should_save answers the same on all)."))
+    message = different_steps(checkpoint, {r: m.step for r, m in durable.items()}, step)
+    if message:
+        return Decision(FAIL, message=message)
     missing = [r for r in range(world_size) if r not in durable]
     if not missing:
         return Decision(RECORD, entries=tuple((durable[r].entry, durable[r].sha)
@@ -197,3 +193,16 @@ def parse_durable(text: Optional[str]) -> Optional[Durable]:
 
 def format_durable(mark: Durable) -> str:
     return f"{mark.step} {mark.entry} {mark.sha}"
+
+
+def different_steps(checkpoint: str, steps: dict[int, int], step: int) -> str:
+    """Why a checkpoint of rank 0's ``step`` is refused where other ranks
+    (``steps``: rank -> its step) checkpointed other steps; "" where all
+    agree. A row holds every rank's state at one step."""
+    other = sorted((r, s) for r, s in steps.items() if s != step)
+    if not other:
+        return ""
+    found = ", ".join(f"rank {r} step {s}" for r, s in other)
+    return (f"{checkpoint}: the ranks checkpointed different steps (rank 0 step {step}, "
+            f"{found}); nothing was recorded for step {step}. Call make_checkpoint() at the "
+            "same step on every rank (Checkpointer.should_save answers the same on all).")

@@ -159,3 +159,36 @@ def test_a_later_checkpointer_of_a_directory_never_takes_an_earlier_ones_files(t
     for rank, proc in enumerate(ranks):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"restored {rank} {200 + rank}" in proc.stdout, proc.stdout[-3000:]
+
+
+SKEWED = """
+import sys
+import numpy as np
+import torch.distributed as dist
+import dvc_dali
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=bool(int(sys.argv[2])))
+ck.make_checkpoint(2 + rank, arrays={"w": np.arange(3) + rank})  # rank 1 one step ahead
+ck.wait()
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.parametrize("asynchronous", [0, 1])
+def test_ranks_checkpointing_different_steps_are_refused_on_every_rank(tmp_path, asynchronous):
+    """A row holds every rank's state at one step: a synchronous checkpoint
+    published rank 0 at step 2 and rank 1 at step 3 (a resume then hung in
+    the ranks' next collective; found by a sweep); it is refused on every
+    rank, as the asynchronous one is, and nothing is published."""
+    pytest.importorskip("torch")
+    script = tmp_path / "skewed.py"
+    script.write_text(SKEWED)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck"), str(asynchronous)],
+                      tmp_path)
+    said = "the ranks checkpointed different steps (rank 0 step 2, rank 1 step 3)"
+    for proc in ranks[:1] if asynchronous else ranks:  # asynchronous: rank 0 decides
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "saved" not in proc.stdout, text[-3000:]
+        assert said in text and "Traceback" not in text, text[-3000:]
+    assert not (tmp_path / "ck" / "LATEST").exists()

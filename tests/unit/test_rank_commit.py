@@ -13,6 +13,7 @@ from dvc_dali.training.rank_commit import (
     Durable,
     Setup,
     decide,
+    different_steps,
     format_durable,
     format_setup,
     mismatch_message,
@@ -151,3 +152,17 @@ def test_ranks_unlike_each_other_are_refused_naming_what_differs(setups, want):
 def test_setups_round_trip_through_the_store_text(setup):
     assert parse_setup(format_setup(setup)) == setup
     assert parse_setup(None) is None and parse_setup("") is None
+
+
+@pytest.mark.parametrize("steps,step,want", [
+    ({0: 4, 1: 4}, 4, ""),
+    ({0: 4}, 4, ""),
+    ({0: 4, 1: 5}, 4, "(rank 0 step 4, rank 1 step 5); nothing was recorded for step 4"),
+    ({0: 4, 1: 4, 2: 3, 3: 6}, 4, "(rank 0 step 4, rank 2 step 3, rank 3 step 6)"),
+])
+def test_ranks_at_different_steps_are_named(steps, step, want):
+    """Both modes refuse a checkpoint whose ranks are at different steps
+    (the synchronous one published it)."""
+    message = different_steps("ck", steps, step)
+    assert (want in message and message.startswith("ck: the ranks checkpointed different "
+                                                  "steps")) if want else message == ""
