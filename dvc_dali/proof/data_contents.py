@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from ..core.errors import PipelineMismatchError
+from ..dali import dali_state
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -46,6 +47,7 @@ MAX_FILES = 10_000  # 8 hex digits a file in every manifest (80 KB at most); a r
 # reads every file: 100,000 small files would cost seconds
 _CHUNK = 1 << 20
 _SHOWN = 5  # changed files named in a refusal
+_UNREADABLE = "00000000"  # a file that cannot be read (a dangling link): no bytes
 
 
 def locations(description: dict[str, Any]) -> dict[str, tuple[Any, str | None]]:
@@ -70,7 +72,7 @@ def _named(value: Any, root: str | None) -> list[tuple[str, str, int]]:
     for name in [value] if isinstance(value, str) else value:
         path = os.path.join(root, name) if root and not os.path.isabs(name) else name
         if os.path.isdir(path):  # caffe's LMDB: every file in it (it failed: "a directory")
-            out += [f for f in _walk(path, f"{name.rstrip('/')}/")
+            out += [f for f in dali_state.data_files(path, f"{name.rstrip('/')}/")
                     if os.path.basename(f[0]) not in _NOT_DATA]
         else:
             out.append((name, path, os.stat(path).st_size))
@@ -92,21 +94,6 @@ def _manifested(value: Any) -> list[tuple[str, str, int]]:
     return out
 
 
-def _walk(top: str, rel: str = "") -> list[tuple[str, str, int]]:
-    """(relative name, path, size) below ``top``, in dali_state._digest_dir's
-    order: a directory's files by name, then its subdirectories by name."""
-    try:
-        with os.scandir(top) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError:
-        return []
-    out = [(f"{rel}{e.name}", e.path, e.stat().st_size) for e in entries if not e.is_dir()]
-    for e in entries:
-        if e.is_dir() and not e.is_symlink():
-            out += _walk(e.path, f"{rel}{e.name}/")
-    return out
-
-
 def _listed(file_list: str, root: str | None) -> list[tuple[str, str, int]]:
     """The files a DALI file_list names (``<path> <label>`` a line), relative
     to file_root if given, else to the list's directory."""
@@ -119,6 +106,11 @@ def _listed(file_list: str, root: str | None) -> list[tuple[str, str, int]]:
                 path = os.path.join(base, name)
                 out.append((name, path, os.stat(path).st_size))
     return out
+
+
+def _printable(name: str) -> str:
+    """A file name a message can print: one that is not UTF-8 with its bytes escaped."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _crc(path: str) -> str:
@@ -156,12 +148,12 @@ class Contents:
                 if where.endswith(".file_list"):
                     files = _listed(path, root)
                 elif where.endswith(".file_root"):
-                    files = _walk(path)
+                    files = dali_state.data_files(path)
                 elif where.endswith(MANIFEST_ARGS):
                     files = _manifested(path)
                 else:
                     files = _named(path, root if where.endswith(".files") else None)
-                total = sum(size for _, _, size in files)
+                total = sum(max(size, 0) for _, _, size in files)
                 if total > self.limit or len(files) > MAX_FILES:
                     if (where, str(path)) not in STATE.said_digest_limit:  # once per process
                         STATE.said_digest_limit.add((where, str(path)))
@@ -172,7 +164,7 @@ class Contents:
                             self.name, where, path, _size(total), len(files), self.limit,
                             MAX_FILES)
                     continue
-                crcs = "".join(_crc(p) for _, p, _ in files)
+                crcs = "".join(_crc(p) if size >= 0 else _UNREADABLE for _, p, size in files)
             except (OSError, ValueError, AttributeError) as exc:  # DALI's build names a
                 # missing file itself; a manifest that is not JSON lines of objects
                 logger.warning("pipeline %r: could not read the data of %s to digest its "
@@ -208,7 +200,8 @@ class Contents:
             names = [self._files[where][i] for i in range(new["files"])
                      if old["crc32"][8 * i:8 * i + 8] != new["crc32"][8 * i:8 * i + 8]]
             more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
-            lines.append(f"{where} ({path}): changed {', '.join(names[:_SHOWN])}{more}")
+            shown = ", ".join(_printable(n) for n in names[:_SHOWN])
+            lines.append(f"{where} ({path}): changed {shown}{more}")
         return lines
 
 

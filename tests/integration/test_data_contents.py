@@ -191,3 +191,32 @@ def test_a_directory_a_reader_names_its_files_and_a_manifests_audio_are_checked(
         "caffe.path", "nemo.manifest_filepaths", "video.filenames"], changed
     assert changed[0].endswith("/db/data.mdb") and changed[1].endswith("changed y.wav")
     assert "changed " in changed[2] and "b.webm" in changed[2], changed
+
+
+def test_linked_folders_dangling_links_and_names_not_utf8_are_digested(tmp_path, data_dir):
+    """As DALI's file reader walks file_root: a class folder that is a link
+    is followed (its files were left out: a file changed there resumed
+    silently, not exact), a dangling link and a name that is not UTF-8 are
+    listed (both ended the run in a traceback). Found by a sweep."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir / "images", data / "images")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(data / "images" / "class1", outside / "class1")
+    (data / "images" / "class1").symlink_to(outside / "class1", target_is_directory=True)
+    (data / "images" / "class0" / "notes.txt").symlink_to(tmp_path / "nonexistent.txt")
+    odd = data / "images" / "class0" / os.fsdecode(b"\xff.jpg")
+    shutil.copyfile(data / "images" / "class0" / "000.jpg", odd)
+    ckpt = tmp_path / "ckpt"
+    proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
+    assert proc.returncode == -9 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    record = manifest(ckpt)["pipelines"]["train"]["contents"]["reader.file_root"]
+    assert record["files"] == 26, record  # 24 images, the link, the odd name
+
+    rewrite_same_size_and_mtime(outside / REWRITTEN)
+    rewrite_same_size_and_mtime(odd)
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in text, text
+    assert f"reader.file_root ({data}/images): changed class0/\\xff.jpg, {REWRITTEN}" in text, \
+        text
