@@ -339,8 +339,13 @@ def cmd_run(args: argparse.Namespace) -> int:
            "DVC_DALI_SIGNAL_FILE": str(sig)}
     env.pop(RECORDS_ITSELF, None)  # this process records, not the child
     child = subprocess.Popen(command, env=env)
+    # Not passed on: a terminal's Ctrl-C, `dvc queue kill` and `kill -- -PGID`
+    # signal the whole process group, the command included, as DVC 2's stage
+    # command got them; passed on too, they reached it twice, and a second
+    # Ctrl-C broke the last checkpoint it was saving (found by a sweep). This
+    # process outlives them, to record that checkpoint.
     for sig_num in (signals.SIGINT, signals.SIGTERM):
-        signals.signal(sig_num, lambda n, _f: child.send_signal(n))
+        signals.signal(sig_num, lambda _n, _f: None)
 
     def record() -> None:  # record_and_prune logs the row it recorded
         recording.record_and_prune(ctx, RecordRequest(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 import dvc_dali
 
+from tests.helpers import child_env
 from tests.helpers.dvc_project import commit_all, make_project, run
 from tests.helpers.rows import exp_refs, exp_rows
 
@@ -176,9 +178,6 @@ def test_remove_refuses_a_temp_or_queued_run_in_training(tmp_path):
     """`dvc-dali remove` of a `--temp` or queued run still training: refused
     (it removed its rows, and the run recorded the next ones and DVC's
     experiment under the same name: the run came back); once they end, done."""
-    import subprocess
-
-    from tests.helpers import child_env
     from tests.helpers.dvc_project import queue_report, wait_queue
 
     project, gate = tmp_path / "p", tmp_path / "gate"
@@ -622,3 +621,51 @@ def test_init_refuses_what_it_cannot_write_before_writing_anything(tmp_path):
     out = run([*DVC_DALI, "init", "--force", "p"], tmp_path, check=False)
     assert out.returncode == 1 and "a directory where the template writes a file" in out.stderr
     assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["params.yaml"]  # nothing
+
+
+CTRL_C_TRAINER = """
+import os, signal, sys, time
+from pathlib import Path
+
+got = []
+signal.signal(signal.SIGINT, lambda n, f: got.append(n))
+
+
+def checkpoint(step):
+    Path("checkpoint").mkdir(exist_ok=True)
+    Path("checkpoint/state.txt").write_text(f"state at step {step}")
+    flag = Path(os.environ["DVC_ROOT"]) / ".dvc" / "tmp" / "DVC_CHECKPOINT"
+    flag.touch()
+    while flag.exists():
+        time.sleep(0.01)
+
+
+for step in range(1, 6):
+    if step == 3:
+        os.killpg(os.getpgid(0), signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+    if got:
+        checkpoint(step)  # the last one, then out
+        print(f"trainer: {len(got)} SIGINT, last checkpoint at step {step}", flush=True)
+        sys.exit(130)
+    checkpoint(step)
+"""
+
+
+def test_run_wrapper_lets_one_ctrl_c_reach_the_command_once(tmp_path):
+    """A terminal's Ctrl-C signals the whole process group, the command
+    included: `dvc-dali run` passed it on as well, so the command got it
+    twice and, as DVC 2's users wrote it, was killed while saving its last
+    checkpoint (found by a sweep). Once now, and that checkpoint recorded."""
+    shell_project(tmp_path)
+    (tmp_path / "train.py").write_text(CTRL_C_TRAINER)
+    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
+        "./train.sh", f"{sys.executable} train.py")
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
+    commit_all(tmp_path)
+    proc = subprocess.run(["dvc", "exp", "run", "-n", "c"], cwd=tmp_path, capture_output=True,
+                          text=True, env=child_env(this_python=True), start_new_session=True,
+                          timeout=300)
+    said = proc.stdout + proc.stderr
+    assert "trainer: 1 SIGINT, last checkpoint at step 3" in said, said
+    assert "Traceback" not in said, said
+    assert {f"c-step{s}" for s in (1, 2, 3)} <= set(exp_rows(tmp_path)), said
