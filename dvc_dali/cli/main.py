@@ -339,11 +339,9 @@ def cmd_run(args: argparse.Namespace) -> int:
            "DVC_DALI_SIGNAL_FILE": str(sig)}
     env.pop(RECORDS_ITSELF, None)  # this process records, not the child
     child = subprocess.Popen(command, env=env)
-    # Not passed on: a terminal's Ctrl-C, `dvc queue kill` and `kill -- -PGID`
-    # signal the whole process group, the command included, as DVC 2's stage
-    # command got them; passed on too, they reached it twice, and a second
-    # Ctrl-C broke the last checkpoint it was saving (found by a sweep). This
-    # process outlives them, to record that checkpoint.
+    # Not passed on: they reach the command through the process group, as
+    # under DVC 2 (twice when passed on too: found by a sweep); outlived, so
+    # that the last checkpoint it signals is recorded
     for sig_num in (signals.SIGINT, signals.SIGTERM):
         signals.signal(sig_num, lambda _n, _f: None)
 

@@ -15,6 +15,7 @@ one line a person can act on, not a traceback.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shlex
@@ -23,7 +24,7 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .context import RunContext, debug_requested
 from .errors import DvcDaliError
@@ -71,6 +72,43 @@ def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str
     return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held while the block runs (on the main thread;
+    elsewhere none reaches it), delivered as they came once it ends. Around
+    a row's recording from its dvc.lock write to its ref: a Ctrl-C in
+    between left dvc.lock naming a checkpoint that no row holds, said the
+    previous row was kept, and the next run resumed that checkpoint under a
+    new run name (found by a sweep). The checkpoint in flight is finished
+    whole (docs/design/guarantees.md); it takes milliseconds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is not None:  # None: set outside Python, left alone
+            previous[sig] = signal.signal(sig, lambda n, _f: came.append(n))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(came):
+            signal.raise_signal(sig)
+
+
+def _settled() -> None:
+    """The asynchronous checkpoint in flight finished (and recorded), so the
+    interruption line names what is kept: it named the row before it, and
+    the one in flight was recorded after the line (found by a sweep)."""
+    pool = STATE.background_pool
+    if pool is not None:
+        with contextlib.suppress(RuntimeError):  # shut down already: nothing in flight
+            pool.submit(lambda: None).result()
+
+
 def _hook(previous):
     def excepthook(kind: type[BaseException], exc: BaseException,
                    tb: Optional[TracebackType]) -> None:
@@ -80,6 +118,7 @@ def _hook(previous):
         if not ours or debug_requested():
             previous(kind, exc, tb)
         if ours and issubclass(kind, KeyboardInterrupt):
+            _settled()  # the stack is unwound: no lock the save needs is held
             logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()))
         elif ours:
             logger.error("%s: %s", kind.__name__, exc)
@@ -116,9 +155,16 @@ def on_sigterm(signum: int, _frame) -> None:
         # should_save, so it is one more checkpoint, then the exit. Called
         # directly (that framework put it back), it exits as before.
         return
-    logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     # SystemExit unwinds the training loop, so a checkpoint in flight is
-    # finished (asynchronous mode) or abandoned whole (its writes are atomic).
+    # finished (asynchronous mode) or abandoned whole (its writes are atomic);
+    # one in flight is joined at the interpreter's exit, before atexit's hooks:
+    # the line waits for it there (here, the training thread may hold a lock
+    # the save needs)
+    if STATE.unread_saves:
+        atexit.register(this_process_only(
+            lambda: logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))))
+    else:
+        logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     raise SystemExit(128 + signum)
 
 

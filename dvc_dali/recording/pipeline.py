@@ -26,9 +26,10 @@ import json
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 from ..reading import exp_refs
+from ..core import exit_hooks
 from ..core.context import RunContext
 from ..core.errors import RecordError
 from ..reading.exp_refs import LINEAGE_KEY, list_rows
@@ -364,10 +365,30 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         entry = dvc_door.lock_entry(stg)
         lock_before = (lockfile.before_write(lock_path, stg.name) if request.held_files
                        else None)
-        lockfile.write_entry(lock_path, lock_data, stg.name, entry)
+    lock = _LockWrite(lock_path, lock_data, old_entry, entry, lock_before)
+    with exit_hooks.signals_held():  # dvc.lock to the ref: whole, or not begun
+        return _write_row(where, stg, stage_paths, request, phases, lock, pinned, t0)
+
+
+class _LockWrite(NamedTuple):
+    """A row's dvc.lock entry, and what the file held before it."""
+
+    path: str
+    data: Any  # the file's contents read before
+    old_entry: Any  # the stage's entry in it
+    entry: Any  # the row's
+    before: Any  # lockfile.before_write's, where the request holds files
+
+
+def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
+               phases: _Phases, lock: _LockWrite, pinned: Any, t0: float) -> RecordResult:
+    """dvc.lock, the commit, the ref and the held note of one row."""
+    lock_path, entry = lock.path, lock.entry
+    with phases.timed("lockfile"):
+        lockfile.write_entry(lock_path, lock.data, stg.name, entry)
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if request.resumed is False else old_entry, entry, request,
+                           None if request.resumed is False else lock.old_entry, entry, request,
                            os.path.relpath(lock_path, where.toplevel), stg.name)
         first = (request.message.strip()
                  or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
@@ -377,7 +398,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
     if request.held_files:
-        _refuse_files_written_since(request, lock_before)
+        _refuse_files_written_since(request, lock.before)
     with phases.timed("publish"):
         ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
                             bool(request.name))
@@ -386,6 +407,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
                    stg.name, row, lineage.step, entry)
     where.run.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.run)
+    where.run.kept = (lineage.step, row)  # before a Ctrl-C held meanwhile is delivered
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),

@@ -77,3 +77,31 @@ def test_a_missing_data_directory_is_named(tmp_path):
     with pytest.raises(dvc_dali.ConfigError,
                        match=r"reader.file_root='.*nowhere/images': no such file"):
         ck.pipeline("train", fn, **kw)
+
+
+@pytest.mark.parametrize("asynchronous", ["0", "1"])
+def test_a_ctrl_c_while_a_row_is_written_keeps_that_row_and_says_so(tmp_path, asynchronous):
+    """Ctrl-C right after a row's dvc.lock entry is written, before its ref:
+    the row was left half written (dvc.lock naming a checkpoint no row
+    held), the line named the row before it, and the next run resumed that
+    checkpoint under a new name; asynchronous, the line came before the row
+    in flight was recorded (found by a sweep). The row is finished, the line
+    names it, and the run goes on under its name."""
+    from pathlib import Path
+
+    project = template_project(tmp_path)
+    helper = Path(__file__).resolve().parent.parent / "helpers" / "interrupt_at.py"
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("python train.py",
+                                                     f"python {helper} train.py"))
+    run(["git", "commit", "-qam", "interrupted at a row's write"], project)
+    proc = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+               check=False, env={"INTERRUPT_AT": "2", "DVC_DALI_ASYNC": asynchronous})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "dvc-dali: interrupted (Ctrl-C): step 10 is kept as row a-step10; `dvc exp run` " \
+           "resumes from it" in out, out
+    again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], project,
+                env={"INTERRUPT_AT": "0"})
+    said = again.stdout + again.stderr
+    assert "resuming at step 10" in said and "recorded a-step15" in said, said
