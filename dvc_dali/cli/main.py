@@ -187,6 +187,25 @@ def _lineages(rows: list[Row]) -> list[list[Row]]:
     return chains
 
 
+# the tree's glyphs; ASCII where the output cannot encode them (_fit_output)
+GLYPHS = {"tee": "├─", "end": "└─", "bar": "│ ", "latest": "←", "best": "★"}
+ASCII_GLYPHS = {"tee": "|-", "end": "`-", "bar": "| ", "latest": "<-", "best": "*"}
+
+
+def _fit_output() -> None:
+    """Where stdout cannot encode the tree's glyphs (PYTHONIOENCODING=ascii,
+    a locale that is not UTF-8), they are drawn in ASCII and any other
+    character it cannot encode (a row or metric name) is escaped: `show`
+    ended in a traceback (found by a sweep)."""
+    try:
+        "".join(GLYPHS.values()).encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        GLYPHS.update(ASCII_GLYPHS)
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def draw_tree(rows: list[Row]) -> list[str]:
     """A run's checkpoints as a tree by step, oldest first; a branch where a
     run resumed from an older checkpoint of its own. A run whose steps went
@@ -208,8 +227,8 @@ def draw_tree(rows: list[Row]) -> list[str]:
             kids = sorted(children.get(node["sha"], []), key=order)
             metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(node["metrics"].items()))
             same = ", ".join(node.get("dvc_experiments") or [])
-            mark = ("  ← latest" if node.get("latest") else "") + (
-                "  ★ best" if node.get("best") else "") + (
+            mark = (f"  {GLYPHS['latest']} latest" if node.get("latest") else "") + (
+                f"  {GLYPHS['best']} best" if node.get("best") else "") + (
                 f"  (= DVC's experiment {same})" if same else "")
             drawn.append((depth, f"step {node['step']:>7}  {node['name']:<28} "
                                  f"{node['sha'][:7]}  {metrics}".rstrip() + mark))
@@ -223,7 +242,8 @@ def draw_tree(rows: list[Row]) -> list[str]:
     for i, (depth, text) in enumerate(drawn):
         # the last of its level: no later row at this depth before one nearer the root
         after = next((d for d, _ in drawn[i + 1:] if d <= depth), -1)
-        lines.append(f"{'│ ' * depth}{'├─' if after == depth else '└─'} {text}")
+        lines.append(f"{GLYPHS['bar'] * depth}{GLYPHS['tee' if after == depth else 'end']} "
+                     f"{text}")
     return lines
 
 
@@ -741,6 +761,7 @@ def _closed_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     first = (sys.argv[1:] if argv is None else argv)[:1]
     args = build_parser(first[0] if first else None).parse_args(argv)
+    _fit_output()
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here when the output was buffered

@@ -443,6 +443,18 @@ def test_show_orders_runs_newest_first_and_marks_each_runs_latest_row(bare_proje
     assert [r["step"] for r in rows if r["exp"] == "gamma"] == list(range(1, 13))
 
 
+def test_show_draws_in_ascii_where_the_output_cannot_encode_its_tree(bare_project):
+    """PYTHONIOENCODING=ascii (a locale that is not UTF-8): the tree in
+    ASCII, the names escaped; it was a UnicodeEncodeError traceback (found
+    by a sweep)."""
+    add_rows(bare_project, "caf\u00e9", [1, 2], times=[1000, 1001])
+    proc = run([*DVC_DALI, "show"], bare_project, env={"PYTHONIOENCODING": "ascii"})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "|- step       1  caf\\xe9-step1" in proc.stdout, proc.stdout
+    assert "`- step       2  caf\\xe9-step2" in proc.stdout and "<- latest" in proc.stdout, \
+        proc.stdout
+
+
 def test_show_reads_every_metrics_file_with_one_git_process(bare_project, tmp_path_factory):
     add_rows(bare_project, "many", range(1, 41))
     wrap = tmp_path_factory.mktemp("bin")
