@@ -59,10 +59,21 @@ def write_signal(path: Path) -> None:
 
 
 def wait_removed(path: Path, timeout: float) -> None:
-    """Block until the watcher removes the signal, as DVC 2 did."""
+    """Block until the watcher removes the signal, as DVC 2 did; refused at
+    once when this process's parent ends meanwhile: the watcher where no
+    shell stands between (`dvc-dali run`'s command, DVC 2's), gone, so the
+    run waited an hour as an orphan, holding `dvc exp run`'s output pipe
+    open (found by a sweep)."""
     deadline = time.monotonic() + timeout
     delay = 0.001
+    parent = os.getppid()
     while path.exists():
+        if os.getppid() != parent:
+            raise SignalError(f"{path}: the process that records checkpoints (pid {parent}, "
+                              "DVC 2's `dvc exp run` or `dvc-dali run`) ended while this "
+                              "checkpoint waited for it, so nothing recorded it. The checkpoint "
+                              "itself is saved on disk: `dvc exp run` resumes from the last "
+                              "recorded row.")
         if time.monotonic() > deadline:
             raise SignalError(f"{path}: not removed within {timeout:.0f} s "
                               "(DVC_DALI_SIGNAL_TIMEOUT), so nothing recorded this checkpoint. "

@@ -1,0 +1,54 @@
+"""DVC 2's protocol, the waiting side: a bare make_checkpoint() waits for
+the process that records it (DVC 2's `dvc exp run`, `dvc-dali run`) to
+remove the signal file. Real processes: a recorder that is killed while its
+command waits."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+
+from tests.helpers import child_env
+
+WAITER = """
+import sys
+from pathlib import Path
+from dvc_dali.core.errors import SignalError
+from dvc_dali.training.signal_file import wait_removed, write_signal
+path = Path(sys.argv[1])
+write_signal(path)
+print("waiting", flush=True)
+try:
+    wait_removed(path, 3600)
+except SignalError as exc:
+    print(f"refused: {exc}", flush=True)
+"""
+
+RECORDER = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_a_wait_ends_when_the_recorder_is_killed(tmp_path):
+    """`dvc-dali run` (or DVC 2) SIGKILLed while its command waits for a
+    checkpoint to be recorded: the command waited an hour
+    (DVC_DALI_SIGNAL_TIMEOUT) as an orphan, holding `dvc exp run`'s output
+    pipe open (found by a sweep); it is refused at once, naming what ended."""
+    recorder = subprocess.Popen(
+        [sys.executable, "-c", RECORDER, WAITER, str(tmp_path / "DVC_CHECKPOINT")],
+        stdout=subprocess.PIPE, text=True, env=child_env(this_python=True))
+    assert recorder.stdout.readline() == "waiting\n"
+    os.kill(recorder.pid, signal.SIGKILL)
+    recorder.wait()
+    # until the waiter, which holds the pipe too, ends (a bound only for a
+    # regression: it waited an hour)
+    ready, _, _ = select.select([recorder.stdout], [], [], 300)
+    assert ready, "the waiter still waits for a recorder that is gone"
+    said = recorder.stdout.read()
+    assert f"the process that records checkpoints (pid {recorder.pid}, DVC 2's `dvc exp run` " \
+        "or `dvc-dali run`) ended while this checkpoint waited for it" in said, said
+    assert (tmp_path / "DVC_CHECKPOINT").exists()  # nobody answered it
