@@ -239,7 +239,9 @@ def data_files(top: str, rel: str = "") -> list[tuple[str, str, int]]:
     directory is followed, as DALI follows it (its files were left out, so
     data changed there resumed silently; found by a sweep), but not into a
     directory it is already in (a loop). Size -1: an entry that cannot be
-    stat'ed (a dangling link, which DALI skips): named, never a traceback."""
+    stat'ed (a dangling link, which DALI skips) or is no regular file (a
+    FIFO, whose open blocks for ever; a link to /dev/zero, endless): named,
+    never read, never a traceback."""
     out: list[tuple[str, str, int]] = []
     _walk(top, rel, out, frozenset({os.path.realpath(top)}))
     return out
@@ -257,7 +259,7 @@ def _walk(top: str, rel: str, out: list[tuple[str, str, int]], above: frozenset[
             dirs.append(e)
             continue
         try:
-            size = e.stat().st_size
+            size = e.stat().st_size if e.is_file() else -1
         except OSError:
             size = -1
         out.append((f"{rel}{e.name}", e.path, size))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from typing import Any
 
@@ -117,7 +118,10 @@ def _crc(path: str) -> str:
     from ..format.store import crc32_function  # ISA-L's where installed: the same CRC-32, faster
 
     crc32, crc = crc32_function(), 0
-    with open(path, "rb") as fh:
+    # never blocked on a FIFO a reader's argument names, never an endless device
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return _UNREADABLE
         while chunk := fh.read(_CHUNK):
             crc = crc32(chunk, crc)
     return f"{crc:08x}"

@@ -197,7 +197,8 @@ def test_linked_folders_dangling_links_and_names_not_utf8_are_digested(tmp_path,
     """As DALI's file reader walks file_root: a class folder that is a link
     is followed (its files were left out: a file changed there resumed
     silently, not exact), a dangling link and a name that is not UTF-8 are
-    listed (both ended the run in a traceback). Found by a sweep."""
+    listed (both ended the run in a traceback), a FIFO is listed, never
+    opened (the run hung). Found by a sweep."""
     data = tmp_path / "data"
     shutil.copytree(data_dir / "images", data / "images")
     outside = tmp_path / "outside"
@@ -205,13 +206,14 @@ def test_linked_folders_dangling_links_and_names_not_utf8_are_digested(tmp_path,
     shutil.move(data / "images" / "class1", outside / "class1")
     (data / "images" / "class1").symlink_to(outside / "class1", target_is_directory=True)
     (data / "images" / "class0" / "notes.txt").symlink_to(tmp_path / "nonexistent.txt")
+    os.mkfifo(data / "images" / "class0" / "pipe")  # its open blocked the first save for ever
     odd = data / "images" / "class0" / os.fsdecode(b"\xff.jpg")
     shutil.copyfile(data / "images" / "class0" / "000.jpg", odd)
     ckpt = tmp_path / "ckpt"
     proc = run(data, ckpt, tmp_path / "first.npz", 6, save_at=[2], kill_after=4)
     assert proc.returncode == -9 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     record = manifest(ckpt)["pipelines"]["train"]["contents"]["reader.file_root"]
-    assert record["files"] == 26, record  # 24 images, the link, the odd name
+    assert record["files"] == 27, record  # 24 images, the link, the FIFO, the odd name
 
     rewrite_same_size_and_mtime(outside / REWRITTEN)
     rewrite_same_size_and_mtime(odd)

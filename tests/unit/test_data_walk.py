@@ -43,6 +43,15 @@ def test_a_dangling_link_and_a_name_not_utf8_are_listed(tmp_path):
     dali_state._digest_dir(hashlib.sha1(), str(tmp_path))  # noqa: SLF001 (no traceback)
 
 
+def test_a_fifo_and_a_link_to_a_device_are_never_read(tmp_path):
+    """Their size is -1, so the content digest does not open them: a FIFO's
+    open blocked the run at its first save for ever, /dev/zero was read
+    for ever (found by a sweep)."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    assert names(tmp_path) == [("pipe", -1), ("zero", -1)]
+
+
 def test_a_plain_trees_digest_is_the_earlier_releases(tmp_path):
     tree(tmp_path, {"b.jpg": b"12", "a.jpg": b"1", "z/c.jpg": b"123", "é/d.jpg": b""})
     earlier = hashlib.sha1()
