@@ -233,21 +233,22 @@ def _decode_argument(raw: bytes) -> tuple[str, Any]:
 
 def data_files(top: str, rel: str = "") -> list[tuple[str, str, int]]:
     """(name relative to ``top`` with ``rel`` before it, path, size) of the
-    files below ``top`` as DALI's file reader walks it, in a stable order: a
-    directory's files by name, then its subdirectories by name (os.scandir:
-    one stat per entry, what 100,000-file data sets need). A link to a
-    directory is followed, as DALI follows it (its files were left out, so
-    data changed there resumed silently; found by a sweep), but not into a
-    directory it is already in (a loop). Size -1: an entry that cannot be
-    stat'ed (a dangling link, which DALI skips) or is no regular file (a
-    FIFO, whose open blocks for ever; a link to /dev/zero, endless): named,
-    never read, never a traceback."""
+    files below ``top``, in a stable order: a directory's files by name,
+    then its subdirectories by name (os.scandir: one stat per entry, what
+    100,000-file data sets need). A link to a folder right under ``top`` (a
+    class folder) is followed, as DALI's file reader follows it (its files
+    were left out, so data changed there resumed silently; found by a
+    sweep); deeper links are not (DALI reads no deeper than the class
+    folders, and a link to / would be walked whole). Size -1: an entry that
+    cannot be stat'ed (a dangling link, which DALI skips) or is no regular
+    file (a FIFO, whose open blocks for ever; a link to /dev/zero, endless):
+    named, never read, never a traceback."""
     out: list[tuple[str, str, int]] = []
-    _walk(top, rel, out, frozenset({os.path.realpath(top)}))
+    _walk(top, rel, out, top_level=True)
     return out
 
 
-def _walk(top: str, rel: str, out: list[tuple[str, str, int]], above: frozenset[str]) -> None:
+def _walk(top: str, rel: str, out: list[tuple[str, str, int]], top_level: bool) -> None:
     try:
         with os.scandir(top) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -264,9 +265,8 @@ def _walk(top: str, rel: str, out: list[tuple[str, str, int]], above: frozenset[
             size = -1
         out.append((f"{rel}{e.name}", e.path, size))
     for e in dirs:
-        real = os.path.realpath(e.path)
-        if real not in above:
-            _walk(e.path, f"{rel}{e.name}/", out, above | {real})
+        if top_level or not e.is_symlink():
+            _walk(e.path, f"{rel}{e.name}/", out, top_level=False)
 
 
 def _is_dir(entry: os.DirEntry) -> bool:

@@ -28,11 +28,15 @@ def test_a_folders_files_by_name_then_its_subfolders(tmp_path):
     assert names(tmp_path) == [("a.jpg", 1), ("b.jpg", 2), ("y/d.jpg", 0), ("z/c.jpg", 3)]
 
 
-def test_a_linked_folder_is_followed_but_never_into_a_loop(tmp_path):
+def test_a_linked_class_folder_is_followed_and_no_deeper_link(tmp_path):
+    """DALI reads <file_root>/<class>/<file>, following a class folder that
+    is a link; a link deeper down (to /usr, to the data itself) is not
+    walked."""
     tree(tmp_path / "outside", {"c.jpg": b"123"})
     tree(tmp_path / "data", {"a/a.jpg": b"1"})
     (tmp_path / "data" / "b").symlink_to(tmp_path / "outside", target_is_directory=True)
     (tmp_path / "data" / "a" / "up").symlink_to(tmp_path / "data", target_is_directory=True)
+    (tmp_path / "outside" / "usr").symlink_to("/usr", target_is_directory=True)
     assert names(tmp_path / "data") == [("a/a.jpg", 1), ("b/c.jpg", 3)]
 
 
