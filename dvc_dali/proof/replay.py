@@ -30,11 +30,23 @@ from ..core.errors import DvcDaliError
 KEY = "serialized"  # a pipeline entry's manifest field
 
 
-def _snapshot(root: Path, path: str, row: str | None, tmp: Path
-              ) -> tuple[store.Snapshot | None, dict]:
-    """The checkpoint to replay (the workspace's, or ``row``'s) and its row."""
+def _snapshots(root: Path, path: str, row: str | None, tmp: Path
+               ) -> tuple[list[store.Snapshot], dict]:
+    """The checkpoint to replay (the workspace's, or ``row``'s), each rank's
+    snapshot (none: no dvc-dali checkpoint), and its row. Every rank of a
+    checkpoint of several processes: it was refused with the resume's
+    advice, which named torchrun and `dvc-dali reset` (found by a sweep)."""
+    ck, found = _checkpoint_dir(root, path, row, tmp)
+    entries = store.latest(ck)
+    ranks = len(entries) if entries else 1
+    snaps = [store.read_snapshot(ck, rank=r, world_size=ranks) for r in range(ranks)]
+    return [s for s in snaps if s is not None], found
+
+
+def _checkpoint_dir(root: Path, path: str, row: str | None, tmp: Path) -> tuple[Path, dict]:
+    """Where the checkpoint to replay is (a row's copied into ``tmp``), and its row."""
     if row is None:
-        return store.read_snapshot(root / path), {}
+        return root / path, {}
     from ..reading.loading import _resolve, revision_fs
 
     try:
@@ -49,7 +61,7 @@ def _snapshot(root: Path, path: str, row: str | None, tmp: Path
     except Exception as exc:
         raise DvcDaliError(f"cannot read {path} of row {row!r}: {exc}. `dvc-dali show` lists "
                            "the rows; `dvc exp pull <remote> <row>` fetches one.") from None
-    return store.read_snapshot(tmp / "ck"), found or {}
+    return tmp / "ck", found or {}
 
 
 def _recorded(root: Path, path: str, manifest: dict, row: dict
@@ -78,23 +90,31 @@ def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str],
     """Replay each pipeline of the checkpoint in ``wdir`` (its stage's
     working directory) and report each comparison."""
     with tempfile.TemporaryDirectory(prefix="dvc-dali-verify-") as tmp:
-        snap, found = _snapshot(root, path, row, Path(tmp))
-        if snap is None:
+        snaps, found = _snapshots(root, path, row, Path(tmp))
+        if not snaps:
             _nothing_to_replay(path, row, report)
             return
         label = found.get("name") or row or f"{path} (workspace)"
-        recorded, damaged = _recorded(root, path, snap.manifest, found)
-        if damaged:  # what was read is compared; what was not is said
-            report(False, f"{label}: the batch digests after step {snap.step}: {damaged}, so "
-                          "the batches past those read from it are not verified")
-        here = os.getcwd()
-        os.chdir(wdir)  # DALI resolves a relative file_root against the current directory
-        try:
-            for name, entry in sorted(snap.manifest["pipelines"].items()):
-                _verify_one(label, snap.step, name, entry, snap.pipeline_states.get(name, b""),
-                            recorded.get(name, []), report, bool(damaged))
-        finally:
-            os.chdir(here)
+        for rank, snap in enumerate(snaps):
+            who = label if len(snaps) == 1 else f"{label} rank {rank}/{len(snaps)}"
+            _verify_rank(root, path, who, snap, found, report, wdir)
+
+
+def _verify_rank(root: Path, path: str, label: str, snap: store.Snapshot, found: dict,
+                 report: Callable[[bool, str], None], wdir: Path) -> None:
+    """One rank's pipelines, each against the digests its own stream recorded."""
+    recorded, damaged = _recorded(root, path, snap.manifest, found)
+    if damaged:  # what was read is compared; what was not is said
+        report(False, f"{label}: the batch digests after step {snap.step}: {damaged}, so "
+                      "the batches past those read from it are not verified")
+    here = os.getcwd()
+    os.chdir(wdir)  # DALI resolves a relative file_root against the current directory
+    try:
+        for name, entry in sorted(snap.manifest["pipelines"].items()):
+            _verify_one(label, snap.step, name, entry, snap.pipeline_states.get(name, b""),
+                        recorded.get(name, []), report, bool(damaged))
+    finally:
+        os.chdir(here)
 
 
 def _nothing_to_replay(path: str, row: str | None, report: Callable[[bool, str], None]

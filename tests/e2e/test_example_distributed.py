@@ -29,6 +29,13 @@ def test_two_ranks_killed_and_resumed_equal_one_run(tmp_path):
     # 20 with those its own stream produced before the kill
     killed = run(["dvc", "exp", "run", "-n", "k", *TORCH], work, check=False, env={KILL: "25"})
     assert killed.returncode != 0
+    # replayed without training, rank by rank (it was refused with the resume's
+    # advice: torchrun, or `dvc-dali reset` of a healthy checkpoint)
+    verified = run(["dvc-dali", "doctor", "--verify"], work, check=False)
+    for rank in (0, 1):
+        assert re.search(rf"ok   checkpoint \(workspace\) rank {rank}/2, pipeline 'train': the "
+                         r"[45] batches recorded after step 20 are reproduced exactly",
+                         verified.stdout), verified.stdout + verified.stderr
     resumed = run(["dvc", "exp", "run", "-n", "r", *TORCH], work)
     assert resumed.stdout.count("resuming from step 20") == 2  # both ranks
     said = resumed.stdout + resumed.stderr
