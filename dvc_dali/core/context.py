@@ -265,6 +265,19 @@ class RunContext:
             return "record" if self.stage else "off"
         return "off"
 
+    def refuse_stray_signal(self) -> None:
+        """DVC_CHECKPOINT=1 left in the environment of DVC 3's `dvc exp run`
+        (DVC_STAGE is set: DVC 2 never sets it; `dvc-dali run` names its
+        signal file): nobody answers the signal, so the first checkpoint
+        waited DVC_DALI_SIGNAL_TIMEOUT (an hour) and recorded nothing
+        (found by a sweep). Refused before training."""
+        if self.watched and self.stage and not self.signal_file:
+            raise ConfigError(
+                f"{SIGNAL_NAME}=1 is set, but this is DVC 3's `dvc exp run` (DVC_STAGE is "
+                "set), which answers no checkpoint signal: every checkpoint would wait for "
+                f"nobody. Unset {SIGNAL_NAME} (`unset {SIGNAL_NAME}`, or remove it from the "
+                "stage's cmd): under DVC 3 dvc-dali records the rows itself")
+
     @property
     def under_exp_run(self) -> bool:
         return bool(self.dvc_root and self.baseline_rev)

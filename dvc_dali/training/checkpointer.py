@@ -162,6 +162,7 @@ class Checkpointer:
         exit_hooks.install_hook()  # a bad DVC_DALI_* value: one line, not a traceback
         self.path = _checked_arguments(path, resume, params, asynchronous, rng)
         self._ctx = RunContext.from_environ()
+        self._ctx.refuse_stray_signal()
         # refusals, Ctrl-C and SIGTERM: one line, no traceback (SIGTERM in one
         # process only: torchrun's agent uses it to stop the other ranks)
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)

@@ -155,6 +155,7 @@ def signal_checkpoint(ctx: RunContext, request: RecordRequest, keep: Retention) 
         return
     path = signal_path(ctx)
     if ctx.mode == "watched":
+        ctx.refuse_stray_signal()
         write_signal(path)
         wait_removed(path, ctx.signal_timeout)
         return

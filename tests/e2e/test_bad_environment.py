@@ -411,3 +411,18 @@ def test_a_repository_git_refuses_as_another_users_says_so_not_to_repair_it(tmp_
     assert "git fsck" not in shown.stderr and "update-ref" not in shown.stderr
     doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project, check=False)
     assert f"BAD  {said}" in doctor.stdout, doctor.stdout
+
+
+def test_dvc_checkpoint_left_set_under_dvc3_is_refused_before_training(tmp_path):
+    """DVC_CHECKPOINT=1 left in the shell (from DVC 2 days) under DVC 3's
+    `dvc exp run`: nobody answers the signal, so the first checkpoint waited
+    an hour and recorded nothing (found by a sweep). Refused at once."""
+    from tests.helpers.dvc_project import template_project
+
+    project = template_project(tmp_path)
+    proc = run(["dvc", "exp", "run", "-n", "s"], project, check=False,
+               env={"DVC_CHECKPOINT": "1", "DVC_DALI_SIGNAL_TIMEOUT": "120"})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    assert "DVC_CHECKPOINT=1 is set, but this is DVC 3's `dvc exp run`" in said, said
+    assert "step 1" not in said and "Traceback" not in said, said
