@@ -137,3 +137,19 @@ def test_async_switch():
     assert RunContext.from_environ({"DVC_DALI_ASYNC": "1"}).asynchronous is True
     with pytest.raises(ConfigError, match="DVC_DALI_ASYNC='yes': must be 1 .on. or 0"):
         RunContext.from_environ({"DVC_DALI_ASYNC": "yes"})
+
+
+@pytest.mark.parametrize("env,refused", [
+    ({"DVC_CHECKPOINT": "1", "DVC_STAGE": "train"}, True),  # DVC 3, left set by hand
+    ({"DVC_CHECKPOINT": "1"}, False),  # DVC 2 sets no DVC_STAGE
+    ({"DVC_CHECKPOINT": "1", "DVC_STAGE": "train", "DVC_DALI_SIGNAL_FILE": "/tmp/x/S"}, False),
+    ({"DVC_CHECKPOINT": "1", "DVC_STAGE": "train", "DVC_DALI_RECORDS_ITSELF": "1"}, False),
+    ({"DVC_STAGE": "train"}, False),
+])
+def test_a_checkpoint_signal_nobody_answers_is_refused(env, refused):
+    ctx = RunContext.from_environ({"DVC_ROOT": "/r", "DVC_EXP_BASELINE_REV": "a" * 40, **env})
+    if refused:
+        with pytest.raises(ConfigError, match="DVC_CHECKPOINT=1 is set, but this is DVC 3's"):
+            ctx.refuse_stray_signal()
+    else:
+        ctx.refuse_stray_signal()
