@@ -33,8 +33,9 @@ def launched_rank(environ: Mapping[str, str], initialized: bool) -> tuple[int, i
     of several ranks (WORLD_SIZE > 1) and torch.distributed is not
     initialized; None otherwise (one process, or initialized, or not
     started by torchrun or a launcher like it)."""
-    try:
-        rank, size = int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
+    try:  # Lightning's launcher sets LOCAL_RANK, not RANK, in the processes it starts
+        rank = int(environ.get("RANK", environ.get("LOCAL_RANK", "0")))
+        size = int(environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return None
     return (rank, size) if size > 1 and not initialized else None
@@ -47,11 +48,12 @@ def checked_world(environ: Mapping[str, str]) -> tuple[int, int]:
     found = launched_rank(environ, _dist() is not None)
     if found is not None:
         raise ConfigError(
-            f"Checkpointer built in rank {found[0]} of {found[1]} (torchrun's RANK and "
-            "WORLD_SIZE) before torch.distributed.init_process_group(): every rank would "
-            "checkpoint as a single process into the same directory. Call "
+            f"Checkpointer built in rank {found[0]} of {found[1]} (WORLD_SIZE set by a "
+            "launcher: torchrun, Lightning's DDP) before torch.distributed.init_process_group(): "
+            "every rank would checkpoint as a single process into the same directory. Call "
             "init_process_group() first, then build the Checkpointer (each rank then writes "
-            "its own rank-NNNNN/ and rank 0 records them together).")
+            "its own rank-NNNNN/ and rank 0 records them together); with Lightning, "
+            "lightning_callback() supports one process only: train with devices=1")
     return world()
 
 

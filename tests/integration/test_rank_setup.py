@@ -1,5 +1,5 @@
 """A Checkpointer built in a rank before torch.distributed is initialized
-(torchrun's RANK and WORLD_SIZE set, init_process_group not called yet) is
+(a launcher's WORLD_SIZE set, init_process_group not called yet) is
 refused by name in every rank: it would checkpoint as a single process, all
 ranks into one directory (distributed.checked_world)."""
 
@@ -32,6 +32,8 @@ print("built", flush=True)
     ({"RANK": "0", "WORLD_SIZE": "1"}, False, None),  # one process
     ({}, False, None),  # not started by a launcher
     ({"WORLD_SIZE": "two"}, False, None),  # not torchrun's
+    # Lightning's DDP launcher: LOCAL_RANK, no RANK (rank 1 was named rank 0; a sweep)
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, False, (1, 2)),
 ])
 def test_which_processes_are_ranks_not_initialized(environ, initialized, found):
     assert distributed.launched_rank(environ, initialized) == found
@@ -47,8 +49,9 @@ def test_a_checkpointer_built_before_init_process_group_is_refused_in_every_rank
     for rank, proc in enumerate(ranks):
         said = proc.stdout + proc.stderr
         assert proc.returncode != 0 and "built" not in proc.stdout, said[-3000:]
-        assert (f"dvc-dali: ConfigError: Checkpointer built in rank {rank} of 2 (torchrun's "
-                "RANK and WORLD_SIZE) before torch.distributed.init_process_group()") in said
+        assert (f"dvc-dali: ConfigError: Checkpointer built in rank {rank} of 2 (WORLD_SIZE "
+                "set by a launcher: torchrun, Lightning's DDP) before "
+                "torch.distributed.init_process_group()") in said
         assert "Call init_process_group() first, then build the Checkpointer" in said
         assert "/dvc_dali/" not in said, said[-3000:]  # one line, no traceback of ours
     assert not (tmp_path / "ck" / "LATEST").exists()
