@@ -20,6 +20,15 @@ from ..core.errors import CheckpointLockedError, CheckpointWriteError
 from ..core.process_state import STATE
 
 
+def short_name(name: str, most: int = 200) -> str:
+    """``name``'s first ``most`` bytes, for a file named after a checkpoint
+    directory with more around it: a name near the file system's 255 bytes
+    (a long CJK name) made the lock's name too long, refused as a directory
+    that cannot be written (found by a sweep)."""
+    raw = os.fsencode(name)
+    return name if len(raw) <= most else os.fsdecode(raw[:most])
+
+
 def _lock_path(path: Path, rank: int) -> Path:
     from ..core.context import repo_root
 
@@ -27,8 +36,8 @@ def _lock_path(path: Path, rank: int) -> Path:
     key = hashlib.sha1(f"{real}\0{rank}".encode()).hexdigest()[:12]
     root = repo_root(Path(real).parent)
     if root is not None:  # in DVC's scratch space, out of git's and DVC's way
-        return root / ".dvc" / "tmp" / "dvc-dali" / f"{Path(real).name}-{key}.lock"
-    return Path(real).parent / f".{Path(real).name}-{key}.lock"
+        return root / ".dvc" / "tmp" / "dvc-dali" / f"{short_name(Path(real).name)}-{key}.lock"
+    return Path(real).parent / f".{short_name(Path(real).name)}-{key}.lock"
 
 
 _IDS = itertools.count(1)

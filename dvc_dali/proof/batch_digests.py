@@ -522,8 +522,10 @@ def companion_dir(checkpoint: Path, environ: dict[str, str] | None = None) -> Pa
     root = env.get("DVC_ROOT") or repo_root(Path(checkpoint).resolve().parent)
     if root:
         return Path(root) / COMPANION
+    from ..format.dirlock import short_name
+
     where = Path(checkpoint).resolve()
-    return where.parent / f".{where.name}.dvc-dali-batches"
+    return where.parent / f".{short_name(where.name)}.dvc-dali-batches"
 
 
 def _valid_id(log_id: Any) -> bool:

@@ -545,3 +545,22 @@ def test_a_checkpoint_after_close_is_refused(tmp_path, asynchronous):
     again = dvc_dali.Checkpointer(tmp_path / "c", rng=False)
     assert again.step == 1
     again.close()
+
+
+@pytest.mark.parametrize("inside_dvc", [False, True])
+def test_a_checkpoint_directory_with_a_name_near_the_limit_saves_and_resumes(tmp_path,
+                                                                            inside_dvc):
+    """A name of 240 bytes (80 CJK characters), valid for the file system:
+    the lock file named after it was too long, refused as a directory that
+    cannot be written (found by a sweep)."""
+    import dvc_dali
+
+    if inside_dvc:
+        (tmp_path / ".dvc").mkdir()
+    ckpt = tmp_path / ("検" * 80)
+    ck = dvc_dali.Checkpointer(ckpt)
+    ck.save(3, arrays={"w": np.arange(3)})
+    ck.close()
+    again = dvc_dali.Checkpointer(ckpt)
+    assert again.step == 3 and list(again.arrays["w"]) == [0, 1, 2]
+    again.close()
