@@ -133,10 +133,12 @@ class SavedCheckpoint:
         return self.snapshot.path / self.entry(name)["file"]
 
     def pipeline_state(self, name: str, description: dict[str, Any],
-                       kind: str = dali_state.KIND) -> bytes:
+                       kind: str = dali_state.KIND,
+                       contents: data_contents.Contents | None = None) -> bytes:
         """Pipeline ``name``'s saved state, checked; refused for another
         pipeline, or one built another way (``kind``: a DALI pipeline, a
-        TensorFlow DALIDataset)."""
+        TensorFlow DALIDataset; ``contents``: its data's digests now, to name
+        the files that changed)."""
         saved = self.snapshot.manifest["pipelines"]
         if name not in saved:
             raise PipelineMismatchError(
@@ -150,7 +152,7 @@ class SavedCheckpoint:
                 f"{self.manifest_path}: pipeline {name!r} was saved from {_BUILT_BY[saved_kind]}"
                 f", and is now built with {_BUILT_BY[kind]}; their states do not carry over. "
                 "Build it the way it was saved to resume, or start over with `dvc-dali reset`.")
-        self._check_description(name, saved[name].get("description"), description)
+        self._check_description(name, saved[name].get("description"), description, contents)
         state = self.snapshot.pipeline_states[name]
         if kind == dali_tf.KIND:
             dali_tf.unpack(state, str(self.state_file(name)))  # names the file if damaged
@@ -158,15 +160,22 @@ class SavedCheckpoint:
             dali_state.read_state(state, str(self.state_file(name)))
         return state
 
-    def _check_description(self, name: str, old: Any, description: dict[str, Any]) -> None:
+    def _check_description(self, name: str, old: Any, description: dict[str, Any],
+                           contents: data_contents.Contents | None) -> None:
         if not isinstance(old, dict):
             raise CheckpointCorruptError(f"{self.manifest_path}: pipeline {name!r} has no "
                                          "description; start over with `dvc-dali reset`.")
         diff = dali_state.differences(old, description)
         if diff:
-            data = self.explain_data(old, description)
+            # DVC's dvc.lock names the files of a dependency; data outside the
+            # repository (or behind a link) only the content digests can name:
+            # it said "Run with the saved settings" (found by a sweep)
+            data = self.explain_data(old, description) or (
+                contents.changed(self.entry(name).get(data_contents.KEY) or {})
+                if contents is not None else [])
+            only_data = all(line.startswith("data.") for line in diff)
             fix = ("Restore the data as it was (`git checkout` or `dvc checkout` of it) to "
-                   "resume, or start over on the new data with" if data else
+                   "resume, or start over on the new data with" if data or only_data else
                    "Run with the saved settings to resume, or start over with")
             raise PipelineMismatchError(
                 f"{self.manifest_path}: pipeline {name!r} differs from the one that wrote the "
@@ -213,7 +222,7 @@ class DaliPipeline:
         if saved is None or saved.lacks(self.name):
             dali_state.build(self.pipe, self.name)
             return
-        state = saved.pipeline_state(self.name, self.description)
+        state = saved.pipeline_state(self.name, self.description, contents=self.contents)
         dali_state.build(self.pipe, self.name, state, str(saved.state_file(self.name)))
         if data_contents.check(self.contents, saved.entry(self.name),
                                str(saved.manifest_path), saved.inexact):
@@ -261,7 +270,8 @@ class TfDataset:
     def restore(self, saved: SavedCheckpoint | None) -> None:
         state, where = None, ""
         if saved is not None and not saved.lacks(self.name):
-            state = saved.pipeline_state(self.name, self.description, kind=dali_tf.KIND)
+            state = saved.pipeline_state(self.name, self.description, kind=dali_tf.KIND,
+                                         contents=self.contents)
             where = str(saved.state_file(self.name))
             self.check_node = saved.entry(self.name).get(dali_tf.CHECK_NODE) is True
             if data_contents.check(self.contents, saved.entry(self.name),

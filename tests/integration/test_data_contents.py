@@ -222,3 +222,18 @@ def test_linked_folders_dangling_links_and_names_not_utf8_are_digested(tmp_path,
     assert proc.returncode != 0 and "Traceback" not in text, text
     assert f"reader.file_root ({data}/images): changed class0/\\xff.jpg, {REWRITTEN}" in text, \
         text
+
+
+def test_a_file_rewritten_with_another_size_is_named_where_dvc_cannot(tmp_path, killed):
+    """Its size changed, so the description's digest of names and sizes
+    refuses first: outside DVC (data outside the repository, or behind a
+    link) that refusal named no file and said "Run with the saved settings"
+    (found by a sweep). The content digests name the file."""
+    data, ckpt = killed
+    path = data / "images" / REWRITTEN
+    path.write_bytes(path.read_bytes() + b"\0")
+    proc = run(data, ckpt, tmp_path / "resumed.npz", 6)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "PipelineMismatchError" in text, text
+    assert f"reader.file_root ({data}/images): changed {REWRITTEN}" in text, text
+    assert "Restore the data as it was" in text and "saved settings" not in text, text
