@@ -18,6 +18,7 @@ from typing import Callable
 from .._version import __version__
 from ..core.context import SIGNAL_NAME
 from ..core.errors import DvcDaliError
+from ..core.log import logger
 from ..reading.exp_refs import Row
 from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
     parse_batch,
@@ -361,9 +362,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     child = subprocess.Popen(command, env=env)
     # Not passed on: they reach the command through the process group, as
     # under DVC 2 (twice when passed on too: found by a sweep); outlived, so
-    # that the last checkpoint it signals is recorded
+    # that the last checkpoint it signals is recorded, then said
+    came: list[int] = []
     for sig_num in (signals.SIGINT, signals.SIGTERM):
-        signals.signal(sig_num, lambda _n, _f: None)
+        signals.signal(sig_num, lambda n, _f: came.append(n))
 
     def record() -> None:  # record_and_prune logs the row it recorded
         recording.record_and_prune(ctx, RecordRequest(
@@ -371,12 +373,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         sig.unlink(missing_ok=True)
 
     try:
-        while child.poll() is None:
-            if sig.exists():
-                record()
-            time.sleep(0.01)
-        if sig.exists():  # signalled, then died while waiting: the checkpoint is complete
-            record()
+        _answer_until_done(child, sig, record)
+        _say_kept(came)
     except BaseException:
         # As DVC 2 did when a checkpoint failed: the command is killed (it
         # would wait for the signal file to go for ever), the signal removed.
@@ -388,6 +386,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         sig.unlink(missing_ok=True)
         raise
     return child.returncode
+
+
+def _answer_until_done(child: subprocess.Popen, sig: Path, record: Callable[[], None]) -> None:
+    """Record each checkpoint the command signals, until it ends."""
+    while child.poll() is None:
+        if sig.exists():
+            record()
+        time.sleep(0.01)
+    if sig.exists():  # signalled, then died while waiting: the checkpoint is complete
+        record()
+
+
+def _say_kept(came: list[int]) -> None:
+    """After a Ctrl-C or SIGTERM: which step is kept, as which row. This
+    process recorded the rows; its command, waiting on DVC 2's protocol,
+    said none was (found by a sweep) and now says nothing."""
+    from ..core import exit_hooks
+
+    if came:
+        how = "interrupted (Ctrl-C)" if came[0] == signals.SIGINT else "terminated (SIGTERM)"
+        logger.warning(exit_hooks.interruption_line(how, exit_hooks.last_kept()))
 
 
 def cmd_remove(args: argparse.Namespace) -> int:

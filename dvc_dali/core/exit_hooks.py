@@ -174,7 +174,9 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
     installed for SIGTERM is left alone, and so is SIGTERM when ``sigterm``
     is false (torchrun's agent stops the other ranks with it)."""
     install_hook()
-    if STATE.exit_lines_installed or not ctx.under_exp_run:
+    # watched (DVC 2, `dvc-dali run`): the watcher records the rows and says
+    # what is kept; this process knows none of them
+    if STATE.exit_lines_installed or not ctx.under_exp_run or ctx.watched:
         return
     STATE.exit_lines_installed = True
     STATE.exit_lines_pid = os.getpid()

@@ -681,3 +681,37 @@ def test_run_wrapper_lets_one_ctrl_c_reach_the_command_once(tmp_path):
     assert "trainer: 1 SIGINT, last checkpoint at step 3" in said, said
     assert "Traceback" not in said, said
     assert {f"c-step{s}" for s in (1, 2, 3)} <= set(exp_rows(tmp_path)), said
+    assert "dvc-dali: interrupted (Ctrl-C): step 3 is kept as row c-step3" in said, said
+
+
+BARE_TERM_TRAINER = """
+import os, signal
+from pathlib import Path
+import dvc_dali
+
+for step in range(1, 6):
+    if step == 3:
+        os.killpg(os.getpgid(0), signal.SIGTERM)  # a SLURM-like stop: the whole group
+    Path("checkpoint").mkdir(exist_ok=True)
+    Path("checkpoint/state.txt").write_text(f"state at step {step}")
+    dvc_dali.make_checkpoint(step)
+"""
+
+
+def test_run_wrapper_says_what_it_kept_and_its_command_no_false_line(tmp_path):
+    """A bare make_checkpoint() under `dvc-dali run`, SIGTERM to the group
+    after two rows: the command, which records nothing itself, said "no
+    checkpoint was recorded by this run" (as under DVC 2; found by a
+    sweep); the wrapper, which recorded them, now says which is kept."""
+    shell_project(tmp_path)
+    (tmp_path / "train.py").write_text(BARE_TERM_TRAINER)
+    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
+        "./train.sh", f"{sys.executable} train.py")
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
+    commit_all(tmp_path)
+    proc = subprocess.run(["dvc", "exp", "run", "-n", "t"], cwd=tmp_path, capture_output=True,
+                          text=True, env=child_env(this_python=True), start_new_session=True,
+                          timeout=300)
+    said = proc.stdout + proc.stderr
+    assert "no checkpoint was recorded" not in said, said
+    assert "dvc-dali: terminated (SIGTERM): step 2 is kept as row t-step2" in said, said
