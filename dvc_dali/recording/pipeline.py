@@ -68,6 +68,14 @@ def start_run(ctx: RunContext, out: Optional[str], before_reading: bool = False)
     return run
 
 
+def too_long_for_rows(ctx: RunContext, total_steps: Optional[int]) -> str:
+    """Why this run's name cannot name its rows up to ``total_steps`` ("" where
+    it can, or the steps are not known: then each row is checked)."""
+    if not isinstance(total_steps, int) or isinstance(total_steps, bool):
+        return ""
+    return rows.too_long(_dvc_exp_name(ctx), max(total_steps, 0))
+
+
 def start_bare_run(ctx: RunContext, out: Optional[str], late: bool = False) -> bool:
     """start_run for a script that reads its checkpoint itself (a bare
     make_checkpoint() port, `dvc-dali run`'s child), before it reads it: the
@@ -235,6 +243,10 @@ def _check_shared_cache(where: _Where) -> None:
 
 
 def _check_name(where: _Where, name: str) -> None:
+    if len(name.encode()) > rows.ROW_NAME_MAX:
+        raise RecordError(f"checkpoint name '{name[:40]}...' is {len(name.encode())} bytes: git "
+                          f"makes no ref name part over {rows.ROW_NAME_MAX} bytes. Name the run "
+                          "(`dvc exp run -n`) or the row shorter")
     if name == where.dvc_exp_name:
         raise RecordError(f"checkpoint name '{name}' equals the experiment name (env "
                           "DVC_EXP_NAME); `dvc exp run` could then not create its own ref. "

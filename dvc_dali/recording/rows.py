@@ -39,6 +39,25 @@ def row_name(run_name: str, step: int) -> str:
     return f"{run_name}-step{step}"
 
 
+# git makes a ref through "<name>.lock": a ref's last part of over 250 bytes
+# cannot be made on a file system whose names stop at 255
+ROW_NAME_MAX = 250
+
+
+def too_long(run_name: str, step: int) -> str:
+    """Why row ``<run_name>-step<step>`` cannot be made ("" where it can):
+    a run name DVC accepts failed at its first row, advising to check that
+    the repository is writable (found by a sweep)."""
+    size = len(row_name(run_name, step).encode())
+    if size <= ROW_NAME_MAX:
+        return ""
+    most = ROW_NAME_MAX - len(f"-step{step}")
+    return (f"the run's name ({len(run_name.encode())} bytes: "
+            f"{run_name.encode()[:40].decode(errors='replace')}...) is too long for its row at "
+            f"step {step}, {row_name('<name>', step)}: git makes no ref name part over "
+            f"{ROW_NAME_MAX} bytes. Name the run with at most {most} bytes (`dvc exp run -n`)")
+
+
 #: DVC's own ref to the row `dvc exp apply` last applied (DVC 3 sets it and no
 #: longer reads it): which of several rows with the same outputs was applied.
 APPLIED_REF = f"{EXPS_NAMESPACE}/exec/EXEC_APPLY"

@@ -247,6 +247,9 @@ class Checkpointer:
                                         before_reading=self.world_size == 1)
         if params is None:
             self.params = dict(self._run.start.params)
+        too_long = recording.too_long_for_rows(self._ctx, total_steps)
+        if too_long:  # refused before training, not at its first row
+            raise ConfigError(too_long)
         if total_steps is None:
             raise ConfigError(
                 f"Checkpointer({str(self.path)!r}): pass total_steps= (the run's total number "

@@ -105,3 +105,16 @@ def test_a_ctrl_c_while_a_row_is_written_keeps_that_row_and_says_so(tmp_path, as
                 env={"INTERRUPT_AT": "0"})
     said = again.stdout + again.stderr
     assert "resuming at step 10" in said and "recorded a-step15" in said, said
+
+
+def test_a_run_name_too_long_for_its_rows_is_refused_before_training(tmp_path):
+    """A name DVC accepts (250 bytes) cannot name the rows (<name>-step<N>):
+    it failed after the first interval, advising to check that the
+    repository is writable (found by a sweep). Refused before training,
+    with the most bytes a name can have."""
+    project = template_project(tmp_path)
+    proc = run(["dvc", "exp", "run", "-n", "M" * 250], project, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in said, said
+    assert "is too long for its row at step 20" in said and "at most 243 bytes" in said, said
+    assert "step 1/" not in said and "writable" not in said, said

@@ -62,3 +62,16 @@ def test_rows_are_named_by_row_ref_sha_or_unique_name():
     assert first["ref"] in said and second["ref"] in said and "pass the row" in said
     with pytest.raises(ConfigError, match="no recorded row of /repo"):
         the_row(found, "other-step10", "run='other-step10'", "/repo")
+
+
+@pytest.mark.parametrize("name,step,fits", [
+    ("a", 10 ** 9, True),
+    ("M" * 244, 2, True),  # 250 bytes with -step2
+    ("M" * 245, 2, False),
+    ("検" * 81, 99, True),  # 243 bytes, with -step99 250
+    ("検" * 82, 99, False),
+])
+def test_a_run_name_must_leave_room_for_its_rows(name, step, fits):
+    from dvc_dali.recording.rows import too_long
+
+    assert (too_long(name, step) == "") == fits
