@@ -24,11 +24,17 @@ def _covers(out: Any, want: str) -> bool:
 def _by_address(stages: list, target: str, cwd: str) -> list:
     """Stages named by a DVC_STAGE-style address '[<dvc.yaml path>:]<name>'."""
     path, _, name = target.rpartition(":")
-    cands = [s for s in stages if s.name == name]
+    named = cands = [s for s in stages if s.name == name]
     if path:
         want = os.path.normpath(path)
         cands = [s for s in cands if os.path.normpath(s.path).endswith(os.sep + want)
                  or os.path.normpath(s.path) == os.path.abspath(want)]
+    if not cands and path and not os.path.isabs(path):
+        # relative to where `dvc exp run` was typed (`cd data; dvc exp run
+        # ../dvc.yaml`), which the command does not know: it runs in the
+        # stage's wdir (refused as matching nothing; found by a sweep)
+        cands = [s for s in named if os.path.realpath(s.wdir) == cwd
+                 and os.path.basename(s.path) == os.path.basename(want)]
     if len(cands) > 1:  # the command runs in the stage's wdir
         cands = [s for s in cands if os.path.realpath(s.wdir) == cwd] or cands
     return cands
@@ -107,6 +113,18 @@ def _bare_output(stage: Any) -> tuple[Any, str]:
     return out, (out.def_path if out else "checkpoint")
 
 
+def _normalization(stage: Any, rel: str) -> str:
+    """Where ``rel`` and a declared output differ only in Unicode
+    normalization (macOS and some editors write NFD), both as escapes: the
+    refusal printed the two alike (found by a sweep)."""
+    import unicodedata
+
+    same = [o.def_path for o in stage.outs
+            if unicodedata.normalize("NFC", o.def_path) == unicodedata.normalize("NFC", rel)]
+    return (f" (it differs from the declared {same[0]!a} only in Unicode normalization: "
+            f"{rel!a}; write both alike)" if same else "")
+
+
 def stage_problems(stage: Any, checkpoint_path: Optional[str]) -> tuple[list[str], str]:
     """What keeps DVC 3 from resuming the stage, and the output's path for the
     fix. checkpoint_path None: a bare make_checkpoint(), any output will do."""
@@ -118,7 +136,7 @@ def stage_problems(stage: Any, checkpoint_path: Optional[str]) -> tuple[list[str
         rel = os.path.relpath(want, os.path.realpath(stage.wdir))
     problems = []
     if out is None:
-        problems.append(f"'{rel}' is not one of its outputs")
+        problems.append(f"'{rel}' is not one of its outputs" + _normalization(stage, rel))
     elif not out.persist:
         problems.append(f"output '{out.def_path}' is not `persist: true`, so DVC 3 deletes "
                         "it before every run and training would never resume")

@@ -715,3 +715,20 @@ def test_run_wrapper_says_what_it_kept_and_its_command_no_false_line(tmp_path):
     said = proc.stdout + proc.stderr
     assert "no checkpoint was recorded" not in said, said
     assert "dvc-dali: terminated (SIGTERM): step 2 is kept as row t-step2" in said, said
+
+
+def test_a_checkpoint_path_differing_only_in_unicode_normalization_is_named_so(tmp_path):
+    """dvc.yaml declares 'ckü' (NFC), the command passes it in NFD (macOS,
+    some editors): refused, and the two names, which print alike, are told
+    apart (found by a sweep)."""
+    shell_project(tmp_path)
+    nfc, nfd = "ck\u00fc", "cku\u0308"
+    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
+        "run -- ./train.sh", f"run --checkpoint {nfd} -- ./train.sh").replace(
+        "- checkpoint:", f"- {nfc}:")
+    (tmp_path / "dvc.yaml").write_text(dvc_yaml, encoding="utf-8")
+    commit_all(tmp_path)
+    out = run(["dvc", "exp", "run", "-n", "sh"], tmp_path, check=False)
+    assert out.returncode != 0, out.stderr
+    assert ("it differs from the declared 'ck\\xfc' only in Unicode normalization: "
+            "'cku\\u0308'") in out.stderr, out.stderr

@@ -118,3 +118,14 @@ def test_a_run_name_too_long_for_its_rows_is_refused_before_training(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in said, said
     assert "is too long for its row at step 20" in said and "at most 243 bytes" in said, said
     assert "step 1/" not in said and "writable" not in said, said
+
+
+def test_a_run_started_from_a_subdirectory_with_a_relative_target_records(tmp_path):
+    """`cd data; dvc exp run ../dvc.yaml`: DVC names the stage relative to
+    where it was typed (DVC_STAGE=../dvc.yaml:train), which the command,
+    running in the stage's directory, does not know: it was refused as
+    matching no stage (found by a sweep)."""
+    project = template_project(tmp_path)
+    proc = run(["dvc", "exp", "run", "-n", "sub", "../dvc.yaml"], project / "data", check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "recorded sub-step20" in said, said
