@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Callable, Iterator, Optional
 
 from .context import RunContext, debug_requested
-from .errors import DvcDaliError
+from .errors import DvcDaliError, RecordError
 from .log import logger
 from . import run
 from .process_state import STATE
@@ -180,9 +180,24 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
         return
     STATE.exit_lines_installed = True
     STATE.exit_lines_pid = os.getpid()
+    STATE.exit_lines_parent = os.getppid()  # `dvc exp run`, where no shell stands between
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def refuse_orphan() -> None:
+    """After a row is recorded: where the `dvc exp run` that started this
+    process has ended (a SIGTERM to it alone, from a supervisor that signals
+    its direct child), the training stops here. It went on as an orphan: DVC's
+    hold on the workspace went with that process, so a second `dvc exp run`
+    started beside it and checked its outputs out under it (found by a sweep)."""
+    parent = STATE.exit_lines_parent
+    if STATE.exit_lines_pid != os.getpid() or not parent or os.getppid() == parent:
+        return
+    raise RecordError(interruption_line(
+        f"`dvc exp run` (pid {parent}) ended while this training went on, so it stops",
+        last_kept()))
 
 
 def this_process_only(hook: Callable[..., Any], *args: Any) -> Callable[[], None]:

@@ -171,3 +171,4 @@ def signal_checkpoint(ctx: RunContext, request: RecordRequest, keep: Retention) 
         recording.record_and_prune(ctx, request, keep)
     finally:
         path.unlink(missing_ok=True)
+    exit_hooks.refuse_orphan()

@@ -3,6 +3,8 @@ refused: one line to act on, no traceback. Real `dvc exp run`, real DALI."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.helpers.dvc_project import run, template_project
@@ -129,3 +131,53 @@ def test_a_run_started_from_a_subdirectory_with_a_relative_target_records(tmp_pa
     proc = run(["dvc", "exp", "run", "-n", "sub", "../dvc.yaml"], project / "data", check=False)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "recorded sub-step20" in said, said
+
+
+GO_AT_13 = '''
+    if step == 13:
+        import pathlib, time
+        pathlib.Path("ready.tmp").write_text(str(os.getpid()))
+        os.replace("ready.tmp", "ready")
+        while not os.path.exists("go"):
+            time.sleep(0.01)
+'''
+
+
+def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path):
+    """SIGTERM to `dvc exp run` alone (a supervisor that signals its direct
+    child): the training went on as an orphan to its end, and a second `dvc
+    exp run`, no longer held off, started beside it (found by a sweep). It
+    stops at its next row, saying so."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers import child_env
+
+    project = template_project(tmp_path)
+    train = project / "train.py"
+    loop_body = "    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())\n"
+    train.write_text(train.read_text().replace(loop_body, loop_body + GO_AT_13.lstrip("\n")))
+    (project / ".gitignore").write_text("ready\ngo\nout.log\n")
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "waits at 13"], project)
+    with open(project / "out.log", "w") as log:  # a file: an orphan writing to a pipe dies
+        dvc = subprocess.Popen(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"],
+                               cwd=project, stdout=log, stderr=subprocess.STDOUT,
+                               env=child_env(this_python=True), start_new_session=True)
+        while not (project / "ready").exists():
+            assert dvc.poll() is None, (project / "out.log").read_text()
+            time.sleep(0.02)
+        trainer = int((project / "ready").read_text())
+        dvc.send_signal(signal.SIGTERM)  # to `dvc exp run` alone
+        dvc.wait()
+        (project / "go").write_text("")
+        for _ in range(6000):  # the orphan is no child of ours: its end is polled
+            if not os.path.exists(f"/proc/{trainer}") or \
+                    open(f"/proc/{trainer}/stat").read().split()[2] == "Z":
+                break
+            time.sleep(0.05)
+    said = (project / "out.log").read_text()
+    assert f"`dvc exp run` (pid {dvc.pid}) ended while this training went on, so it stops: " \
+        "step 15 is kept as row a-step15" in said, said
+    assert "recorded a-step20" not in said, said
