@@ -776,8 +776,8 @@ class Checkpointer:
         signal's number.
 
         Args:
-            step: the step this checkpoint is of; the row is
-                ``<run>-step<step>``.
+            step: the step whose batches were the last drawn (row ``<run>-step<step>``):
+                ``step - 1`` in a Ctrl-C handler after step's batch resumes one ahead.
             arrays: as for `save`.
             metadata: as for `save`.
 
