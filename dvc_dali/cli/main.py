@@ -308,8 +308,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif args.best and rows and best is None:  # unanswerable: as for an unknown experiment
         metric = args.best.rpartition(":")[0]
         known = sorted({m for r in rows for m in r.get("metrics", {})})
+        where = "" if known or args.metrics_file else (
+            f"; they were read from {DEFAULT_METRICS} at the repository's root: a stage with "
+            "`wdir` or another metrics file takes --metrics-file <its path>")
         print(f"dvc-dali show: --best {args.best}: no row has {metric} (their metrics: "
-              f"{', '.join(known) or 'none'}; nested names take '/', as train/acc)",
+              f"{', '.join(known) or 'none'}; nested names take '/', as train/acc{where})",
               file=sys.stderr)
         return 1
     return 0

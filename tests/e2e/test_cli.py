@@ -389,11 +389,12 @@ def head_sha(repo: Path) -> str:
 
 
 def add_rows(repo: Path, exp: str, steps, times=None, baseline: str | None = None,
-             resumed_from: str | None = None, chain: bool = True) -> list[str]:
+             resumed_from: str | None = None, chain: bool = True,
+             under: str = "") -> list[str]:
     """Rows of run ``exp`` at ``steps`` (committed at ``times``, unix seconds),
-    each with a DVCLive metrics file, chained as the recorder chains them
-    (``chain=False``: each row on its own, as after resumes from elsewhere).
-    Returns their shas."""
+    each with a DVCLive metrics file (in folder ``under``: a stage's wdir),
+    chained as the recorder chains them (``chain=False``: each row on its
+    own, as after resumes from elsewhere). Returns their shas."""
     import pygit2
 
     repo_ = pygit2.Repository(str(repo))
@@ -405,7 +406,13 @@ def add_rows(repo: Path, exp: str, steps, times=None, baseline: str | None = Non
         sub = repo_.TreeBuilder()
         sub.insert("metrics.json", repo_.create_blob(metrics), pygit2.GIT_FILEMODE_BLOB)
         top = repo_.TreeBuilder(repo_[base].peel(pygit2.Tree))
-        top.insert("dvclive", sub.write(), pygit2.GIT_FILEMODE_TREE)
+        live = sub.write()
+        if under:
+            wdir = repo_.TreeBuilder()
+            wdir.insert("dvclive", live, pygit2.GIT_FILEMODE_TREE)
+            top.insert(under, wdir.write(), pygit2.GIT_FILEMODE_TREE)
+        else:
+            top.insert("dvclive", live, pygit2.GIT_FILEMODE_TREE)
         who = pygit2.Signature("dvc-dali tests", "test@example.invalid", when, 0)
         message = (f"dvc-dali checkpoint {exp} step {step}\n\ndvc-dali-checkpoint: exp={exp} "
                    f"step={step} parent={parent or 'none'} stage=dvc.yaml:train "
@@ -495,6 +502,20 @@ def test_show_best_by_a_metric_no_row_has_exits_1(bare_project):
     found = run([*DVC_DALI, "show", "--json", "--best", "train/acc:max"], bare_project)
     assert found.stderr == "" and [r["name"] for r in json.loads(found.stdout)
                                    if r.get("best")] == ["a-step2"], found
+
+
+def test_show_best_names_where_it_read_the_metrics_when_no_row_has_any(bare_project):
+    """A stage with `wdir` keeps its metrics under it: `--best` said no row
+    has the metric, with none listed and nothing to do (found by a sweep);
+    it says where it read them and the option that reads another file."""
+    add_rows(bare_project, "w", [1, 2], under="work")
+    out = run([*DVC_DALI, "show", "--best", "train/acc:max"], bare_project, check=False)
+    assert out.returncode == 1, out
+    assert "they were read from dvclive/metrics.json at the repository's root: a stage with " \
+        "`wdir` or another metrics file takes --metrics-file <its path>" in out.stderr, out.stderr
+    found = run([*DVC_DALI, "show", "--best", "train/acc:max", "--metrics-file",
+                 "work/dvclive/metrics.json"], bare_project)
+    assert "best by train/acc:max: w-step2" in found.stdout, found.stdout
 
 
 def test_a_missing_command_is_called_command_and_every_usage_lists_migrate(bare_project):
