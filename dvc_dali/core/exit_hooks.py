@@ -195,6 +195,8 @@ def refuse_orphan() -> None:
     parent = STATE.exit_lines_parent
     if STATE.exit_lines_pid != os.getpid() or not parent or os.getppid() == parent:
         return
+    if STATE.preemption_signal is not None:  # its group got it too: this row is its last
+        return
     raise RecordError(interruption_line(
         f"`dvc exp run` (pid {parent}) ended while this training went on, so it stops",
         last_kept()))
