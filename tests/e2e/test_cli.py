@@ -684,21 +684,28 @@ for step in range(1, 6):
 """
 
 
+def run_python_trainer(path: Path, trainer: str, name: str) -> str:
+    """``trainer`` as shell_project's command under `dvc-dali run`, `dvc exp
+    run -n name` in a process group of its own (the trainer signals it
+    whole); what it said."""
+    shell_project(path)
+    (path / "train.py").write_text(trainer)
+    dvc_yaml = (path / "dvc.yaml").read_text().replace(
+        "./train.sh", f"{sys.executable} train.py")
+    (path / "dvc.yaml").write_text(dvc_yaml)
+    commit_all(path)
+    proc = subprocess.run(["dvc", "exp", "run", "-n", name], cwd=path, capture_output=True,
+                          text=True, env=child_env(this_python=True), start_new_session=True,
+                          timeout=300)
+    return proc.stdout + proc.stderr
+
+
 def test_run_wrapper_lets_one_ctrl_c_reach_the_command_once(tmp_path):
     """A terminal's Ctrl-C signals the whole process group, the command
     included: `dvc-dali run` passed it on as well, so the command got it
     twice and, as DVC 2's users wrote it, was killed while saving its last
     checkpoint (found by a sweep). Once now, and that checkpoint recorded."""
-    shell_project(tmp_path)
-    (tmp_path / "train.py").write_text(CTRL_C_TRAINER)
-    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
-        "./train.sh", f"{sys.executable} train.py")
-    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
-    commit_all(tmp_path)
-    proc = subprocess.run(["dvc", "exp", "run", "-n", "c"], cwd=tmp_path, capture_output=True,
-                          text=True, env=child_env(this_python=True), start_new_session=True,
-                          timeout=300)
-    said = proc.stdout + proc.stderr
+    said = run_python_trainer(tmp_path, CTRL_C_TRAINER, "c")
     assert "trainer: 1 SIGINT, last checkpoint at step 3" in said, said
     assert "Traceback" not in said, said
     assert {f"c-step{s}" for s in (1, 2, 3)} <= set(exp_rows(tmp_path)), said
@@ -724,16 +731,7 @@ def test_run_wrapper_says_what_it_kept_and_its_command_no_false_line(tmp_path):
     after two rows: the command, which records nothing itself, said "no
     checkpoint was recorded by this run" (as under DVC 2; found by a
     sweep); the wrapper, which recorded them, now says which is kept."""
-    shell_project(tmp_path)
-    (tmp_path / "train.py").write_text(BARE_TERM_TRAINER)
-    dvc_yaml = (tmp_path / "dvc.yaml").read_text().replace(
-        "./train.sh", f"{sys.executable} train.py")
-    (tmp_path / "dvc.yaml").write_text(dvc_yaml)
-    commit_all(tmp_path)
-    proc = subprocess.run(["dvc", "exp", "run", "-n", "t"], cwd=tmp_path, capture_output=True,
-                          text=True, env=child_env(this_python=True), start_new_session=True,
-                          timeout=300)
-    said = proc.stdout + proc.stderr
+    said = run_python_trainer(tmp_path, BARE_TERM_TRAINER, "t")
     assert "no checkpoint was recorded" not in said, said
     assert "dvc-dali: terminated (SIGTERM): step 2 is kept as row t-step2" in said, said
 
