@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 from .context import RunContext, debug_requested
 from .errors import DvcDaliError, RecordError
 from .log import logger
-from . import run
+from . import ancestry, run
 from .process_state import STATE
 
 
@@ -180,7 +180,7 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
         return
     STATE.exit_lines_installed = True
     STATE.exit_lines_pid = os.getpid()
-    STATE.exit_lines_parent = os.getppid()  # `dvc exp run`, where no shell stands between
+    STATE.exit_lines_parent = ancestry.starter()  # `dvc exp run`, a shell between or not
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)
@@ -193,12 +193,12 @@ def refuse_orphan() -> None:
     hold on the workspace went with that process, so a second `dvc exp run`
     started beside it and checked its outputs out under it (found by a sweep)."""
     parent = STATE.exit_lines_parent
-    if STATE.exit_lines_pid != os.getpid() or not parent or os.getppid() == parent:
+    if STATE.exit_lines_pid != os.getpid() or parent is None or not ancestry.gone(parent):
         return
     if STATE.preemption_signal is not None:  # its group got it too: this row is its last
         return
     raise RecordError(interruption_line(
-        f"`dvc exp run` (pid {parent}) ended while this training went on, so it stops",
+        f"`dvc exp run` (pid {parent.pid}) ended while this training went on, so it stops",
         last_kept()))
 
 

@@ -102,7 +102,8 @@ class ProcessState:
     excepthook_installed: bool = False  # exit_hooks: in every mode
     exit_lines_installed: bool = False  # exit_hooks: Ctrl-C and SIGTERM lines, `dvc exp run`
     exit_lines_pid: int = 0  # exit_hooks: the process they were installed in (the run)
-    exit_lines_parent: int = 0  # and its parent then (`dvc exp run`): gone, the run stops
+    # and its starter then (ancestry.Starter: `dvc exp run`): gone, the run stops
+    exit_lines_parent: Any = None
     unread_hook_installed: bool = False  # exit_hooks: a failed save no wait() read, at exit
     ranks_exit_hook_installed: bool = False  # async_ranks: each rank says it exited
     # async_ranks.AsyncRanks of this process, told at its exit; a forked child

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from . import distributed
-from ..core import exit_hooks
+from ..core import ancestry, exit_hooks
 from ..core.context import SIGNAL_NAME, RunContext, repo_root
 from ..core.errors import ConfigError, SignalError
 from ..core.log import logger
@@ -63,13 +63,13 @@ def wait_removed(path: Path, timeout: float) -> None:
     once when this process's parent ends meanwhile: the watcher where no
     shell stands between (`dvc-dali run`'s command, DVC 2's), gone, so the
     run waited an hour as an orphan, holding `dvc exp run`'s output pipe
-    open (found by a sweep)."""
+    open (found by a sweep). A shell between them is looked through."""
     deadline = time.monotonic() + timeout
     delay = 0.001
-    parent = os.getppid()
+    parent = ancestry.starter()  # DVC 2 runs the command through $SHELL -c
     while path.exists():
-        if os.getppid() != parent:
-            raise SignalError(f"{path}: the process that records checkpoints (pid {parent}, "
+        if ancestry.gone(parent):
+            raise SignalError(f"{path}: the process that records checkpoints (pid {parent.pid}, "
                               "DVC 2's `dvc exp run` or `dvc-dali run`) ended while this "
                               "checkpoint waited for it, so nothing recorded it. The checkpoint "
                               "itself is saved on disk: `dvc exp run` resumes from the last "

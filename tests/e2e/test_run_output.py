@@ -147,7 +147,9 @@ def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path):
     """SIGTERM to `dvc exp run` alone (a supervisor that signals its direct
     child): the training went on as an orphan to its end, and a second `dvc
     exp run`, no longer held off, started beside it (found by a sweep). It
-    stops at its next row, saying so."""
+    stops at its next row, saying so. DVC runs the command as $SHELL -c:
+    /bin/sh is dash on Debian, which does not exec it and stays the
+    training's parent (CI, where SHELL is unset, found it)."""
     import signal
     import subprocess
     import time
@@ -164,7 +166,8 @@ def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path):
     with open(project / "out.log", "w") as log:  # a file: an orphan writing to a pipe dies
         dvc = subprocess.Popen(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"],
                                cwd=project, stdout=log, stderr=subprocess.STDOUT,
-                               env=child_env(this_python=True), start_new_session=True)
+                               env={**child_env(this_python=True), "SHELL": "/bin/sh"},
+                               start_new_session=True)
         while not (project / "ready").exists():
             assert dvc.poll() is None, (project / "out.log").read_text()
             time.sleep(0.02)

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import child_env
 
 WAITER = """
@@ -28,18 +30,24 @@ except SignalError as exc:
 """
 
 RECORDER = """
-import subprocess, sys
-subprocess.run([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+import shlex, subprocess, sys
+command = [sys.executable, "-c", sys.argv[1], sys.argv[2]]
+if sys.argv[3] == "shell":  # DVC runs a stage's command as $SHELL -c, or /bin/sh -c
+    command = ["/bin/sh", "-c", shlex.join(command)]
+subprocess.run(command)
 """
 
 
-def test_a_wait_ends_when_the_recorder_is_killed(tmp_path):
+@pytest.mark.parametrize("between", ["nothing", "shell"])
+def test_a_wait_ends_when_the_recorder_is_killed(tmp_path, between):
     """`dvc-dali run` (or DVC 2) SIGKILLed while its command waits for a
     checkpoint to be recorded: the command waited an hour
     (DVC_DALI_SIGNAL_TIMEOUT) as an orphan, holding `dvc exp run`'s output
-    pipe open (found by a sweep); it is refused at once, naming what ended."""
+    pipe open (found by a sweep); it is refused at once, naming what ended.
+    Also where a shell stands between (dash, Debian's /bin/sh, does not exec
+    a lone command: it stays the waiter's parent; CI found it)."""
     recorder = subprocess.Popen(
-        [sys.executable, "-c", RECORDER, WAITER, str(tmp_path / "DVC_CHECKPOINT")],
+        [sys.executable, "-c", RECORDER, WAITER, str(tmp_path / "DVC_CHECKPOINT"), between],
         stdout=subprocess.PIPE, text=True, env=child_env(this_python=True))
     assert recorder.stdout.readline() == "waiting\n"
     os.kill(recorder.pid, signal.SIGKILL)

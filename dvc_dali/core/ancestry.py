@@ -1,0 +1,70 @@
+"""The process that started this one, across the shell DVC runs a stage's
+command in: `dvc exp run` runs it as ``$SHELL -c``, or ``/bin/sh -c`` where
+SHELL is unset. bash and zsh exec a lone command; dash (Debian's /bin/sh)
+does not, and stays the training's parent after `dvc exp run` ended."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "ash", "busybox", "fish",
+                    "csh", "tcsh"})
+
+
+@dataclass(frozen=True)
+class Starter:
+    """A process by pid and start time (a pid reused later is another
+    process); ``started`` is "" where /proc is not at hand."""
+
+    pid: int
+    started: str
+
+
+def _stat(pid: int) -> tuple[str, int, str] | None:
+    """(name, parent pid, start time) from /proc; None once it ended, or
+    without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fobj:
+            text = fobj.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # the name is in parentheses and may hold spaces or parentheses itself
+    fields = text[text.rindex(")") + 2:].split()
+    return text[text.index("(") + 1:text.rindex(")")], int(fields[1]), fields[19]
+
+
+def chain(start: int, depth: int = 64) -> list[tuple[int, str, str]]:
+    """(pid, name, start time) of ``start`` and its ancestors, nearest first."""
+    found, pid = [], start
+    while pid > 1 and len(found) < depth:
+        stat = _stat(pid)
+        if stat is None:
+            break
+        found.append((pid, stat[0], stat[2]))
+        pid = stat[1]
+    return found
+
+
+def starter_in(ancestors: list[tuple[int, str, str]]) -> tuple[int, str] | None:
+    """The nearest ancestor that is no shell (pid, start time). Pure."""
+    for pid, name, started in ancestors:
+        if name not in SHELLS:
+            return pid, started
+    return None
+
+
+def starter() -> Starter:
+    """This process's starter: its parent, or where shells stand between,
+    the first ancestor above them."""
+    parent = os.getppid()
+    found = starter_in(chain(parent))
+    return Starter(*found) if found else Starter(parent, "")
+
+
+def gone(who: Starter) -> bool:
+    """Whether ``who`` has ended (or is no longer this process's ancestor)."""
+    if not who.started:
+        return os.getppid() != who.pid
+    return (who.pid, who.started) not in {(pid, started) for pid, _, started in
+                                          chain(os.getppid())}
