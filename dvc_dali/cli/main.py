@@ -559,6 +559,33 @@ def _doctor_params(report: _Report, root: Path) -> None:
                       "empty it yourself")
 
 
+def _doctor_lockfile(report: _Report, root: Path) -> None:
+    """DVC writes dvc.lock in place (open "w", then dump) at the end of a
+    stage: a kill meanwhile leaves it cut short, and every later `dvc exp
+    run` fails on it ("validation failed"), with nothing said of the rows
+    (the kill fuzz found it). The newest row on this commit is named."""
+    from ..reading import gitcmd
+    from ..reading.exp_refs import list_rows
+    from ..recording import dvc_door
+
+    lock = root / "dvc.lock"
+    problem = dvc_door.lockfile_problem(str(lock))
+    if problem is None:
+        return
+    head = gitcmd.run(["rev-parse", "HEAD"], str(root), check=False, unrunnable=DvcDaliError)
+    rows = [r for r in list_rows(str(root)) if r["baseline"] == head.stdout.strip()]
+    newest = max(rows, key=lambda r: (r["time"], r["step"]), default=None)
+    if newest is not None:
+        fix = (f"put the newest row on this commit back with `dvc exp apply {newest['name']}` "
+               f"(step {newest['step']} of run {newest['exp']}; `dvc exp show` lists the "
+               "others): the next `dvc exp run` resumes from it")
+    else:
+        fix = f"restore the committed one with `git checkout HEAD -- '{lock}'`"
+    report(False, f"{lock}: DVC cannot read it ({problem}). DVC rewrites it in place at the "
+                  "end of a stage, and a kill meanwhile leaves it cut short; every `dvc exp "
+                  f"run` fails on it. If no DVC command is running, {fix}")
+
+
 def params_files(root: Path) -> list[str]:
     """params.yaml, the files dvc.yaml's ``vars`` name and the params files
     its stages name (``foreach``/``matrix`` stages by their ``do``), relative
@@ -668,6 +695,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1
     _doctor_leftovers(report, root)
     _doctor_params(report, root)
+    _doctor_lockfile(report, root)
     _doctor_stages(report, root)
     _doctor_gpu(report)
     if args.verify is not None:

@@ -265,6 +265,25 @@ def parse_yaml(text: str, path: str) -> Any:
     return parse_yaml_for_update(text, path)
 
 
+def lockfile_problem(path: str) -> str | None:
+    """Why DVC would refuse to read this dvc.lock (its own YAML parser and
+    schema); None where it reads it, or where there is none."""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+
+    try:
+        with open(path, encoding="utf-8") as fobj:
+            text = fobj.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    try:
+        COMPILED_LOCKFILE_SCHEMA(parse_yaml(text, path) or {})
+    except Exception as exc:  # DVC's YAML errors and voluptuous's, by DVC version
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
+
+
 def dump_yaml(data: Any) -> str:
     from dvc.utils.serialize import dumps_yaml
 

@@ -280,6 +280,29 @@ def test_doctor_finds_stale_signal_and_bad_stage(project):
     assert f"`git checkout HEAD -- '{project / 'params.yaml'}'`" in bad.stdout, bad.stdout
 
 
+def test_a_dvc_lock_cut_short_by_a_kill_is_named_with_the_row_that_resumes(project):
+    """DVC rewrites dvc.lock in place at the end of a stage: a kill meanwhile
+    leaves it cut short, and every later `dvc exp run` fails on it, with
+    nothing said of the rows (the kill fuzz met it in CI). doctor names the
+    newest row on the commit; applied, the next run resumes from it."""
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={KILL: "30"})
+    lock = project / "dvc.lock"
+    text = lock.read_text()
+    lock.write_text(text[:text.index("outs:") + len("outs:\n    - ")])  # as a kill leaves it
+    failed = run(["dvc", "exp", "run", "-n", "b"], project, check=False)
+    assert failed.returncode != 0 and "dvc.lock' validation failed" in failed.stderr, failed
+    doctor = run([*DVC_DALI, "doctor"], project, check=False)
+    assert doctor.returncode == 1
+    assert f"BAD  {lock}: DVC cannot read it (expected a dictionary" in doctor.stdout, doctor
+    assert "put the newest row on this commit back with `dvc exp apply a-step30` (step 30 of " \
+        "run a;" in doctor.stdout, doctor.stdout
+    from tests.helpers.fuzz_harness import doctor_fix  # the kill fuzz's user, as here
+
+    assert doctor_fix(project, "dvc.lock: DVC cannot read it") == "dvc exp apply a-step30"
+    again = run(["dvc", "exp", "run", "-n", "b"], project)
+    assert "train: resuming from step 30 " in again.stdout, again.stdout
+
+
 def test_retention_keeps_last_n_and_the_best(project):
     run(["dvc", "exp", "run", "-n", "r"], project,
         env={"DVC_DALI_KEEP_LAST": "2", "DVC_DALI_KEEP_BEST": "train/loss:max"})

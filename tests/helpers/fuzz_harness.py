@@ -185,6 +185,25 @@ def reset(project: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def doctor_fix(project: Path, about: str) -> str | None:
+    """Does what `dvc-dali doctor` says to fix ``about`` (its BAD line names
+    it): `dvc exp apply <row>` or `git checkout HEAD -- <file>`, as a user
+    would. Returns the command run; None where doctor names no fix."""
+    import re
+    import shlex
+
+    proc = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "doctor"], cwd=project,
+                          capture_output=True, text=True, env=dvc_env())
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BAD") and about in ln),
+                "")
+    found = re.search(r"`(dvc exp apply [^`]+|git checkout HEAD -- [^`]+)`", line)
+    if not found:
+        return None
+    subprocess.run(shlex.split(found.group(1)), cwd=project, capture_output=True, text=True,
+                   env=dvc_env(), check=True)
+    return found.group(1)
+
+
 # ---------------------------------------------------------------------------
 # checks on what was recorded
 # ---------------------------------------------------------------------------

@@ -63,6 +63,7 @@ import yaml
 
 from tests.helpers.fuzz_harness import (
     ExpRun,
+    doctor_fix,
     wait_for_phase,
     reset,
     cache_path,
@@ -86,6 +87,8 @@ GIT_LOCK_LEFT = re.compile(r"(?:File exists: b?'|Unable to create '|failed to lo
                            r"([^']+/\.git/[^']+\.lock)'")
 RWLOCK_CORRUPT = re.compile(r"Unable to read RWLock-file '([^']+)'\. JSON structure is corrupted")
 RUN_INFO_CORRUPT = re.compile(r"unable to read: '([^']+\.run)', JSON file structure is corrupted")
+LOCK_BROKEN = re.compile(r"dvc\.lock' validation failed"
+                         r"|dvc\.lock', YAML file structure is corrupted")
 
 
 @dataclasses.dataclass
@@ -158,9 +161,13 @@ def workspace_resume_step(project: Path) -> int | None:
     lock_path = project / "dvc.lock"
     if not lock_path.is_file():
         return None
-    lock = yaml.safe_load(lock_path.read_text()) or {}
-    for out in (lock.get("stages", {}).get("train", {}).get("outs") or []):
-        if out["path"] == "checkpoint" and out.get("md5"):
+    try:  # one a kill cut short: DVC fails on it, and no run resumes
+        lock = yaml.safe_load(lock_path.read_text())
+        outs = lock["stages"]["train"]["outs"]
+    except (yaml.YAMLError, KeyError, TypeError):
+        return None
+    for out in outs if isinstance(outs, list) else []:
+        if isinstance(out, dict) and out.get("path") == "checkpoint" and out.get("md5"):
             if not cache_path(project, out["md5"]).is_file():
                 return None
             return cached_checkpoint_step(project, out["md5"])
@@ -372,6 +379,17 @@ def fuzz(project: Path, ref: Reference, kills_wanted: int, seed: int, log_dir: P
             what = "rwlock" if corrupt.re is RWLOCK_CORRUPT else "run info"
             stats.user_fixes[f"dvc {what} left empty by a kill: deleted"] += 1
             say(f"{name}: {corrupt.group(0)}: deleting it, as a user would")
+            continue
+        if rc != 0 and LOCK_BROKEN.search(out):
+            # DVC rewrites dvc.lock in place (open "w", then dump) at the end
+            # of a stage: a kill in between leaves it cut short, and every
+            # later run fails on it. A user does what `dvc-dali doctor` says.
+            fixed = doctor_fix(project, "dvc.lock: DVC cannot read it")
+            if fixed is None:
+                stats.problems.append(f"{name}: dvc.lock cut short, and doctor names no fix")
+                return stats
+            stats.user_fixes["dvc.lock cut short by a kill: " + " ".join(fixed.split()[:3])] += 1
+            say(f"{name}: DVC: dvc.lock cut short: `{fixed}`, as `dvc-dali doctor` says")
             continue
         git_lock = GIT_LOCK_LEFT.search(out)
         if rc != 0 and git_lock and Path(git_lock.group(1)).exists():
