@@ -559,11 +559,12 @@ def _doctor_params(report: _Report, root: Path) -> None:
                       "empty it yourself")
 
 
-def _doctor_lockfile(report: _Report, root: Path) -> None:
+def _doctor_lockfile(report: _Report, root: Path) -> bool:
     """DVC writes dvc.lock in place (open "w", then dump) at the end of a
     stage: a kill meanwhile leaves it cut short, and every later `dvc exp
     run` fails on it ("validation failed"), with nothing said of the rows
-    (the kill fuzz found it). The newest row on this commit is named."""
+    (the kill fuzz found it). The newest row on this commit is named.
+    False where DVC cannot read it (nor then load the stages)."""
     from ..reading import gitcmd
     from ..reading.exp_refs import list_rows
     from ..recording import dvc_door
@@ -571,7 +572,7 @@ def _doctor_lockfile(report: _Report, root: Path) -> None:
     lock = root / "dvc.lock"
     problem = dvc_door.lockfile_problem(str(lock))
     if problem is None:
-        return
+        return True
     head = gitcmd.run(["rev-parse", "HEAD"], str(root), check=False, unrunnable=DvcDaliError)
     rows = [r for r in list_rows(str(root)) if r["baseline"] == head.stdout.strip()]
     newest = max(rows, key=lambda r: (r["time"], r["step"]), default=None)
@@ -584,6 +585,7 @@ def _doctor_lockfile(report: _Report, root: Path) -> None:
     report(False, f"{lock}: DVC cannot read it ({problem}). DVC rewrites it in place at the "
                   "end of a stage, and a kill meanwhile leaves it cut short; every `dvc exp "
                   f"run` fails on it. If no DVC command is running, {fix}")
+    return False
 
 
 def params_files(root: Path) -> list[str]:
@@ -695,8 +697,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1
     _doctor_leftovers(report, root)
     _doctor_params(report, root)
-    _doctor_lockfile(report, root)
-    _doctor_stages(report, root)
+    if _doctor_lockfile(report, root):  # else DVC loads no stage: its one fix is said
+        _doctor_stages(report, root)
     _doctor_gpu(report)
     if args.verify is not None:
         _doctor_verify(report, root, args.verify or None)

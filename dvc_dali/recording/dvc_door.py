@@ -71,6 +71,9 @@ def _fix_file(path: Any) -> str:
     name = os.path.basename(str(path)) if path else "dvc.yaml"
     restore = (f" (`git checkout -- {path}` restores the committed one)"
                if name in ("dvc.lock", "params.yaml") else "")
+    if name == "dvc.lock":  # a kill cuts it short: the rows hold what it named
+        restore = (" (cut short by a kill? `dvc-dali doctor` names the row to put back with "
+                   f"`dvc exp apply`; `git checkout -- {path}` restores the committed one)")
     return f"Fix {path or name}{restore}; `dvc stage list` shows the problem."
 
 
