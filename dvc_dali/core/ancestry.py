@@ -54,11 +54,35 @@ def starter_in(ancestors: list[tuple[int, str, str]]) -> tuple[int, str] | None:
     return None
 
 
-def starter() -> Starter:
+def is_dvc_exp(argv: list[str]) -> bool:
+    """A command line of DVC's experiments (`dvc exp run`, and `dvc exp
+    exec-run`, which trains a --temp or queued run), run as a script or as
+    ``python -m dvc``. Pure."""
+    return any(os.path.basename(arg) == "dvc" and argv[i + 1:i + 2] == ["exp"]
+               for i, arg in enumerate(argv))
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fobj:
+            return [os.fsdecode(arg) for arg in fobj.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def starter(through_launchers: bool = False) -> Starter:
     """This process's starter: its parent, or where shells stand between,
-    the first ancestor above them."""
+    the first ancestor above them. ``through_launchers``: DVC's experiment
+    process where one is an ancestor, whatever stands between (torchrun,
+    `timeout`), so that its end is seen from a rank too."""
     parent = os.getppid()
-    found = starter_in(chain(parent))
+    ancestors = chain(parent)
+    if through_launchers:
+        dvc = next(((pid, started) for pid, _, started in ancestors
+                    if is_dvc_exp(_argv(pid))), None)
+        if dvc is not None:
+            return Starter(*dvc)
+    found = starter_in(ancestors)
     return Starter(*found) if found else Starter(parent, "")
 
 

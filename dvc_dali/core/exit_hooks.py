@@ -180,7 +180,7 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
         return
     STATE.exit_lines_installed = True
     STATE.exit_lines_pid = os.getpid()
-    STATE.exit_lines_parent = ancestry.starter()  # `dvc exp run`, a shell between or not
+    STATE.exit_lines_parent = ancestry.starter(through_launchers=True)  # `dvc exp run`
     if (sigterm and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
         signal.signal(signal.SIGTERM, on_sigterm)

@@ -38,3 +38,40 @@ def test_a_real_starter_is_found_through_a_shell_and_is_not_gone(through_shell):
 def test_a_starter_that_is_no_ancestor_is_gone():
     assert ancestry.gone(ancestry.Starter(os.getppid(), "1"))  # a pid reused since
     assert ancestry.gone(ancestry.Starter(os.getpid() + 10**6, ""))  # no /proc: the parent
+
+
+@pytest.mark.parametrize("argv, dvc", [
+    (["/usr/bin/python3", "/venv/bin/dvc", "exp", "run", "-n", "a"], True),  # a script
+    (["python", "-m", "dvc", "exp", "exec-run", "--infofile", "x"], True),  # --temp, queued
+    (["dvc", "exp", "run"], True),
+    (["/venv/bin/dvc", "repro"], False),
+    (["python", "dvc-dali", "run", "exp"], False),  # `dvc-dali run`: a watcher, not DVC
+    (["python", "train.py", "dvc", "exp"], True),  # (a script's own arguments: alike)
+    (["torchrun", "--nproc-per-node", "2", "train.py"], False),
+    ([], False),
+])
+def test_dvcs_experiment_processes_are_told_by_their_command_line(argv, dvc):
+    assert ancestry.is_dvc_exp(argv) is dvc
+
+
+LAUNCHER = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", sys.argv[1]], check=True)  # torchrun, `timeout`...
+"""
+RANK = ("import os; from dvc_dali.core import ancestry; "
+        "print(ancestry.starter(through_launchers=True).pid, ancestry.starter().pid, os.getppid())")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="no /proc")
+def test_dvcs_process_is_found_through_a_launcher(tmp_path):
+    """A rank under torchrun under `dvc exp run`: its parent is the launcher,
+    which outlives DVC; the orphan check watches DVC's process itself."""
+    fake = tmp_path / "dvc"  # a script named dvc, as DVC's console script is
+    fake.write_text(f"#!{sys.executable}\nimport subprocess, sys\n"
+                    "print(__import__('os').getpid(), flush=True)\n"
+                    "subprocess.run([sys.executable, '-c', *sys.argv[3:]], check=True)\n")
+    fake.chmod(0o755)
+    out = subprocess.run([str(fake), "exp", "run", LAUNCHER, RANK], capture_output=True, text=True,
+                         check=True).stdout.split()
+    dvc_pid, through, plain, parent = (int(x) for x in out)
+    assert through == dvc_pid and plain == parent != dvc_pid
