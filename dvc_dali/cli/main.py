@@ -584,7 +584,7 @@ def _doctor_lockfile(report: _Report, root: Path) -> bool:
         fix = f"restore the committed one with `git checkout HEAD -- '{lock}'`"
     report(False, f"{lock}: DVC cannot read it ({problem}). DVC rewrites it in place at the "
                   "end of a stage, and a kill meanwhile leaves it cut short; every `dvc exp "
-                  f"run` fails on it. If no DVC command is running, {fix}")
+                  f"run` fails on it. Fix dvc.lock: if no DVC command is running, {fix}")
     return False
 
 

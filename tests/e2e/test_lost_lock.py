@@ -166,7 +166,8 @@ def test_bare_make_checkpoint_run_without_dvc_lock_is_refused_until_reset(tmp_pa
 
 def test_two_ranks_without_dvc_lock_are_refused_on_each_rank(tmp_path):
     """The distributed example (torchrun, 2 ranks, gloo): every rank refuses
-    before it trains, and the launcher ends them (no rank waits for ever)."""
+    before it trains, or is ended by the launcher once the other refused (no
+    rank trains, none waits for ever). CI once saw the second case."""
     pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
     project = example_on_two_ranks(tmp_path / "ranks", "examples/train.py", "2 ranks")
     torch = ["-S", "train.framework=torch", "-S", "train.steps=20"]
@@ -175,7 +176,10 @@ def test_two_ranks_without_dvc_lock_are_refused_on_each_rank(tmp_path):
     proc = run(["dvc", "exp", "run", "-n", "b", *torch, "-S", "train.steps=30"], project,
                check=False)
     text = said(proc)
-    assert proc.returncode != 0 and text.count(REFUSED) == 2, text[-3000:]  # each rank
+    # Each rank refuses; torchrun ends the other one as soon as the first
+    # refusal exits, so the slower rank may be ended (SIGTERM) before it says so.
+    refusals, ended = text.count(REFUSED), len(re.findall(r"exitcode\s*:\s*-15\b", text))
+    assert proc.returncode != 0 and (refusals == 2 or (refusals, ended) == (1, 1)), text[-3000:]
     assert "is row a-step20 (step 20)" in text and "`dvc exp apply a-step20`" in text
     # one line each, no frame of ours (torchrun prints its own ChildFailedError)
     assert "dvc_dali/" not in text and "starting: 30 steps" not in text, text[-3000:]
