@@ -143,13 +143,16 @@ GO_AT_13 = '''
 '''
 
 
-def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path):
+@pytest.mark.parametrize("launcher", ["", "timeout 900 "], ids=["shell", "launcher"])
+def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path, launcher):
     """SIGTERM to `dvc exp run` alone (a supervisor that signals its direct
     child): the training went on as an orphan to its end, and a second `dvc
     exp run`, no longer held off, started beside it (found by a sweep). It
     stops at its next row, saying so. DVC runs the command as $SHELL -c:
     /bin/sh is dash on Debian, which does not exec it and stays the
-    training's parent (CI, where SHELL is unset, found it)."""
+    training's parent (CI, where SHELL is unset, found it). A launcher
+    between them that outlives DVC (`timeout` here, torchrun's agent for
+    ranks) hid DVC's end the same way."""
     import signal
     import subprocess
     import time
@@ -160,6 +163,8 @@ def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path):
     train = project / "train.py"
     loop_body = "    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())\n"
     train.write_text(train.read_text().replace(loop_body, loop_body + GO_AT_13.lstrip("\n")))
+    stages = project / "dvc.yaml"
+    stages.write_text(stages.read_text().replace("cmd: python", f"cmd: {launcher}python"))
     (project / ".gitignore").write_text("ready\ngo\nout.log\n")
     run(["git", "add", "-A"], project)
     run(["git", "commit", "-qm", "waits at 13"], project)
