@@ -111,6 +111,10 @@ class ProcessState:
     live_ranks: weakref.WeakSet = field(default_factory=weakref.WeakSet, metadata=_FORK_RESET)
     preemption_signal: Optional[int] = None  # preemption.Flag got it: a checkpoint comes
     said_not_recording: bool = False  # signal_file
+    # signal_file: the process that answers DVC 2's signal (ancestry.Starter),
+    # taken at the first signal, before any wait: taken at a later one, a
+    # watcher that died meanwhile would be unseen (this process reparented)
+    signal_watcher: Any = None
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
     said_ignored: set[str] = field(default_factory=set)  # pipeline: stages with ignored outputs

@@ -58,15 +58,14 @@ def write_signal(path: Path) -> None:
                           f"make {path.parent} writable by this user") from None
 
 
-def wait_removed(path: Path, timeout: float) -> None:
+def wait_removed(path: Path, timeout: float, parent: ancestry.Starter) -> None:
     """Block until the watcher removes the signal, as DVC 2 did; refused at
-    once when this process's parent ends meanwhile: the watcher where no
-    shell stands between (`dvc-dali run`'s command, DVC 2's), gone, so the
-    run waited an hour as an orphan, holding `dvc exp run`'s output pipe
-    open (found by a sweep). A shell between them is looked through."""
+    once when ``parent`` (the watcher, taken before the signal was written:
+    `dvc-dali run`'s command, DVC 2's, a shell between them looked through)
+    ends meanwhile, so the run waited an hour as an orphan, holding `dvc exp
+    run`'s output pipe open (found by a sweep)."""
     deadline = time.monotonic() + timeout
     delay = 0.001
-    parent = ancestry.starter()  # DVC 2 runs the command through $SHELL -c
     while path.exists():
         if ancestry.gone(parent):
             raise SignalError(f"{path}: the process that records checkpoints (pid {parent.pid}, "
@@ -81,6 +80,18 @@ def wait_removed(path: Path, timeout: float) -> None:
                               "checkpoint itself is saved on disk.")
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def signal_and_wait(path: Path, timeout: float) -> None:
+    """DVC 2's protocol: the signal, then the wait for the watcher to remove
+    it. The watcher is taken once per process, before its first signal:
+    taken later, a watcher that had ended meanwhile (between two
+    checkpoints, or before the wait began on a loaded machine) was this
+    process's new parent, and the wait went on (CI found it)."""
+    if STATE.signal_watcher is None:  # DVC 2 runs the command through $SHELL -c
+        STATE.signal_watcher = ancestry.starter()
+    write_signal(path)
+    wait_removed(path, timeout, STATE.signal_watcher)
 
 
 def remove_stale(path: Path) -> None:
@@ -156,8 +167,7 @@ def signal_checkpoint(ctx: RunContext, request: RecordRequest, keep: Retention) 
     path = signal_path(ctx)
     if ctx.mode == "watched":
         ctx.refuse_stray_signal()
-        write_signal(path)
-        wait_removed(path, ctx.signal_timeout)
+        signal_and_wait(path, ctx.signal_timeout)
         return
     from ..recording import pipeline as recording
 
