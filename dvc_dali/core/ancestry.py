@@ -6,6 +6,7 @@ does not, and stays the training's parent after `dvc exp run` ended."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "ash", "busybox", "fish",
@@ -32,6 +33,20 @@ def _stat(pid: int) -> tuple[str, int, str] | None:
     # the name is in parentheses and may hold spaces or parentheses itself
     fields = text[text.rindex(")") + 2:].split()
     return text[text.index("(") + 1:text.rindex(")")], int(fields[1]), fields[19]
+
+
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started, in wall-clock seconds, to the clock tick: its
+    start in ticks since boot, against the boot clock now. psutil's
+    create_time adds that start to /proc/stat's btime, whole seconds, so it
+    reads up to a second early (a lock made just before this run started
+    was taken as made after it). None without /proc."""
+    stat = _stat(pid)
+    if stat is None:
+        return None
+    since_start = (time.clock_gettime(time.CLOCK_BOOTTIME)
+                   - int(stat[2]) / os.sysconf("SC_CLK_TCK"))
+    return time.time() - since_start
 
 
 def chain(start: int, depth: int = 64) -> list[tuple[int, str, str]]:

@@ -84,8 +84,11 @@ def at_run_start(ctx: RunContext) -> None:
         return
     import psutil
 
+    from ..core.ancestry import started_at
+
     try:
-        repair(git_dirs(ctx.dvc_root)[0], psutil.Process().create_time())
+        since = started_at(os.getpid()) or psutil.Process().create_time()
+        repair(git_dirs(ctx.dvc_root)[0], since)
     except OSError as exc:  # a repair, never a reason to stop training
         logger.debug("cannot look for cut-short row publishes: %s", exc)
 
