@@ -189,3 +189,55 @@ def test_a_training_whose_dvc_exp_run_ended_stops_at_its_next_row(tmp_path, laun
     assert f"`dvc exp run` (pid {dvc.pid}) ended while this training went on, so it stops: " \
         "step 15 is kept as row a-step15" in said, said
     assert "recorded a-step20" not in said, said
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (zombies left out)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fobj:
+                fields = fobj.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(entry))
+    return found
+
+
+def test_ranks_whose_dvc_exp_run_ended_stop_at_their_next_row(tmp_path):
+    """The distributed example (torchrun, 2 ranks, gloo) under `dvc exp run`,
+    SIGTERM to `dvc exp run` alone once a row is recorded: torchrun's agent
+    outlives DVC, so the ranks, whose parent it is, went on as orphans to
+    their last step. Rank 0 stops at its next row, saying so, and torchrun
+    ends rank 1."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
+    from tests.helpers import child_env
+    from tests.helpers.dvc_project import example_on_two_ranks
+
+    project = example_on_two_ranks(tmp_path / "ranks", "examples/train.py", "2 ranks")
+    (project / ".gitignore").write_text((project / ".gitignore").read_text() + "out.log\n")
+    run(["git", "commit", "-qam", "out.log ignored"], project)
+    refs = project / ".git" / "refs" / "exps"
+    with open(project / "out.log", "w") as log:  # a file: an orphan writing to a pipe dies
+        dvc = subprocess.Popen(["dvc", "exp", "run", "-n", "a", "-S", "train.framework=torch",
+                                "-S", "train.steps=3000"], cwd=project, stdout=log,
+                               stderr=subprocess.STDOUT, env=child_env(this_python=True),
+                               start_new_session=True)
+        while not list(refs.glob("??/*/a-step10")):  # the first row (an event on disk)
+            assert dvc.poll() is None, (project / "out.log").read_text()
+            time.sleep(0.02)
+        dvc.send_signal(signal.SIGTERM)  # to `dvc exp run` alone
+        dvc.wait()
+        for _ in range(6000):  # the ranks and torchrun are no children of ours: polled
+            if not in_session(dvc.pid):
+                break
+            time.sleep(0.05)
+    said = (project / "out.log").read_text()
+    assert f"`dvc exp run` (pid {dvc.pid}) ended while this training went on, so it " \
+        "stops: step " in said, said[-3000:]
+    assert "step 3000/3000" not in said and not list(refs.glob("??/*/a-step3000")), said[-3000:]
