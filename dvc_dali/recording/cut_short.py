@@ -82,12 +82,14 @@ def at_run_start(ctx: RunContext) -> None:
     """:func:`repair` in the main repo, once a run (run_start.capture)."""
     if not ctx.under_exp_run:
         return
-    import psutil
-
     from ..core.ancestry import started_at
 
     try:
-        since = started_at(os.getpid()) or psutil.Process().create_time()
+        since = started_at(os.getpid())
+        if since is None:  # no /proc: psutil's, up to a second early
+            import psutil
+
+            since = psutil.Process().create_time()
         repair(git_dirs(ctx.dvc_root)[0], since)
     except OSError as exc:  # a repair, never a reason to stop training
         logger.debug("cannot look for cut-short row publishes: %s", exc)

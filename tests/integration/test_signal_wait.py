@@ -16,9 +16,8 @@ import pytest
 from tests.helpers import child_env
 
 WAITER = """
-import sys
+import os, sys, time
 from pathlib import Path
-import os, time
 from dvc_dali.core import ancestry
 from dvc_dali.core.errors import SignalError
 from dvc_dali.training.signal_file import signal_and_wait, wait_removed, write_signal
