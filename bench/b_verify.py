@@ -10,6 +10,13 @@ per batch on the training thread (Recorder.costs: the wrapper's work after
 DALI returned, a comparison, a wait for the digest in flight) and on the
 digest thread (CPU), and the content digest's time per GB (data_contents,
 from the page cache).
+
+Two runs side by side in one process are not alike: here the pipeline made
+first runs 3-5% slower whatever it does (the same run twice, digests off in
+both: 0.93-0.98 for the first-made, 1.04-1.07 the other way round). So the
+rounds are made first by on and off in turn, the ratio is the geometric
+mean of the rounds' ratios, and an A/A row (the same run twice) shows what
+the method reads where nothing differs.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import gc
 import json
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -69,30 +77,35 @@ def _prepare_resume(root: Path, ckdir: Path, steps: int, gpu: bool) -> None:
 
 
 def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
-                  gpu: bool = False) -> dict[str, float]:
+                  gpu: bool = False, first: str = "on", same: bool = False) -> dict[str, float]:
     """Batches/s with digests on and off, in one process, alternating every
     EVERY steps (one checkpoint interval) between the two runs, so that the
     load of the machine falls on both alike. Recording: each run saves at
     the end of each of its intervals. Resumed: each resumes a checkpoint
     whose next ``steps`` batches were recorded, so (on) every batch is
-    compared. Also (``caller_us``, ``thread_cpu_us``) the digests' cost per
-    batch on the training thread and the digest thread's CPU."""
+    compared. ``first``: the run made first, and first in the even blocks
+    (the pipeline made first runs a few percent slower here, whatever it
+    does: rounds() alternates it); ``same``: both runs with digests off
+    (the method's own bias, the A/A row). Also (``caller_us``,
+    ``thread_cpu_us``) the digests' cost per batch on the training thread
+    and the digest thread's CPU."""
     from dali_pipes import decode_crop
 
     runs = {}
-    for verify in ("on", "off"):
+    order = (first, "off" if first == "on" else "on")
+    for verify in order:
         ckdir = tmp / f"ck-{verify}-{'resumed' if resumed else 'recording'}"
         if resumed:
             _prepare_resume(root, ckdir, steps, gpu)
         else:
             shutil.rmtree(ckdir, ignore_errors=True)
-        ck = _checkpointer(ckdir, "all" if verify == "on" else "0", resumed)
+        ck = _checkpointer(ckdir, "all" if verify == "on" and not same else "0", resumed)
         runs[verify] = (ck, ck.pipeline("train", decode_crop, root=str(root), **_pipe_args(gpu)))
     elapsed = {"on": 0.0, "off": 0.0}
     w = np.zeros(1024, np.float32)
     costs = runs["on"][0]._batches.costs
     for block in range(steps // EVERY):
-        for verify in (("on", "off") if block % 2 == 0 else ("off", "on")):
+        for verify in (order if block % 2 == 0 else order[::-1]):
             ck, pipe = runs[verify]
             t0 = perf()
             for _ in range(EVERY):
@@ -178,7 +191,7 @@ def tf_rates(tmp: Path, quick: bool) -> dict[str, Any] | str:
         if importlib.util.find_spec(module) is None:
             return f"not run ({module} absent)"
     out = tmp / "tf.json"
-    rounds, steps = ("3", "60") if quick else ("5", "100")
+    rounds, steps = ("4", "60") if quick else ("6", "100")  # even: made first in turn
     proc = run([PY, BENCH / "b_tf_digests.py", "--rounds", rounds, "--steps", steps,
                 "--json", out], tmp, check=False, timeout=1800)
     if proc.returncode != 0 or not out.is_file():
@@ -209,27 +222,42 @@ def content_digest_s_per_gb(tmp: Path, megabytes: int) -> float:
     return median(times) / (megabytes / 1024)
 
 
+def _first(r: int) -> str:
+    """The run made first in round ``r``: on and off in turn, so that the
+    few percent the first-made pipeline loses here fall on both alike."""
+    return ("on", "off")[r % 2]
+
+
 def _dali_rounds(root: Path, tmp: Path, steps: int, rounds: int, gpu: bool
                  ) -> dict[bool, list[dict[str, float]]]:
-    """{resumed: [paired_blocks of each round]}."""
+    """{resumed: [paired_blocks of each round]}, rounds made first by on and off in turn."""
     got: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     where = "GPU" if gpu else "CPU"
     for r in range(rounds):
         for resumed in (False, True):
-            got[resumed].append(paired_blocks(root, tmp, steps, resumed, gpu))
-        say(f"[16] {where} round {r + 1}/{rounds}: " + "; ".join(
+            got[resumed].append(paired_blocks(root, tmp, steps, resumed, gpu, _first(r)))
+        say(f"[16] {where} round {r + 1}/{rounds} ({_first(r)} made first): " + "; ".join(
             f"{'resumed' if k else 'recording'} on {v[-1]['on']:.1f}/s off {v[-1]['off']:.1f}/s"
             f", {v[-1]['caller_us']:.0f} us a batch on the training thread"
             for k, v in got.items()))
     return got
 
 
-def _ratio_row(label: str, goal: float, rounds: list[dict[str, float]], what: str) -> Row:
-    paired = median(r["on"] / r["off"] for r in rounds)
-    return Row(f"16 {label}, digests on vs off, {what}",
+def paired_ratio(rounds: list[dict[str, float]]) -> float:
+    """The geometric mean of the rounds' on/off ratios: with as many rounds
+    made first by each, the first-made run's loss cancels out."""
+    return statistics.geometric_mean(r["on"] / r["off"] for r in rounds)
+
+
+def _ratio_row(label: str, goal: float | None, rounds: list[dict[str, float]], what: str
+               ) -> Row:
+    paired = paired_ratio(rounds)
+    ratios = sorted(r["on"] / r["off"] for r in rounds)
+    return Row(f"16 {label}, {what}",
                f"{median(r['on'] for r in rounds):.1f}/s",
-               f"{median(r['off'] for r in rounds):.1f}/s", f"{paired:.3f}", f">= {goal}",
-               yes_no(paired >= goal),
+               f"{median(r['off'] for r in rounds):.1f}/s",
+               f"{paired:.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})",
+               f">= {goal}" if goal else "-", yes_no(paired >= goal) if goal else "n/a",
                {"on": [r["on"] for r in rounds], "off": [r["off"] for r in rounds],
                 "paired_ratio": paired, "caller_us": [r["caller_us"] for r in rounds],
                 "thread_cpu_us": [r["thread_cpu_us"] for r in rounds]})
@@ -260,7 +288,7 @@ def _gpu_rows(root: Path, tmp: Path, steps: int, rounds: int) -> tuple[list[Row]
                 [_not_run("the digest of one GPU batch of 32 x 64x64x3 uint8, device time",
                           f"not run ({missing})", f"<= {GPU_DIGEST_GOAL_US:.0f} us")], {})
     got = _dali_rounds(root, tmp, steps, rounds, gpu=True)
-    rows = [_ratio_row(label, goal, got[resumed], f"save every {EVERY}")
+    rows = [_ratio_row(label, goal, got[resumed], f"digests on vs off, save every {EVERY}")
             for (label, goal), resumed in zip(labels, (False, True))]
     rows.append(_cost_row("GPU", got, "batch"))
     device_us, wall_us = gpu_digest_us(root)
@@ -281,7 +309,8 @@ def _tf_rows(tmp: Path, quick: bool) -> tuple[list[Row], dict]:
                 for r, (_key, what) in zip((False, True), labels)], {}
     mb = got["megabytes"]
     rows = [_ratio_row(f"tf_dataset ({mb:.1f} MB elements), {what}",
-                       GOALS["tf", key == "resumed"], got[key], "eager iteration")
+                       GOALS["tf", key == "resumed"], got[key],
+                       "digests on vs off, eager iteration")
             for key, what in labels]
     rows.append(_cost_row("tf_dataset", {False: got["recording"], True: got["resumed"]},
                           "element"))
@@ -293,14 +322,19 @@ def _rates(rounds: list[dict[str, float]], key: str) -> str:
 
 
 def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
-    n_images, steps, rounds, mb = (2000, 600, 3, 256) if quick else (2000, 2000, 3, 1024)
+    # an even number of rounds: as many made first by on as by off (_first)
+    n_images, steps, rounds, mb = (2000, 600, 4, 256) if quick else (2000, 2000, 6, 1024)
     say(f"[16] writing {n_images} JPEGs")
     root = write_jpegs(tmp / "jpegs", n_images, classes=8)
     cpu = _dali_rounds(root, tmp, steps, rounds, gpu=False)
-    rows = [_ratio_row("CPU DALI batches/s, recording", GOALS["cpu", False], cpu[False],
-                       f"save every {EVERY}"),
+    same = [paired_blocks(root, tmp, steps, False, first=_first(r), same=True)
+            for r in range(2)]
+    every = f"digests on vs off, save every {EVERY}"
+    rows = [_ratio_row("CPU DALI batches/s, recording", GOALS["cpu", False], cpu[False], every),
             _ratio_row("CPU DALI batches/s, a resume comparing each batch", GOALS["cpu", True],
-                       cpu[True], f"save every {EVERY}"),
+                       cpu[True], every),
+            _ratio_row("the method itself (A/A): CPU, recording, the same run twice (digests "
+                       "off in both)", None, same, "should read 1.0 within its noise"),
             _cost_row("CPU", cpu, "batch")]
     gpu_rows, gpu = _gpu_rows(root, tmp, steps, rounds)
     tf_rows, tf = _tf_rows(tmp, quick)
@@ -310,7 +344,8 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
                     f"{per_gb:.2f} s/GB", "-", "-", values={"s_per_gb": per_gb}))
     notes = [f"[16] {n_images} JPEGs 96-128 px, crop 64x64, batch 32 (384 KB a batch); in each "
              f"of {rounds} rounds two runs in one process, digests on and off, {steps} steps "
-             f"each, alternating every {EVERY} steps; ratio = median of the rounds' ratios; "
+             f"each, alternating every {EVERY} steps, made first by on and off in turn; "
+             "ratio = geometric mean of the rounds' ratios (their range); "
              "CPU: " + "; ".join(f"{'resumed' if k else 'recording'} on {_rates(v, 'on')}, "
                                  f"off {_rates(v, 'off')}" for k, v in cpu.items()),
              "[16] tf_dataset: bench/b_tf_digests.py in a child process (32 x 224x224x3 float32, "
