@@ -71,6 +71,11 @@ MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's ou
     (["../etc"], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
     (["uint8/0000aaaa/CRC32:11111111"], [C32], NOT_VERIFIED,
      ("a recorded digest is unreadable",)),
+    # the same unreadable text on both sides is no match (check's fast path for equal digests)
+    (["uint8/0000aaaa/-"], ["uint8/0000aaaa/-"], NOT_VERIFIED,
+     ("a recorded digest is unreadable",)),
+    (["uint8/0000aaaa/crc32:"], ["uint8/0000aaaa/crc32:"], NOT_VERIFIED,
+     ("a recorded digest is unreadable",)),
 ])
 def test_each_check_ends_matched_differs_or_not_verified(want, got, outcome, said):
     found = bd.check(want, got)
