@@ -122,6 +122,7 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
     out["caller_us"] = costs.caller_s / max(costs.batches, 1) * 1e6
     out["thread_cpu_us"] = costs.background_cpu_s / max(costs.background, 1) * 1e6
     out["per_launch"] = costs.background / costs.groups if costs.groups else 1.0
+    out["at_once"] = costs.at_once / max(costs.batches, 1)
     return out
 
 
@@ -267,9 +268,11 @@ def _cost_row(label: str, rounds: dict[bool, list[dict[str, float]]], unit: str)
     rec, res = rounds[False], rounds[True]
     grouped = median(r.get("per_launch", 1.0) for r in rec)
     launches = f", {grouped:.1f} batches a launch" if grouped > 1 else ""
+    now = median(r.get("at_once", 0.0) for r in rec)
     return Row(f"16 {label}: what the digests cost a {unit} on the training thread "
-               "(recording / resuming), and on the digest thread (CPU, recording)",
-               f"{median(r['caller_us'] for r in rec):.0f} / "
+               "(recording, with the share digested there at once because it waited for the "
+               "pipeline / resuming), and on the digest thread (CPU, recording)",
+               f"{median(r['caller_us'] for r in rec):.0f} us ({now:.0%} at once) / "
                f"{median(r['caller_us'] for r in res):.0f} us",
                f"{median(r['thread_cpu_us'] for r in rec):.0f} us{launches}", "-")
 

@@ -9,7 +9,8 @@ step K; after step M it kills itself. Every output of every step goes to
 OUT (.npz) when it gets to N. KIND "dynamic": a DALI dynamic-mode reader
 (and an RNG) registered on ``Checkpointer.dynamic()`` instead of pipelines.
 PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed on dvc-dali's
-digest thread (counted from 1) raises, as a failing digest would there.
+digest thread (counted from 1) raises, as a failing digest would there
+(every batch is digested there).
 PROOF_GROUPED=1: the pipelines' batches are recorded in groups, as a GPU
 pipeline's are (batch_digests.GROUP_ON_CPU), however slowly they come.
 PROOF_TOTAL_STEPS=N: the Checkpointer's total_steps (as under dvc exp run).
@@ -67,8 +68,12 @@ def dynamic_steps(ck, data: str):
 
 
 def fail_digests_on_the_thread(which: str) -> None:
-    """The K-th digest computed on the digest thread raises (K in ``which``)."""
+    """The K-th digest computed on the digest thread raises (K in ``which``);
+    every host batch is digested there (none at once on the training
+    thread, however long it waited for the batch: batch_digests.at_once)."""
     from dvc_dali.proof import batch_digests
+
+    batch_digests.at_once = lambda waited, cost: False
 
     original, count = batch_digests.digest, itertools.count(1)
     fails = {int(k) for k in which.split(",")}

@@ -99,3 +99,27 @@ def test_a_run_that_exits_without_close_keeps_each_batchs_digest(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     kept = batch_digests.read_companion(companion(ckpt), batch_digests.log_id_of(manifest(ckpt)))
     assert len(kept["train"]) == 5, kept  # steps 3-7
+
+
+@pytest.mark.parametrize("now", [True, False])
+def test_a_host_batch_gets_the_same_digest_at_once_or_on_the_thread(tmp_path, monkeypatch, now):
+    """batch_digests.at_once: a host batch the training thread waited for is
+    digested there, its line written before it is handed out; otherwise on
+    the digest thread. Either way each batch gets its own digest, in order,
+    in the companion file and the next manifest."""
+    monkeypatch.setattr(batch_digests, "at_once", lambda waited, cost: now)
+    ck, pipe = _checkpointer(tmp_path)
+    ck.save(0)
+    log_id = batch_digests.log_id_of(manifest(tmp_path / "ckpt"))
+    kept = [pipe.run() for _ in range(5)]
+    costs = ck._batches.costs  # noqa: SLF001
+    if now:  # written before each batch was handed out: nothing in flight to wait for
+        assert (costs.at_once, costs.background) == (5, 0), costs
+    else:
+        ck._batches.wait()  # noqa: SLF001 (the last one, in flight)
+        assert (costs.at_once, costs.background) == (0, 5), costs
+    want = [batch_digests.digest(batch) for batch in kept]
+    assert batch_digests.read_companion(companion(tmp_path / "ckpt"), log_id)["train"] == want
+    ck.save(5)
+    assert manifest(tmp_path / "ckpt")["pipelines"]["train"]["batches"]["digests"] == want
+    ck.close()

@@ -378,3 +378,15 @@ def test_the_refusal_of_a_differing_batch_is_public_and_a_pipeline_mismatch():
     assert "BatchMismatchError" in dvc_dali.__all__
     assert dvc_dali.BatchMismatchError is batch_digests.BatchMismatchError
     assert issubclass(dvc_dali.BatchMismatchError, dvc_dali.PipelineMismatchError)
+
+
+@pytest.mark.parametrize("waited, cost, now", [
+    (0.003, 0.0002, True),  # the pipeline is the slower: the training thread waited for it
+    (0.0002, 0.0002, True),
+    (0.0001, 0.0002, False),  # the batch was ready: the training step is the slower
+    (0.0, 0.0, True),  # nothing measured yet: the first such batch measures the cost
+    (None, 0.0, False),  # batches handed in (a tf_dataset's element): the digest thread
+])
+def test_a_host_batch_is_digested_at_once_where_the_training_thread_waited_for_it(
+        waited, cost, now):
+    assert bd.at_once(waited, cost) is now
