@@ -74,8 +74,8 @@ referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
 elements (NumPy views of TensorFlow's tensors, which are not written again
 while referenced). The training thread only hands the batch over
 (:class:`Costs` counts what it spends: benchmark 16 prints it), except
-where it waited for the pipeline to produce a host batch at least as long
-as digesting it there takes (:func:`at_once`): then the pipeline bounds
+where it waited for the pipeline to produce a host batch at least twice as
+long as digesting it there takes, and 1 ms (:func:`at_once`): then the pipeline bounds
 the loop, and the digest and its line are done at once, before the batch
 is handed out, in time the loop would spend waiting (on 2 cores that DALI
 keeps busy, 0.97-0.98 of the batches/s without digests vs 0.96-0.97 on the
@@ -171,13 +171,18 @@ def group_goes(waiting: int, group_max: int, age_s: float, gap_s: float) -> bool
 def at_once(waited_s: float | None, cost_s: float) -> bool:
     """Whether a host batch is digested, and its line written, at once on
     the training thread rather than on the digest thread: where that thread
-    waited for the pipeline to produce the batch (``waited_s``) at least as
-    long as doing it at once costs (``cost_s``, as measured so far). Then the
-    pipeline, not the training step, bounds the loop: the digest takes time
-    the loop would spend waiting, and saves the hand-over to a thread that
-    would take a core from the pipeline's. A stream whose batches are handed
-    in (``waited_s`` None) goes to the digest thread."""
-    return waited_s is not None and waited_s >= cost_s
+    waited for the pipeline to produce the batch (``waited_s``) at least
+    twice as long as doing it at once costs (``cost_s``, as measured so far)
+    and at least AT_ONCE_WAIT_S. Then the pipeline, not the training step,
+    bounds the loop: the digest takes time the loop would spend waiting, and
+    saves the hand-over to a thread that would take a core from the
+    pipeline's. A batch that was ready (the call's own overhead, a fraction
+    of a millisecond) goes to the digest thread, and so does one of a stream
+    whose batches are handed in (``waited_s`` None)."""
+    return waited_s is not None and waited_s >= max(2 * cost_s, AT_ONCE_WAIT_S)
+
+
+AT_ONCE_WAIT_S = 0.001
 
 
 def group_size(bytes_per_batch: float) -> int:

@@ -382,9 +382,11 @@ def test_the_refusal_of_a_differing_batch_is_public_and_a_pipeline_mismatch():
 
 @pytest.mark.parametrize("waited, cost, now", [
     (0.003, 0.0002, True),  # the pipeline is the slower: the training thread waited for it
-    (0.0002, 0.0002, True),
-    (0.0001, 0.0002, False),  # the batch was ready: the training step is the slower
-    (0.0, 0.0, True),  # nothing measured yet: the first such batch measures the cost
+    (0.003, 0.0015, True),
+    (0.003, 0.0016, False),  # not twice what the digest there costs
+    (0.001, 0.0, True),  # nothing measured yet: the first such batch measures the cost
+    (0.0009, 0.0, False),  # the call's own overhead for a batch that was ready: the
+    (0.0003, 0.0002, False),  # training step is the slower
     (None, 0.0, False),  # batches handed in (a tf_dataset's element): the digest thread
 ])
 def test_a_host_batch_is_digested_at_once_where_the_training_thread_waited_for_it(
