@@ -126,6 +126,32 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
     return out
 
 
+def step_bound_costs(root: Path, tmp: Path, steps: int = 200) -> dict[str, float]:
+    """A loop whose training step is the slower (a 10 ms sleep, as a step
+    waiting for a GPU; DALI has the batch ready when asked), digests on, a
+    save every EVERY steps: what the digests cost a batch on the training
+    thread, and the share digested there at once (batch_digests.at_once)."""
+    from dali_pipes import decode_crop
+
+    ckdir = tmp / "ck-step-bound"
+    shutil.rmtree(ckdir, ignore_errors=True)
+    ck = _checkpointer(ckdir, "all", False)
+    pipe = ck.pipeline("train", decode_crop, root=str(root), **_pipe_args(False))
+    for step in range(1, steps + 1):
+        pipe.run()
+        time.sleep(0.010)
+        if step % EVERY == 0:
+            ck.save(step)
+    ck.wait()
+    costs = ck._batches.costs  # noqa: SLF001 (what the benchmark prints)
+    ck.close()
+    del pipe, ck
+    gc.collect()
+    return {"caller_us": costs.caller_s / max(costs.batches, 1) * 1e6,
+            "at_once": costs.at_once / max(costs.batches, 1),
+            "thread_cpu_us": costs.background_cpu_s / max(costs.background, 1) * 1e6}
+
+
 def gpu_missing() -> str | None:
     """Why the GPU rows cannot run here; None where a GPU and CuPy are at hand."""
     try:
@@ -339,6 +365,12 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
             _ratio_row("the method itself (A/A): CPU, recording, the same run twice (digests "
                        "off in both)", None, same, "should read 1.0 within its noise"),
             _cost_row("CPU", cpu, "batch")]
+    bound = step_bound_costs(root, tmp)
+    rows.append(Row("16 CPU, a loop whose training step is the slower (a 10 ms sleep a step): "
+                    "what the digests cost a batch on the training thread (the share digested "
+                    "there at once), and on the digest thread (CPU)",
+                    f"{bound['caller_us']:.0f} us ({bound['at_once']:.0%} at once)",
+                    f"{bound['thread_cpu_us']:.0f} us", "-", values=bound))
     gpu_rows, gpu = _gpu_rows(root, tmp, steps, rounds)
     tf_rows, tf = _tf_rows(tmp, quick)
     per_gb = content_digest_s_per_gb(tmp, mb)
@@ -354,4 +386,5 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
              "[16] tf_dataset: bench/b_tf_digests.py in a child process (32 x 224x224x3 float32, "
              "blocks of 5 elements alternating on and off)",
              f"[16] content digest over {mb} MB in 200 files, median of 3"]
-    return rows, notes, {"cpu": cpu, "gpu": gpu, "tf": tf, "content_s_per_gb": per_gb}
+    return rows, notes, {"cpu": cpu, "step_bound": bound, "gpu": gpu, "tf": tf,
+                         "content_s_per_gb": per_gb}
