@@ -533,9 +533,13 @@ def open_checkpointer(dali: dict, root: Path, must_fail: bool, what: str) -> Non
         finally:
             ck.close()
     assert not must_fail, f"{what}: opened without an error"
-    want = dali["restored"] if ck.resumed else dali["fresh"]
+    # a checkpoint that holds no entry for the pipeline: it starts from its
+    # beginning, as one registered after the checkpoint was written does
+    # (restorable's ``lacks``, said); an edit that deletes the entry leaves that
+    restored = ck.resumed and "train" in (load_manifest(root).get("pipelines") or {})
+    want = dali["restored"] if restored else dali["fresh"]
     assert len(got) == len(want) and all(same(a, b) for a, b in zip(got, want)), what
-    event("restored, batch checked" if ck.resumed else "fresh start, batch checked")
+    event("restored, batch checked" if restored else "fresh start, batch checked")
 
 
 def refused(root: Path, match: str, error: type = CheckpointCorruptError) -> str:

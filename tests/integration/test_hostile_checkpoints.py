@@ -120,6 +120,20 @@ def test_hostile_checkpoints_through_checkpointer(dali_pristine, data):
         open_checkpointer(dali_pristine, root, must_fail, f"edits {edits} swaps {swaps}")
 
 
+def test_a_manifest_without_the_pipelines_entry_starts_it_afresh(dali_pristine, capsys):
+    """What the fuzz above drew once (CI, 2026-12-02): the manifest's entry
+    of the pipeline deleted (digests recomputed). Such a checkpoint reads as
+    one written before the pipeline was registered: the pipeline starts from
+    its beginning, said, and the rest is restored (the oracle had expected
+    the restored batch)."""
+    src = dali_pristine["root"]
+    edited = apply_edit(load_manifest(src), ("delete", ("pipelines", "train"), None))
+    with copy_of(src) as (root, _outside):
+        publish_manifest(root, dumps(edited))
+        open_checkpointer(dali_pristine, root, False, "the pipeline's entry deleted")
+    assert "pipeline 'train' is not in" in capsys.readouterr().err
+
+
 # -- one test per input class ------------------------------------------------------------
 @pytest.fixture
 def ckpt(pristine):
