@@ -116,6 +116,7 @@ class Pusher:
         # the run's rows recorded before this process that the git remote
         # lacks were looked for (_catch_up): a resumed run's first push
         self._caught_up = False
+        self._mine: set[str] = set()  # the refs of the rows this process recorded
         self._waiting = 0  # callers of wait(): no spacing while someone waits
         self.stats = {"rows": 0, "pushes": 0, "cpu_s": 0.0}  # this thread + git's CPU
         self._thread = threading.Thread(target=self._run, name="dvc-dali-push", daemon=True)
@@ -132,6 +133,7 @@ class Pusher:
         with self._cond:
             self.run_name = run_name or self.run_name  # a resumed run's rows keep its name
             self._todo.append(Job(ref, name, sha, list(objs)))
+            self._mine.add(ref)
             self._cond.notify_all()
 
     def forget(self, ref: str, name: str) -> None:
@@ -266,13 +268,16 @@ class Pusher:
         if other:
             logger.warning("%s on %s: another commit under that name (recorded elsewhere); "
                            "left alone", ", ".join(other), self.git_remote)
-        if jobs:
-            logger.info("%s of %s recorded before this process, not on %s: pushed first",
-                        ", ".join(j.name for j in jobs), name, self.git_remote)
         with self._cond:
+            # a row this process recorded while the remote was asked is its own
+            # (queued, or pushed by now), not one recorded before it
+            jobs = [j for j in jobs if j.ref not in self._mine]
             self._todo[:0] = jobs
             self._caught_up = True
             self._cond.notify_all()
+        if jobs:
+            logger.info("%s of %s recorded before this process, not on %s: pushed first",
+                        ", ".join(j.name for j in jobs), name, self.git_remote)
 
     def _next_batch(self) -> list[Job]:
         """The jobs queued (rows and deletions), up to a second one of a ref."""
