@@ -119,11 +119,16 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
     del runs
     gc.collect()
     out = {v: steps / t for v, t in elapsed.items()}
-    out["caller_us"] = costs.caller_s / max(costs.batches, 1) * 1e6
-    out["thread_cpu_us"] = costs.background_cpu_s / max(costs.background, 1) * 1e6
     out["per_launch"] = costs.background / costs.groups if costs.groups else 1.0
-    out["at_once"] = costs.at_once / max(costs.batches, 1)
-    return out
+    return {**out, **_per_batch(costs)}
+
+
+def _per_batch(costs: Any) -> dict[str, float]:
+    """A Recorder's costs a batch: on the training thread (us), on the digest
+    thread (CPU us), the share digested at once."""
+    return {"caller_us": costs.caller_s / max(costs.batches, 1) * 1e6,
+            "thread_cpu_us": costs.background_cpu_s / max(costs.background, 1) * 1e6,
+            "at_once": costs.at_once / max(costs.batches, 1)}
 
 
 def step_bound_costs(root: Path, tmp: Path, steps: int = 200) -> dict[str, float]:
@@ -147,9 +152,7 @@ def step_bound_costs(root: Path, tmp: Path, steps: int = 200) -> dict[str, float
     ck.close()
     del pipe, ck
     gc.collect()
-    return {"caller_us": costs.caller_s / max(costs.batches, 1) * 1e6,
-            "at_once": costs.at_once / max(costs.batches, 1),
-            "thread_cpu_us": costs.background_cpu_s / max(costs.background, 1) * 1e6}
+    return _per_batch(costs)
 
 
 def gpu_missing() -> str | None:

@@ -100,7 +100,6 @@ import json
 import math
 import os
 import queue
-import re
 import stat
 import threading
 import time
@@ -230,7 +229,10 @@ def _host_digest(tensor_list: Any) -> tuple[str, int]:
         key = (tensor_list.dtype, shape)
         prefix = _PREFIXES.get(key)
         if prefix is None:
-            prefix = _prefix(key[0], f"{shape[0]}x{tuple(shape[1:])}" if shape else "()", key)
+            if len(_PREFIXES) >= 4096:  # a stream of ever-new shapes: kept bounded
+                _PREFIXES.clear()
+            prefix = _PREFIXES[key] = _prefix(
+                tensor_list.dtype, f"{shape[0]}x{tuple(shape[1:])}" if shape else "()")
         return f"{prefix}{_crc(data):08x}", data.nbytes
     value = size = 0
     for part in tensor_list:
@@ -241,18 +243,12 @@ def _host_digest(tensor_list: Any) -> tuple[str, int]:
     return f"{_prefix(tensor_list.dtype, shapes)}{value:08x}", size
 
 
-def _prefix(dtype: Any, shapes: str, key: Any = None) -> str:
-    """``<dtype>/<CRC-32 of the shapes' text>/crc32:`` of a host output;
-    kept by ``key`` (dtype, shape) for a dense one (None: not kept)."""
-    prefix = f"{_dtype_name(dtype)}/{zlib.crc32(shapes.encode()):08x}/{HOST}:"
-    if key is not None:
-        if len(_PREFIXES) >= 4096:  # a stream of ever-new shapes: kept bounded
-            _PREFIXES.clear()
-        _PREFIXES[key] = prefix
-    return prefix
+def _prefix(dtype: Any, shapes: str) -> str:
+    """``<dtype>/<CRC-32 of the shapes' text>/crc32:`` of a host output."""
+    return f"{_dtype_name(dtype)}/{zlib.crc32(shapes.encode()):08x}/{HOST}:"
 
 
-_PREFIXES: dict[Any, str] = {}
+_PREFIXES: dict[Any, str] = {}  # a dense host output's prefix, by (dtype, shape)
 
 
 def _host_view(part: Any) -> memoryview:
@@ -422,8 +418,6 @@ def digest_arrays(outputs: Sequence[Any]) -> list[str]:
 MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"
 OTHER_ALGORITHM = "recorded by another digest algorithm"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
-# an output's digest in the named form, as parse_output reads it
-_NAMED = re.compile(r"[^/]*/[^/]*/[a-z0-9_]+:[0-9a-f]+")
 _HEX = set("0123456789abcdef")
 
 
@@ -491,7 +485,7 @@ def check(want: list[str] | None, got: list[str] | None) -> Check:
         return Check(NOT_VERIFIED, (f"its digest failed while it was recorded ({then})",))
     if now is not None:
         return Check(NOT_VERIFIED, (f"its digest failed now ({now})",))
-    if want == got and all(_NAMED.fullmatch(g) for g in got):  # a resume's usual case, cheap
+    if want == got and all(parse_output(g) for g in got):  # a resume's usual case: one parse
         return Check(MATCHED)
     if len(want) != len(got):
         return Check(DIFFERS, (f"{len(got)} outputs where {len(want)} were produced",))
