@@ -125,17 +125,16 @@ def paired_blocks(root: Path, tmp: Path, steps: int, resumed: bool,
 
 def _per_batch(costs: Any) -> dict[str, float]:
     """A Recorder's costs a batch: on the training thread (us), on the digest
-    thread (CPU us), the share digested at once."""
+    thread (CPU us)."""
     return {"caller_us": costs.caller_s / max(costs.batches, 1) * 1e6,
-            "thread_cpu_us": costs.background_cpu_s / max(costs.background, 1) * 1e6,
-            "at_once": costs.at_once / max(costs.batches, 1)}
+            "thread_cpu_us": costs.background_cpu_s / max(costs.background, 1) * 1e6}
 
 
 def step_bound_costs(root: Path, tmp: Path, steps: int = 200) -> dict[str, float]:
     """A loop whose training step is the slower (a 10 ms sleep, as a step
     waiting for a GPU; DALI has the batch ready when asked), digests on, a
     save every EVERY steps: what the digests cost a batch on the training
-    thread, and the share digested there at once (batch_digests.at_once)."""
+    thread, where a host batch is digested before it is handed out."""
     from dali_pipes import decode_crop
 
     ckdir = tmp / "ck-step-bound"
@@ -297,11 +296,9 @@ def _cost_row(label: str, rounds: dict[bool, list[dict[str, float]]], unit: str)
     rec, res = rounds[False], rounds[True]
     grouped = median(r.get("per_launch", 1.0) for r in rec)
     launches = f", {grouped:.1f} batches a launch" if grouped > 1 else ""
-    now = median(r.get("at_once", 0.0) for r in rec)
     return Row(f"16 {label}: what the digests cost a {unit} on the training thread "
-               "(recording, with the share digested there at once because it waited for the "
-               "pipeline / resuming), and on the digest thread (CPU, recording)",
-               f"{median(r['caller_us'] for r in rec):.0f} us ({now:.0%} at once) / "
+               "(recording / resuming), and on the digest thread (CPU, recording)",
+               f"{median(r['caller_us'] for r in rec):.0f} us / "
                f"{median(r['caller_us'] for r in res):.0f} us",
                f"{median(r['thread_cpu_us'] for r in rec):.0f} us{launches}", "-")
 
@@ -370,10 +367,8 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
             _cost_row("CPU", cpu, "batch")]
     bound = step_bound_costs(root, tmp)
     rows.append(Row("16 CPU, a loop whose training step is the slower (a 10 ms sleep a step): "
-                    "what the digests cost a batch on the training thread (the share digested "
-                    "there at once), and on the digest thread (CPU)",
-                    f"{bound['caller_us']:.0f} us ({bound['at_once']:.0%} at once)",
-                    f"{bound['thread_cpu_us']:.0f} us", "-", values=bound))
+                    "what the digests cost a batch on the training thread",
+                    f"{bound['caller_us']:.0f} us", "-", "-", values=bound))
     gpu_rows, gpu = _gpu_rows(root, tmp, steps, rounds)
     tf_rows, tf = _tf_rows(tmp, quick)
     per_gb = content_digest_s_per_gb(tmp, mb)

@@ -66,29 +66,29 @@ the resume says once which (:func:`summary`): the proof only where every
 batch matched. A digest that raises while recording is recorded as
 ``failed:<exception type>`` (said once a stream), never dropped.
 
-While recording (no digest to compare with), a batch's bytes are hashed on
-the digest thread while the training step uses it, one batch at a time
-(the next batch waits for it, so a kill loses at most the last batch's
-digest): DALI's default executor keeps a returned batch alive while it is
-referenced, and the CRC releases the GIL; so are a ``tf_dataset``'s
-elements (NumPy views of TensorFlow's tensors, which are not written again
-while referenced). The training thread only hands the batch over
-(:class:`Costs` counts what it spends: benchmark 16 prints it), except
-where it waited for the pipeline to produce a host batch at least twice as
-long as digesting it there takes, and 1 ms (:func:`at_once`): then the pipeline bounds
-the loop, and the digest and its line are done at once, before the batch
-is handed out, in time the loop would spend waiting (on 2 cores that DALI
-keeps busy, 0.97-0.98 of the batches/s without digests vs 0.96-0.97 on the
-digest thread). A GPU
-pipeline's batches go there in groups while they come fast (GROUP_MAX,
-GROUP_WINDOW_S: one launch of the kernel for a group's outputs, ordered
-after what DALI has queued on their streams by then, which includes them,
-and one wait), so a kill loses the digests of at most the batches of the
+While recording (no digest to compare with), a pipeline's host outputs are
+hashed on the training thread before the batch is handed out, and the
+batch's line is written then: a consumer may write into them in place (the
+PyTorch iterators hand out tensors that share DALI's memory, and a step's
+``x.sub_(mean)`` is common), so a digest taken after the hand-over could
+hash the step's bytes, and a resume be refused for a false "differs" (found
+by a sweep: the digest thread hashed a batch the step had zeroed; on 2
+cores that DALI keeps busy this costs about what the digest thread did,
+benchmark 16). A ``tf_dataset``'s elements, NumPy views of TensorFlow's
+tensors (never written), are hashed on the digest thread while the step
+trains, one at a time (the next waits for it, so a kill loses at most the
+last element's digest). A GPU pipeline's batches go there in groups while
+they come fast (GROUP_MAX, GROUP_WINDOW_S: one launch of the kernel for a
+group's GPU outputs, ordered after what DALI has queued on their streams by
+then, which includes them, and one wait; their host outputs are hashed at
+the hand-in), so a kill loses the digests of at most the batches of the
 last two windows (10 ms each); where they come slowly, of the last batch.
 On an H200 that costs ~0.1 ms of CPU a batch on the digest thread (0.3 ms
 one batch a launch) and ~6 us on the training thread
-(docs/design/benchmarks.md). The legacy executor (``exec_dynamic=False``)
-reuses output buffers, so there it is done at once, as it is for
+(docs/design/benchmarks.md). A training step's in-place write into a GPU
+output before the kernel reads it is not ordered after it: README's "Not
+supported yet". The legacy executor (``exec_dynamic=False``) reuses output
+buffers, so there a GPU batch too is digested at once, as it is for
 dynamic-mode readers.
 """
 
@@ -152,8 +152,9 @@ _COMPANION_MAX = 64 << 20
 # more than GROUP_WINDOW_S after the one before goes at once, with those
 # waiting. So a kill loses at most the digests of the batches of the last
 # two windows (a group waiting, one in flight; 2 * GROUP_MAX at most), and
-# of the last batch alone where they come slowly. CPU batches go one at a
-# time: their cost is reading their bytes, which a group does not share.
+# of the last batch alone where they come slowly. A CPU pipeline's batches
+# are hashed before they are handed out (above), and so are a GPU batch's
+# host outputs, at the hand-in.
 GROUP_MAX = 16
 GROUP_BYTES = 32 << 20
 GROUP_WINDOW_S = 0.01
@@ -165,23 +166,6 @@ def group_goes(waiting: int, group_max: int, age_s: float, gap_s: float) -> bool
     its first ``age_s`` old, the newest ``gap_s`` after the one before) goes
     to the digest thread now."""
     return waiting >= group_max or age_s >= GROUP_WINDOW_S or gap_s > GROUP_WINDOW_S
-
-
-def at_once(waited_s: float | None, cost_s: float) -> bool:
-    """Whether a host batch is digested, and its line written, at once on
-    the training thread rather than on the digest thread: where that thread
-    waited for the pipeline to produce the batch (``waited_s``) at least
-    twice as long as doing it at once costs (``cost_s``, as measured so far)
-    and at least AT_ONCE_WAIT_S. Then the pipeline, not the training step,
-    bounds the loop: the digest takes time the loop would spend waiting, and
-    saves the hand-over to a thread that would take a core from the
-    pipeline's. A batch that was ready (the call's own overhead, a fraction
-    of a millisecond) goes to the digest thread, and so does one of a stream
-    whose batches are handed in (``waited_s`` None)."""
-    return waited_s is not None and waited_s >= max(2 * cost_s, AT_ONCE_WAIT_S)
-
-
-AT_ONCE_WAIT_S = 0.001
 
 
 def group_size(bytes_per_batch: float) -> int:
@@ -252,12 +236,18 @@ _PREFIXES: dict[Any, str] = {}  # a dense host output's prefix, by (dtype, shape
 
 
 def _host_view(part: Any) -> memoryview:
+    """The bytes of a host sample or batch, in order, without a copy where
+    it is contiguous (DALI's CPU tensors: the buffer protocol); none where a
+    dimension is 0 (a view with a 0 in its shape cannot be cast)."""
     try:
-        return memoryview(part).cast("B")  # DALI's CPU tensors: the buffer protocol
+        view = memoryview(part)
     except (TypeError, ValueError):
+        view = None
+    if view is None or not view.c_contiguous:
         import numpy as np
 
-        return memoryview(np.ascontiguousarray(np.asarray(part))).cast("B")
+        view = memoryview(np.ascontiguousarray(np.asarray(part)))
+    return view.cast("B") if view.nbytes else memoryview(b"")
 
 
 def _on_device(tensor_list: Any) -> bool:
@@ -349,9 +339,28 @@ def _host_rest(batches: list[list[Any]], out: list[list[str]]) -> int:
     for b, outputs in enumerate(batches):
         for i, tl in enumerate(outputs):
             if not out[b][i]:
-                out[b][i], size = _host_digest(tl)
+                out[b][i], size = tl.result() if isinstance(tl, _Hashed) else _host_digest(tl)
                 nbytes += size
     return nbytes
+
+
+class _Hashed:
+    """A host output of a batch waiting in a group, hashed when it was handed
+    in (:func:`_host_digest`'s result, or the error it raised, raised again
+    where the group is digested: the group is then marked failed)."""
+
+    def __init__(self, tensor_list: Any) -> None:
+        try:
+            self._value: tuple[str, int] | None = _host_digest(tensor_list)
+            self._error: Exception | None = None
+        except Exception as exc:  # noqa: BLE001 (raised with the group's digest)
+            self._value, self._error = None, exc
+
+    def result(self) -> tuple[str, int]:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
 
 
 _UNKNOWN = object()
@@ -555,12 +564,16 @@ def summary(kind: str, name: str, first_step: int, checks: Sequence[Check]) -> t
 # -- where they are kept -----------------------------------------------------
 def companion_dir(checkpoint: Path, environ: dict[str, str] | None = None) -> Path:
     """Outside the checkpoint output, in the repository the run belongs to:
-    DVC_ROOT's (the workspace of a `--temp` or queued run), else the nearest
-    DVC repository's, else beside the checkpoint directory."""
+    DVC_ROOT's (the workspace of a `--temp` or queued run) where it is a DVC
+    repository (else its `.dvc` would be made, and the folder read as a
+    DVC repository from then on), else the nearest DVC repository's, else
+    beside the checkpoint directory."""
     from ..core.context import repo_root
 
     env = os.environ if environ is None else environ
-    root = env.get("DVC_ROOT") or repo_root(Path(checkpoint).resolve().parent)
+    root = env.get("DVC_ROOT")
+    if not (root and (Path(root) / ".dvc").is_dir()):
+        root = repo_root(Path(checkpoint).resolve().parent)
     if root:
         return Path(root) / COMPANION
     from ..format.dirlock import short_name
@@ -838,7 +851,6 @@ class Costs:
     background: int = 0
     background_cpu_s: float = 0.0
     groups: int = 0  # GPU groups handed to the digest thread
-    at_once: int = 0  # host batches digested at once, the pipeline being the slower (at_once)
 
 
 class _Expected:
@@ -862,6 +874,7 @@ class Recorder:
         self.limit = limit  # batches digested after each checkpoint; ALL; 0: off
         self.inexact = inexact
         self.log_id: str | None = None  # the checkpoint the batches follow
+        self._held: set[str] = set()  # the streams that checkpoint holds
         self._done: dict[str, list[list[str]]] = {}  # this segment's first digests
         self._recorded: dict[str, int] = {}  # this segment's digests so far
         self._count: dict[str, int] = {}
@@ -884,7 +897,6 @@ class Recorder:
         self._last = float("-inf")  # when the last grouped batch was handed in
         self._first = 0.0  # when the group waiting began
         self._grouped: dict[str, bool] = {}  # stream -> its batches go in groups
-        self._at_once_s = 0.0  # a host batch's digest and line on the training thread (mean)
         self.costs = Costs()
         self._checks: dict[str, list[Check]] = {}  # a resume's comparisons, until said
         self._failures_said: set[str] = set()  # streams whose failed digest was said
@@ -901,12 +913,15 @@ class Recorder:
         return self.limit != 0
 
     def resume(self, log_id: str | None, batches: dict[str, list[list[str]]], step: int,
-               why: Callable[[str], str], where: str) -> None:
-        """Continue the segment after the resumed checkpoint: compare with what
-        it recorded, append what it did not."""
+               why: Callable[[str], str], where: str, held: Iterable[str]) -> None:
+        """Continue the segment after the resumed checkpoint, which holds the
+        streams ``held``: compare with what it recorded (``batches``, of those
+        streams), append what it did not."""
         if not self.on or log_id is None:
             return
         self.log_id = log_id
+        self._held = set(held)
+        batches = {name: b for name, b in batches.items() if name in self._held}
         self._done = {name: list(b[:MANIFEST_MAX]) for name, b in batches.items()}
         self._recorded = {name: len(b) for name, b in batches.items()}
         self._expected = _Expected(batches, step, why, where)
@@ -916,17 +931,20 @@ class Recorder:
 
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
         """Digest each batch ``pipe`` returns from ``outputs()`` and
-        ``share_outputs()`` (``run()`` and the iterators go through them)."""
+        ``share_outputs()`` (``run()`` and the iterators go through them);
+        ``dynamic_executor``: the batches stay valid while referenced, so a
+        GPU batch's kernel may be launched later, in a group."""
         if not self.track(name):
             return
+        if not dynamic_executor:  # else decided at its first batch (_grouped_stream)
+            self._grouped[name] = False
         for method in ("outputs", "share_outputs"):
             original = getattr(pipe, method)
-            setattr(pipe, method, self._wrapped(name, original, dynamic_executor))
+            setattr(pipe, method, self._wrapped(name, original))
 
     def track(self, name: str, kind: str = "pipeline") -> bool:
         """Digest the batches of stream ``name`` (handed in by :meth:`observe`
-        where the stream is not a pipeline; ``kind``: what a message calls it);
-        False when verification is off."""
+        unless :meth:`watch` wraps its pipeline); False when digests are off."""
         if not self.on:
             return False
         self._kinds[name] = kind
@@ -934,11 +952,10 @@ class Recorder:
         self._done.setdefault(name, [])
         return True
 
-    def _wrapped(self, name: str, original: Callable[..., Any], deferred: bool) -> Callable:
+    def _wrapped(self, name: str, original: Callable[..., Any]) -> Callable:
         def produce(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
             outputs = original(*args, **kwargs)
-            self._on_batch(name, outputs, deferred, waited=time.perf_counter() - start)
+            self._on_batch(name, outputs, deferred=False)
             return outputs
 
         return produce
@@ -947,7 +964,7 @@ class Recorder:
                 digest_of: Callable[[Any], list[str]], deferred: bool = False) -> None:
         """One batch of a tracked stream (``digest_of(batch)``: its digest),
         compared when resuming, before it is used; else recorded, at once or,
-        ``deferred`` (the batch's arrays stay as they are while referenced:
+        ``deferred`` (nothing writes into the batch's arrays while referenced:
         a TensorFlow element's), on the digest thread."""
         if not self.on:
             return
@@ -958,21 +975,18 @@ class Recorder:
             raise
 
     def _on_batch(self, name: str, outputs: Any, deferred: bool,
-                  digest_of: Callable[[Any], list[str]] | None = None,
-                  waited: float | None = None) -> None:
-        """``waited``: how long the training thread waited for the pipeline to
-        produce this batch (None: not known, a stream that hands its batches in)."""
+                  digest_of: Callable[[Any], list[str]] | None = None) -> None:
         start = time.perf_counter()
         try:
-            self._batch(name, outputs, deferred, digest_of, waited)
+            self._batch(name, outputs, deferred, digest_of)
         finally:
             self.costs.batches += 1
             self.costs.caller_s += time.perf_counter() - start
 
     def _batch(self, name: str, outputs: Any, deferred: bool,
-               digest_of: Callable[[Any], list[str]] | None, waited: float | None) -> None:
+               digest_of: Callable[[Any], list[str]] | None) -> None:
         index = self._count[name]
-        if digest_of is None and deferred and self._grouped_stream(name, outputs) \
+        if digest_of is None and self._grouped_stream(name, outputs) \
                 and self._records(name, index):
             self._count[name] = index + 1
             self._hand_in(name, index, outputs)
@@ -982,29 +996,29 @@ class Recorder:
         # in flight (or waiting in a group), never one a later batch followed.
         self._settle()
         self._count[name] = index + 1
-        if self._skipped(index):
+        if self._skipped(name, index):
             return
         digest_of = digest if digest_of is None else digest_of
         expected = self._expected_of(name)
         if index < len(expected):
             self._compare(name, index, expected, outputs, digest_of)
-        elif deferred and not at_once(waited, self._at_once_s):
+        elif deferred:
             self._in_background(name, index, lambda: digest_of(outputs))
         else:
-            start = time.perf_counter()
             self._append(name, index, self._digest(name, index, lambda: digest_of(outputs)))
-            if deferred:  # what doing it at once costs, as the machine's load changes it
-                self.costs.at_once += 1
-                self._at_once_s += (time.perf_counter() - start - self._at_once_s) / 4
 
-    def _skipped(self, index: int) -> bool:
-        """Batch ``index`` is neither compared nor recorded: before the first
-        checkpoint, past a difference let through, past the limit."""
-        return self.log_id is None or self._diverged or (self.limit != ALL and index >= self.limit)
+    def _skipped(self, name: str, index: int) -> bool:
+        """Batch ``index`` of ``name`` is neither compared nor recorded: before
+        the first checkpoint, a stream that checkpoint does not hold
+        (registered after it: a resume from it starts the stream afresh, so
+        its batches there are not those a resume compares), past a difference
+        let through, past the limit."""
+        return (self.log_id is None or name not in self._held or self._diverged
+                or (self.limit != ALL and index >= self.limit))
 
     def _records(self, name: str, index: int) -> bool:
         """Batch ``index`` of ``name`` is to be recorded (not compared, not skipped)."""
-        return not self._skipped(index) and index >= len(self._expected_of(name))
+        return not self._skipped(name, index) and index >= len(self._expected_of(name))
 
     def _expected_of(self, name: str) -> list[list[str]]:
         """The recorded digests a resume compares ``name``'s batches with."""
@@ -1020,14 +1034,16 @@ class Recorder:
         return grouped
 
     def _hand_in(self, name: str, index: int, outputs: Any) -> None:
-        """A GPU batch joins the group waiting; the group goes to the digest
-        thread once full or a window old, or at once when this batch came
-        late."""
+        """A GPU batch joins the group waiting, its host outputs hashed now
+        (a step may write into them once it has them); the group goes to the
+        digest thread once full or a window old, or at once when this batch
+        came late."""
+        held = [o if _on_device(o) else _Hashed(o) for o in outputs]
         now = time.perf_counter()
         with self._lock:
             if not self._pending:
                 self._first = now
-            self._pending.append((name, index, outputs))
+            self._pending.append((name, index, held))
             waiting = len(self._pending)
         gap, self._last = now - self._last, now
         if group_goes(waiting, self._group_max, now - self._first, gap):
@@ -1305,6 +1321,7 @@ class Recorder:
                                   "digests": self._done.get(name, [])
                                   if self.log_id is not None else []}
             self.log_id = new_id
+            self._held = set(self._count)  # a stream registered later waits for the next
             self._done = {name: [] for name in self._count}
             self._recorded = dict.fromkeys(self._count, 0)
             self._count = dict.fromkeys(self._count, 0)
@@ -1340,9 +1357,9 @@ class _Companion:
     collected, so none is left open."""
 
     def __init__(self, path: Path, owner: Any) -> None:
-        # a FIFO (no reader: ENXIO), a link (ELOOP), a directory or a device
-        # there is refused, not written through nor waited on
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+        # a FIFO, a link (ELOOP), a directory or a device there is refused,
+        # not written through nor waited on (read too: _cut_torn_line)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
                      | os.O_NOFOLLOW, 0o644)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
@@ -1350,12 +1367,34 @@ class _Companion:
         os.set_blocking(fd, True)
         self.fd = fd
         self._finalizer = weakref.finalize(owner, os.close, self.fd)
+        _cut_torn_line(fd)
 
     def write(self, line: bytes) -> None:
         os.write(self.fd, line)
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _cut_torn_line(fd: int) -> None:
+    """A segment continued by a resume: its file's last line, torn by the
+    kill (no newline: read_log ignores it), is cut, so the first line
+    appended starts a line of its own instead of ending the torn one (one
+    line neither parses, and the later ones read as out of order: found by a
+    sweep). Where no newline is near the end (no file dvc-dali wrote), a
+    newline is written first instead."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return
+    start = max(0, size - _LINE_MAX - 1)
+    tail = os.pread(fd, size - start, start)
+    if tail.endswith(b"\n"):
+        return
+    cut = tail.rfind(b"\n")
+    if cut < 0 and start > 0:
+        os.write(fd, b"\n")
+    else:
+        os.ftruncate(fd, start + cut + 1)
 
 
 # a tf_dataset's transform= runs in TensorFlow, whose random state the

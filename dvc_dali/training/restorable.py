@@ -405,7 +405,8 @@ class BatchProof:
         if not found and self.from_rows is not None:
             found = self.from_rows(saved.snapshot.step, log_id)
             problem = "" if found else problem  # the row its run recorded next holds them
-        foreign = sorted(set(found) - batch_digests.streams_of(manifest))
+        held = batch_digests.streams_of(manifest)
+        foreign = sorted(set(found) - held)
         if foreign and not problem:  # a companion file naming streams the checkpoint lacks
             problem = (f"names {', '.join(map(repr, foreign))}, which the checkpoint does not "
                        "hold")
@@ -414,7 +415,7 @@ class BatchProof:
                        problem, {n: b for n, b in found.items() if n not in foreign},
                        type(total) is int and saved.snapshot.step < total)  # noqa: E721
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
-                             str(saved.manifest_path))
+                             str(saved.manifest_path), held)
 
     def _why(self, manifest: dict[str, Any]) -> Callable[[str], str]:
         """What changed since the checkpoint, for a stream's mismatch message

@@ -8,9 +8,8 @@ Steps from the checkpoint's step (0 when fresh) to N, saving after each
 step K; after step M it kills itself. Every output of every step goes to
 OUT (.npz) when it gets to N. KIND "dynamic": a DALI dynamic-mode reader
 (and an RNG) registered on ``Checkpointer.dynamic()`` instead of pipelines.
-PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed on dvc-dali's
-digest thread (counted from 1) raises, as a failing digest would there
-(every batch is digested there).
+PROOF_DIGEST_FAILS=K[,K...]: the K-th batch digest computed while recording
+(counted from 1) raises, as a failing digest would.
 PROOF_GROUPED=1: the pipelines' batches are recorded in groups, as a GPU
 pipeline's are (batch_digests.GROUP_ON_CPU), however slowly they come.
 PROOF_TOTAL_STEPS=N: the Checkpointer's total_steps (as under dvc exp run).
@@ -21,7 +20,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import threading
 
 import numpy as np
 
@@ -67,21 +65,16 @@ def dynamic_steps(ck, data: str):
     return steps()
 
 
-def fail_digests_on_the_thread(which: str) -> None:
-    """The K-th digest computed on the digest thread raises (K in ``which``);
-    every host batch is digested there (none at once on the training
-    thread, however long it waited for the batch: batch_digests.at_once)."""
+def fail_digests(which: str) -> None:
+    """The K-th batch digest (K in ``which``) raises."""
     from dvc_dali.proof import batch_digests
-
-    batch_digests.at_once = lambda waited, cost: False
 
     original, count = batch_digests.digest, itertools.count(1)
     fails = {int(k) for k in which.split(",")}
 
     def digest(outputs):
-        on_thread = threading.current_thread().name.startswith("dvc-dali-batch-digest")
-        if on_thread and next(count) in fails:
-            raise RuntimeError("a digest failed on the thread")
+        if next(count) in fails:
+            raise RuntimeError("a digest failed")
         return original(outputs)
 
     batch_digests.digest = digest
@@ -92,7 +85,7 @@ def main() -> None:
     ap.add_argument("--kill-after", type=int, default=None)
     args = ap.parse_args()
     if os.environ.get("PROOF_DIGEST_FAILS"):
-        fail_digests_on_the_thread(os.environ["PROOF_DIGEST_FAILS"])
+        fail_digests(os.environ["PROOF_DIGEST_FAILS"])
     if os.environ.get("PROOF_GROUPED"):
         from dvc_dali.proof import batch_digests
 

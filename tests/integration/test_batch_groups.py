@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from dvc_dali.proof import batch_digests
@@ -101,24 +102,29 @@ def test_a_run_that_exits_without_close_keeps_each_batchs_digest(tmp_path):
     assert len(kept["train"]) == 5, kept  # steps 3-7
 
 
-@pytest.mark.parametrize("now", [True, False])
-def test_a_host_batch_gets_the_same_digest_at_once_or_on_the_thread(tmp_path, monkeypatch, now):
-    """batch_digests.at_once: a host batch the training thread waited for is
-    digested there, its line written before it is handed out; otherwise on
-    the digest thread. Either way each batch gets its own digest, in order,
-    in the companion file and the next manifest."""
-    monkeypatch.setattr(batch_digests, "at_once", lambda waited, cost: now)
+@pytest.mark.parametrize("grouped_too", [False, True])
+def test_a_host_batch_is_hashed_before_the_step_can_write_into_it(tmp_path, monkeypatch,
+                                                                 grouped_too):
+    """A step may write into the outputs DALI handed out (PyTorch's iterators
+    share their memory): a host batch, or a grouped batch's host outputs, is
+    hashed before it is handed out, its line written then, so what the step
+    writes is never what was recorded (found by a sweep: the digest thread
+    hashed a batch the step had zeroed, and the exact resume was refused)."""
+    if grouped_too:
+        monkeypatch.setattr(batch_digests, "GROUP_ON_CPU", True)
+        monkeypatch.setattr(batch_digests, "GROUP_WINDOW_S", 3600.0)
     ck, pipe = _checkpointer(tmp_path)
     ck.save(0)
     log_id = batch_digests.log_id_of(manifest(tmp_path / "ckpt"))
-    kept = [pipe.run() for _ in range(5)]
+    want = []
+    for _ in range(5):
+        batch = pipe.run()
+        want.append(batch_digests.digest(batch))  # as DALI produced it
+        for output in batch:
+            np.asarray(output.as_tensor())[...] = 0  # the step's write, in DALI's memory
     costs = ck._batches.costs  # noqa: SLF001
-    if now:  # written before each batch was handed out: nothing in flight to wait for
-        assert (costs.at_once, costs.background) == (5, 0), costs
-    else:
-        ck._batches.wait()  # noqa: SLF001 (the last one, in flight)
-        assert (costs.at_once, costs.background) == (0, 5), costs
-    want = [batch_digests.digest(batch) for batch in kept]
+    ck._batches.wait()  # noqa: SLF001 (a group waiting, handed over and appended)
+    assert costs.background == (5 if grouped_too else 0), costs
     assert batch_digests.read_companion(companion(tmp_path / "ckpt"), log_id)["train"] == want
     ck.save(5)
     assert manifest(tmp_path / "ckpt")["pipelines"]["train"]["batches"]["digests"] == want

@@ -187,6 +187,24 @@ def test_torch_iterator_on_gpu_resumes_bit_exact(reference, data_dir, tmp_path, 
     assert_same_from(ref, run_iter(cfg, data_dir, ckpt, tmp_path / "r.npz", TOTAL), point)
 
 
+def _script(tmp_path, text: str, first: int):
+    """``text`` as train.py beside 10 .npy files (values from ``first``); the
+    function running it, killed after a step (0: not killed)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "data").mkdir()
+    for i in range(10):
+        np.save(tmp_path / "data" / f"a{i}.npy", np.full((2,), i + first, np.int32))
+    (tmp_path / "train.py").write_text(text)
+
+    def run(kill_at: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "train.py", str(kill_at)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=child_env())
+
+    return run
+
+
 VAL_SCRIPT = '''
 import os, signal, sys, dvc_dali
 from nvidia.dali import fn, pipeline_def
@@ -221,18 +239,7 @@ def test_a_validation_iterator_first_used_after_a_checkpoint_resumes_exactly(tmp
     batch when it was made (DALI's prepare_first_batch), before the first
     checkpoint, so the digests after it were one batch ahead of what a
     resume pulls: the exact resume was refused as a mismatch blaming the data."""
-    import subprocess
-    import sys
-
-    (tmp_path / "data").mkdir()
-    for i in range(10):
-        np.save(tmp_path / "data" / f"a{i}.npy", np.full((2,), i, np.int32))
-    (tmp_path / "train.py").write_text(VAL_SCRIPT)
-
-    def run(kill_at: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "train.py", str(kill_at)], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300, env=child_env())
-
+    run = _script(tmp_path, VAL_SCRIPT, first=0)
     whole = run(0)
     assert whole.returncode == 0, whole.stderr[-3000:]
     (tmp_path / "ck").rename(tmp_path / "whole")
@@ -244,3 +251,54 @@ def test_a_validation_iterator_first_used_after_a_checkpoint_resumes_exactly(tmp
     lines = whole.stdout.splitlines()
     after_2 = next(i for i, line in enumerate(lines) if line.startswith("3 "))
     assert resumed.stdout.splitlines() == lines[after_2:], (whole.stdout, resumed.stdout)
+
+
+IN_PLACE_SCRIPT = '''
+import os, signal, sys, threading, time, dvc_dali
+from nvidia.dali import fn, pipeline_def
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+from dvc_dali.proof import batch_digests
+crc = batch_digests._crc
+def slow_on_the_digest_thread(data, value=0):  # widens the window a digest there raced in
+    if threading.current_thread().name == batch_digests._DigestThread.NAME:
+        time.sleep(0.05)
+    return crc(data, value)
+batch_digests._crc = slow_on_the_digest_thread
+@pipeline_def
+def p():
+    return fn.readers.numpy(file_root="data", random_shuffle=True, name="reader"),
+ck = dvc_dali.Checkpointer("ck")
+train = ck.iterator(DALIGenericIterator, ck.pipeline("train", p, batch_size=4, num_threads=1,
+                    device_id=None, seed=1), ["x"], reader_name="reader", auto_reset=True)
+for step in range(ck.step + 1, 7):
+    try:
+        batch = next(train)
+    except StopIteration:  # auto_reset: the next epoch
+        batch = next(train)
+    x = batch[0]["x"]
+    print(step, x[:, 0].tolist(), flush=True)
+    x.sub_(x)  # the step writes into the tensor DALI handed out (its memory, shared)
+    if step == 2:
+        ck.make_checkpoint(step)
+    if step == int(sys.argv[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+ck.close()
+'''
+
+
+def test_a_step_writing_into_its_batch_in_place_resumes_proven(tmp_path):
+    """Found by a sweep: PyTorch's iterators hand out tensors that share
+    DALI's memory, and the digest thread hashed a batch after the step had
+    written into it, so the exact resume was refused as "other bytes". A
+    host batch is now hashed before it is handed out."""
+    run = _script(tmp_path, IN_PLACE_SCRIPT, first=1)
+    whole = run(0)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (tmp_path / "ck").rename(tmp_path / "whole")
+    assert run(5).returncode == -9  # steps 3-5 recorded after the checkpoint at step 2
+    resumed = run(0)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "pipeline 'train': the batches for steps 3-5 are those the run it resumes " \
+        "produced" in resumed.stderr, resumed.stderr
+    lines = whole.stdout.splitlines()
+    assert resumed.stdout.splitlines() == lines[2:], (whole.stdout, resumed.stdout)

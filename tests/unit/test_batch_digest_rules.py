@@ -118,7 +118,7 @@ def test_the_resume_line_says_which(checks, proven, line):
 
 def _resumed(tmp_path, recorded):
     rec = bd.Recorder(tmp_path, bd.ALL, False)
-    rec.resume(ID1, {"s": recorded}, 20, lambda name: "x", "m")
+    rec.resume(ID1, {"s": recorded}, 20, lambda name: "x", "m", {"s"})
     rec.track("s", "dataset")
     return rec
 
@@ -206,10 +206,18 @@ def test_companion_dir_is_outside_the_checkpoint_output(tmp_path):
     ckpt = tmp_path / "repo" / "checkpoint"
     assert bd.companion_dir(ckpt, {}) == tmp_path / "repo" / bd.COMPANION
     # a --temp run's: the workspace's, where a later run looks
+    (tmp_path / "ws" / ".dvc").mkdir(parents=True)
     assert bd.companion_dir(ckpt, {"DVC_ROOT": str(tmp_path / "ws")}) == (
         tmp_path / "ws" / bd.COMPANION)
     assert bd.companion_dir(tmp_path / "plain" / "ck", {}) == (
         tmp_path / "plain" / ".ck.dvc-dali-batches")
+    # DVC_ROOT naming no DVC repository (left set by hand, a stale shell): not
+    # used, so no `.dvc` is made there, which would make a DVC repository of
+    # it to every later run (found by a sweep: /tmp/.dvc)
+    for stray in (tmp_path / "plain", tmp_path / "missing"):
+        (tmp_path / "plain").mkdir(exist_ok=True)
+        assert bd.companion_dir(ckpt, {"DVC_ROOT": str(stray)}) == (
+            tmp_path / "repo" / bd.COMPANION)
 
 
 @pytest.mark.parametrize("value, want", [(None, -1), ("", -1), ("all", -1), ("0", 0),
@@ -311,7 +319,8 @@ def test_dynamic_mode_readers_digests_sit_under_their_checkpoints_entry(tmp_path
 
 def test_a_dynamic_mode_readers_mismatch_names_it(tmp_path):
     rec = bd.Recorder(tmp_path, bd.ALL, False)
-    rec.resume(ID1, {"dyn/reader": [["uint8/0000aaaa/c11111111"]]}, 2, lambda name: "x", "m")
+    rec.resume(ID1, {"dyn/reader": [["uint8/0000aaaa/c11111111"]]}, 2, lambda name: "x", "m",
+               {"dyn/reader"})
     rec.track("dyn/reader", "dynamic-mode reader")
     with pytest.raises(bd.BatchMismatchError, match="dynamic-mode reader 'dyn/reader': the "
                        "batch for step 3"):
@@ -380,15 +389,71 @@ def test_the_refusal_of_a_differing_batch_is_public_and_a_pipeline_mismatch():
     assert issubclass(dvc_dali.BatchMismatchError, dvc_dali.PipelineMismatchError)
 
 
-@pytest.mark.parametrize("waited, cost, now", [
-    (0.003, 0.0002, True),  # the pipeline is the slower: the training thread waited for it
-    (0.003, 0.0015, True),
-    (0.003, 0.0016, False),  # not twice what the digest there costs
-    (0.001, 0.0, True),  # nothing measured yet: the first such batch measures the cost
-    (0.0009, 0.0, False),  # the call's own overhead for a batch that was ready: the
-    (0.0003, 0.0002, False),  # training step is the slower
-    (None, 0.0, False),  # batches handed in (a tf_dataset's element): the digest thread
+def test_a_digest_that_fails_on_the_digest_thread_is_recorded_failed_and_said_once(
+        tmp_path, capsys):
+    """A `tf_dataset`'s elements are hashed on the digest thread: one whose
+    digest raises there is recorded as failed (a resume says it is not
+    verified), never dropped, and said once."""
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    rec.checkpoint({"s": {}})
+
+    def fails(batch):
+        raise MemoryError("no memory for the digest")
+
+    for _ in range(3):
+        rec.observe("s", [np.zeros(2)], fails, deferred=True)
+    rec.close()
+    assert rec.costs.background == 3, rec.costs
+    assert bd.read_companion(tmp_path, rec.log_id)["s"] == [["failed:MemoryError"]] * 3
+    assert capsys.readouterr().err.count("no memory for the digest") == 1
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (0,), (2, 0, 3)])
+def test_samples_of_zero_bytes_get_a_digest_of_their_shapes(shape):
+    """A view with a 0 in its shape cannot be cast to bytes: such batches
+    were recorded as failed and never verified (found by a sweep). Their
+    digest is the CRC of no bytes, under their shapes."""
+    zero = bd.digest_arrays([np.zeros(shape, np.float32)])
+    assert bd.parse_output(zero[0]) and not zero[0].startswith(bd.FAILED)
+    assert zero != bd.digest_arrays([np.zeros((4, 1), np.float32)])
+    assert zero == bd.digest_arrays([np.zeros(shape, np.float32)])
+
+
+def test_a_dali_batch_of_zero_size_samples_is_digested(tmp_path):
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def empty():
+        return fn.external_source(source=lambda: np.zeros((0, 3), np.float32), batch=False,
+                                  dtype=types.FLOAT)
+
+    pipe = empty()
+    pipe.build()
+    (value,) = bd.digest(pipe.run())
+    assert bd.parse_output(value) and not value.startswith(bd.FAILED), value
+
+
+@pytest.mark.parametrize("tail, kept", [
+    (b'{"p": "s", "i": 1, "d": ["uint8/0000aaaa/c1', 1),  # torn by a kill: cut
+    (b"", 1),
+    (None, 2),  # the second line whole
 ])
-def test_a_host_batch_is_digested_at_once_where_the_training_thread_waited_for_it(
-        waited, cost, now):
-    assert bd.at_once(waited, cost) is now
+def test_a_resume_appends_after_a_torn_last_line_not_to_it(tmp_path, tail, kept):
+    """Found by a sweep: the first line a resume appended ended the line the
+    kill tore, so neither parsed and every later line read as out of order."""
+    batch = [np.zeros(2, np.uint8)]
+    lines = [json.dumps({"p": "s", "i": i, "d": bd.digest_arrays(batch)}).encode() + b"\n"
+             for i in range(2)]
+    path = tmp_path / f"{ID1}.jsonl"
+    path.write_bytes(lines[0] + (lines[1] if tail is None else tail))
+    rec = bd.Recorder(tmp_path, bd.ALL, False)
+    rec.track("s", "dataset")
+    log = bd.read_log(tmp_path, ID1)
+    rec.resume(ID1, log.found, 2, lambda name: "x", "m", {"s"})
+    for _ in range(kept + 2):  # compared, then appended
+        rec.observe("s", batch, bd.digest_arrays)
+    rec.close()
+    again = bd.read_log(tmp_path, ID1)
+    assert not again.problem, again.problem
+    assert len(again.found["s"]) == kept + 2
