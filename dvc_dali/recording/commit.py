@@ -55,11 +55,19 @@ def _signature(toplevel: str, who: str, when: int) -> pygit2.Signature:
     return pygit2.Signature(name, email, when, _utc_offset_minutes())
 
 
-def _next_row_time() -> int:
+def _next_row_time(repo: pygit2.Repository, parent: str) -> int:
     """Now, in whole seconds as git stores it, but one second after this
-    process's previous row at least: `dvc exp show` orders rows by commit
-    time, and rows recorded within one second would list out of step order."""
-    STATE.last_row_time = max(int(time.time()), STATE.last_row_time + 1)
+    process's previous row and after the parent commit at least: `dvc exp
+    show` orders rows by commit time, and rows recorded within one second
+    would list out of step order; so a run recording several rows a second
+    dates them ahead, and the run resuming it right after must date its
+    rows after them, or its newest row reads as older than its parent
+    (found by a sweep: `show` marked the resumed row's parent latest)."""
+    try:
+        after = repo[parent].peel(pygit2.Commit).commit_time + 1
+    except (KeyError, ValueError, pygit2.GitError):
+        after = 0
+    STATE.last_row_time = max(int(time.time()), STATE.last_row_time + 1, after)
     return STATE.last_row_time
 
 
@@ -114,7 +122,7 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
                 repo, index, _Changes(tracked, changed, full), paths, pinned, seen.watcher)
             tree = index.write_tree()
             seen.tracked, seen.index_stamp, seen.tree = tracked, stamp, tree
-        when = _next_row_time()
+        when = _next_row_time(repo, parent)
         oid = repo.create_commit(None, _signature(toplevel, "AUTHOR", when),
                                  _signature(toplevel, "COMMITTER", when), message,
                                  tree, [pygit2.Oid(hex=parent)])
@@ -253,7 +261,7 @@ def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
     sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
     private = os.path.join(git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env = dict(os.environ, GIT_INDEX_FILE=private)
-    when = _next_row_time()
+    when = _next_row_time(pygit2.Repository(git_dir), parent)
     for who in ("AUTHOR", "COMMITTER"):
         sig = _signature(toplevel, who, when)
         sign, off = "-" if sig.offset < 0 else "+", abs(sig.offset)

@@ -103,12 +103,14 @@ def output_at(stage: Any, checkpoint_path: Optional[str]) -> Any:
 
 
 def _bare_output(stage: Any) -> tuple[Any, str]:
-    """For a bare make_checkpoint(), which names no output: a persisted one,
-    else the one declared `checkpoint: true`, else the first."""
+    """For a bare make_checkpoint(), which names no output: the one declared
+    `checkpoint: true`, else a persisted one, else the first (a persisted
+    metrics file came first, and a stage whose checkpoint output lacked
+    `persist` was refused naming the metrics file: found by a sweep)."""
     outs = list(stage.outs)
     declared = dvc_door.declared_checkpoint_outs(stage)
-    out = (next((o for o in outs if o.persist), None)
-           or next((o for o in outs if o.def_path in declared), None)
+    out = (next((o for o in outs if o.def_path in declared), None)
+           or next((o for o in outs if o.persist), None)
            or (outs[0] if outs else None))
     return out, (out.def_path if out else "checkpoint")
 

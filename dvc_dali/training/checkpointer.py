@@ -1219,8 +1219,8 @@ def _check_should_save(step: Any, every: Any) -> None:
         raise ConfigError(f"step={step!r}: must be a whole number, 0 or more, the step just "
                           "trained")
     if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
-        raise ConfigError(f"every={every!r}: must be a whole number of steps, 1 or more (1 "
-                          "checkpoints every step), the checkpoint interval")
+        raise ConfigError(f"every={every!r}: must be a whole number of steps, 1 or more (1: a "
+                          "checkpoint every step), the checkpoint interval")
 
 
 def _publish_one(path: Path, captured: store.Capture) -> Path:

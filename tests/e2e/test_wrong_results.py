@@ -62,6 +62,21 @@ def test_bare_make_checkpoint_refuses_a_stage_dvc3_cannot_resume(tmp_path, yaml_
     assert exp_refs(project) == []
 
 
+def test_the_refusal_names_the_checkpoint_output_beside_a_persisted_metrics_file(tmp_path):
+    """Found by a sweep: with a persisted metrics file beside the DVC 2
+    checkpoint output, the refusal named the metrics file as the output and
+    only the missing always_changed, and told the script to pass the
+    checkpoint it already used."""
+    yaml_text = DVC2_STAGE + "    metrics:\n      - m.json:\n          cache: false\n" \
+        "          persist: true\n"
+    project = bare_project(tmp_path, yaml_text)
+    proc = run(["dvc", "exp", "run", "-n", "port"], project, check=False)
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "output 'checkpoint' is not `persist: true`" in err, err
+    assert "m.json" not in err and "always_changed: true" in err, err
+    assert exp_refs(project) == []
+
+
 def test_bare_make_checkpoint_with_a_resumable_stage_records_and_resumes(tmp_path):
     yaml_text = DVC2_STAGE.replace("checkpoint: true", "checkpoint: true\n          persist: true"
                                    ).replace("    outs:", "    always_changed: true\n    outs:")

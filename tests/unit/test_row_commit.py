@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,21 @@ def test_a_stage_directory_committed_to_git_is_read_only_where_it_changed(repo, 
     (data / ".gitignore").write_text("*.tmp\n")  # ignore rules changed: built from the index
     row()
     assert "data/c1/a.tmp" not in git(repo, "ls-tree", "-r", "--name-only", row(), "data")
+
+
+@pytest.mark.parametrize("with_git", [False, True])
+def test_a_row_is_dated_after_its_parent_even_one_dated_ahead(repo, monkeypatch, with_git):
+    """A run recording several rows a second dates them ahead (one second
+    each, for `dvc exp show`'s order); the run resuming it right after, in a
+    new process, dated its rows now, before their parent, so `show` marked
+    the parent the latest row and `doctor` offered to put it back (found by
+    a sweep). In-process and through git itself (a clean filter)."""
+    ahead = int(time.time()) + 30
+    parent = git(repo, "commit-tree", "HEAD^{tree}", "-p", "HEAD", "-m", "row ahead",
+                 env={"GIT_COMMITTER_DATE": f"{ahead} +0000", "GIT_AUTHOR_DATE": f"{ahead} +0000"})
+    if with_git:  # a filter libgit2 cannot run: the row is built by git
+        git(repo, "config", "filter.x.clean", "cat")
+        (repo / ".gitattributes").write_text("*.txt filter=x\n")
+    reset()  # a new process: no row of its own yet
+    sha = commit.build_commit(str(repo), [], parent, "row")
+    assert int(git(repo, "log", "-1", "--format=%ct", sha)) == ahead + 1
