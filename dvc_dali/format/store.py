@@ -576,9 +576,11 @@ def write_capture(root: Path, capture: Capture,
 
 def _after_failed_write(exc: OSError, root: Path) -> str:
     """What a failed snapshot left and what to do: the previous checkpoint is
-    said to be intact only where LATEST still names one."""
-    kept = (f"The previous checkpoint in {root} is intact." if (root / LATEST).is_file() else
-            f"{root} holds no complete checkpoint.")
+    said to be intact only where LATEST still names one (a rank's snapshots,
+    in ``rank-NNNNN/``, are named by the LATEST above it: found by a sweep)."""
+    top = root.parent if re.fullmatch(r"rank-\d{5}", root.name) else root
+    kept = (f"The previous checkpoint in {top} is intact." if (top / LATEST).is_file() else
+            f"{top} holds no complete checkpoint.")
     if exc.errno == errno.ENOENT:  # the directory, or the snapshot in the making, went away
         return (f"{kept} A part of {root} was removed while the checkpoint was written: "
                 "nothing else may remove or rename files there while a run writes it. "

@@ -68,11 +68,13 @@ def _install(what: str, step: int) -> None:
         orig = getattr(async_ranks.AsyncRanks, name)
 
         def wrapped(self, seq, s, *args, _orig=orig):
-            if s == step and at == "durable":
+            # rank 0's _commit gets the rank's durable mark, the others' wait its step
+            here = getattr(s, "step", s)
+            if here == step and at == "durable":
                 _fault(what, step)
-            armed["on"] = s == step and at == "mid-record"
+            armed["on"] = here == step and at == "mid-record"
             out = _orig(self, seq, s, *args)
-            if s == step and at == "recorded":
+            if here == step and at == "recorded":
                 _fault(what, step)
             return out
 

@@ -92,3 +92,18 @@ def test_a_failed_write_says_intact_only_where_latest_names_a_checkpoint(tmp_pat
         save(root, capture(1))
     told = store._after_failed_write(OSError(err, os.strerror(err)), root)
     assert says.format(root=root) in told
+
+
+@pytest.mark.parametrize("latest", [True, False])
+def test_a_ranks_failed_write_reads_the_latest_above_its_directory(tmp_path, latest):
+    """Several ranks: a rank writes into rank-NNNNN/ and LATEST is beside
+    those directories; a rank's failed write said its directory "holds no
+    complete checkpoint" though LATEST named one (found by a sweep)."""
+    top = tmp_path / "ck"
+    (top / "rank-00001").mkdir(parents=True)
+    if latest:
+        (top / store.LATEST).write_text("rank-00000/step-1 x\nrank-00001/step-1 y\n")
+    told = store._after_failed_write(OSError(errno.ENOSPC, "full"), top / "rank-00001")
+    says = (f"The previous checkpoint in {top} is intact." if latest
+            else f"{top} holds no complete checkpoint.")
+    assert told.startswith(says), told
