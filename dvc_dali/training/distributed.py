@@ -6,11 +6,12 @@ not distributed)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
-from ..core.errors import ConfigError
+from ..core.errors import CheckpointWriteError, ConfigError
 from ..core.log import logger
 
 
@@ -227,18 +228,21 @@ class KeyValue:
         return other
 
     def set(self, key: str, value: str) -> None:
-        self._store.set(key, value)
+        with _store_gone(key):
+            self._store.set(key, value)
 
     def get(self, key: str) -> str:
         """The value, waiting until the key is set (for at most the process
         group's timeout, as a collective would)."""
-        return self._store.get(key).decode()
+        with _store_gone(key):
+            return self._store.get(key).decode()
 
     def get_now(self, key: str) -> str | None:
         """The value, or None when the key is not set yet (never blocks)."""
-        if not self._store.check([key]):
-            return None
-        return self._store.get(key).decode()
+        with _store_gone(key):
+            if not self._store.check([key]):
+                return None
+            return self._store.get(key).decode()
 
     def wait(self, key: str, seconds: float) -> bool:
         """Until ``key`` is set (True) or about ``seconds`` passed (False).
@@ -247,9 +251,29 @@ class KeyValue:
         time it times out."""
         deadline = time.monotonic() + seconds
         delay = 0.001
-        while not self._store.check([key]):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        with _store_gone(key):
+            while not self._store.check([key]):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
         return True
+
+
+@contextlib.contextmanager
+def _store_gone(key: str) -> Iterator[None]:
+    """A store call that failed (torch's DistNetworkError, DistStoreError:
+    RuntimeErrors) as one line: the launcher that holds the store (torchrun
+    under --standalone) ended, or its host went away, while the ranks agreed
+    on a checkpoint (found by a sweep: a traceback through dvc-dali's
+    internals and dozens of C++ frames, naming nothing to do)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointWriteError(
+            f"the ranks' store (torch.distributed's, held by the launcher: torchrun) cannot "
+            f"be reached while they agreed on a checkpoint ({key!r}: {first}): the launcher "
+            "ended or its host went away. The checkpoint in flight is not recorded; LATEST "
+            "still names the last one every rank wrote. Run again to resume from the last "
+            "recorded row.") from exc

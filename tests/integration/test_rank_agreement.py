@@ -6,6 +6,7 @@ value itself outside torch.distributed."""
 
 from __future__ import annotations
 
+import datetime
 import re
 import subprocess
 import sys
@@ -100,3 +101,37 @@ def test_a_torch_without_the_default_store_getter_is_refused_by_name(monkeypatch
     monkeypatch.delattr(distributed_c10d, "_get_default_store")
     with pytest.raises(ConfigError, match=r"_get_default_store.*DVC_DALI_ASYNC=0"):
         distributed.KeyValue("dvc_dali/x/")
+
+
+def test_a_store_that_went_away_ends_in_one_line_naming_the_launcher(tmp_path):
+    """The launcher (torchrun under --standalone) holds the ranks' store; a
+    killed launcher made each rank's background checkpoint fail with
+    torch's DistNetworkError, a traceback through dvc-dali and dozens of
+    C++ frames (found by a sweep). Now a CheckpointWriteError in one line."""
+    pytest.importorskip("torch")
+    from torch.distributed import PrefixStore, TCPStore
+
+    from dvc_dali.core.errors import CheckpointWriteError
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys, torch.distributed as d\n"
+         "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+         "print(s.port, flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        port = int(server.stdout.readline())
+        kv = object.__new__(distributed.KeyValue)
+        kv._base = TCPStore("127.0.0.1", port, is_master=False,
+                            timeout=datetime.timedelta(seconds=5))
+        kv._store = PrefixStore("dvc_dali/x/", kv._base)
+        kv.set("1.1/durable/0", "a")
+        assert kv.get_now("1.1/durable/0") == "a"
+    finally:
+        server.kill()
+        server.wait()
+    # (a set is sent without an answer: the first after the kill may not fail)
+    for call in (lambda: kv.get_now("1.1/durable/0"), lambda: kv.wait("1.2/done", 1.0),
+                 lambda: kv.set("1.2/durable/0", "b")):
+        with pytest.raises(CheckpointWriteError, match=r"the ranks' store .* cannot be reached "
+                           r"while they agreed on a checkpoint .*LATEST still names"):
+            call()
