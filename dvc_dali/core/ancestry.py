@@ -77,6 +77,28 @@ def is_dvc_exp(argv: list[str]) -> bool:
                for i, arg in enumerate(argv))
 
 
+_RECORDERS = frozenset({"dvc", "dvc-dali"})
+_RECORDER_MODULES = frozenset({"dvc", "dvc_dali", "dvc_dali.cli", "dvc_dali.cli.main"})
+
+
+def is_recorder(argv: list[str]) -> bool:
+    """A command line of a process that answers the checkpoint signal: DVC
+    (2: `dvc exp run`, `dvc repro`, a queue worker) or `dvc-dali run`, run
+    as a script or with ``python -m``. Pure."""
+    return any(os.path.basename(arg) in _RECORDERS
+               or (arg == "-m" and argv[i + 1:i + 2] and argv[i + 1] in _RECORDER_MODULES)
+               for i, arg in enumerate(argv))
+
+
+def recorder_above() -> bool:
+    """Whether an ancestor of this process is one (``is_recorder``); True
+    where /proc cannot tell."""
+    ancestors = chain(os.getppid())
+    if not ancestors:
+        return True
+    return any(is_recorder(_argv(pid)) for pid, _, _ in ancestors)
+
+
 def _argv(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fobj:

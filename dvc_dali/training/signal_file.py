@@ -90,6 +90,15 @@ def signal_and_wait(path: Path, timeout: float) -> None:
     process's new parent, and the wait went on (CI found it)."""
     if STATE.signal_watcher is None:  # DVC 2 runs the command through $SHELL -c
         STATE.signal_watcher = ancestry.starter()
+        if not ancestry.recorder_above():
+            # DVC_CHECKPOINT left set in a shell: the wait was silent for an
+            # hour (found by a sweep)
+            logger.warning(
+                "%s is set, so make_checkpoint() signals DVC 2's `dvc exp run` (or `dvc-dali "
+                "run`) through %s and waits for it to record the checkpoint, but no such "
+                "process runs above this one: it would wait up to %.0f s "
+                "(DVC_DALI_SIGNAL_TIMEOUT) for nothing. If this is not such a run, stop it "
+                "and unset %s.", SIGNAL_NAME, path, timeout, SIGNAL_NAME)
     write_signal(path)
     wait_removed(path, timeout, STATE.signal_watcher)
 

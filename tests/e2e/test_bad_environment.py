@@ -426,3 +426,20 @@ def test_dvc_checkpoint_left_set_under_dvc3_is_refused_before_training(tmp_path)
     assert proc.returncode != 0, said
     assert "DVC_CHECKPOINT=1 is set, but this is DVC 3's `dvc exp run`" in said, said
     assert "step 1" not in said and "Traceback" not in said, said
+
+
+def test_a_signal_nobody_above_answers_is_said_before_the_wait(tmp_path):
+    """DVC_CHECKPOINT left set in a shell, outside any `dvc exp run`: the
+    first make_checkpoint() waited up to DVC_DALI_SIGNAL_TIMEOUT (an hour)
+    without a word (found by a sweep). One line says so before it waits."""
+    (tmp_path / ".dvc" / "tmp").mkdir(parents=True)
+    script = "import dvc_dali\ndvc_dali.make_checkpoint(1)\n"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120,
+                          env=child_env({"DVC_CHECKPOINT": "0", "DVC_ROOT": str(tmp_path),
+                                         "DVC_DALI_SIGNAL_TIMEOUT": "1"}))
+    said = proc.stderr
+    assert proc.returncode != 0 and "not removed within 1 s" in said, said
+    warned = said.index("no such process runs above this one")
+    assert warned < said.index("not removed within"), said
+    assert "unset DVC_CHECKPOINT" in said and "Traceback" not in said, said

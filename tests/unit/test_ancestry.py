@@ -97,3 +97,20 @@ def test_a_process_start_is_read_to_the_clock_tick():
     tick = 1 / os.sysconf("SC_CLK_TCK")
     assert started is not None and before - 2 * tick <= started <= after + 2 * tick, \
         (before, started, after)
+
+
+@pytest.mark.parametrize("argv, recorder", [
+    (["/usr/bin/python3", "/venv/bin/dvc", "exp", "run"], True),  # DVC 2
+    (["/venv/bin/dvc", "repro"], True),
+    (["python", "-m", "dvc", "exp", "queue-worker", "w"], True),
+    (["python", "/venv/bin/dvc-dali", "run", "--", "python", "train.py"], True),
+    (["python", "-m", "dvc_dali", "run", "--", "python", "train.py"], True),
+    (["python", "-m", "dvc_dali.cli.main", "run"], True),
+    (["bash"], False),  # DVC_CHECKPOINT left set in a shell
+    (["python", "-m", "pytest"], False),
+    (["python", "-m"], False),
+    ([], False),
+])
+def test_a_process_that_answers_the_checkpoint_signal_is_told_by_its_command_line(
+        argv, recorder):
+    assert ancestry.is_recorder(argv) is recorder
