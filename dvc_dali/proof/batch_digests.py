@@ -548,16 +548,21 @@ def outcomes(checks: Sequence[Check], first: int, unit: str = "step") -> str:
     return "; ".join(f"{_range(unit, a, b)} {what}" for a, b, what in groups)
 
 
-def summary(kind: str, name: str, first_step: int, checks: Sequence[Check]) -> tuple[bool, str]:
-    """The one line a resume says of a stream's compared batches (the first
-    for step ``first_step``): (whether every one matched, the line). Only
-    where every batch matched is it the proof; otherwise the steps are named
-    by outcome, with the reason each was not verified."""
-    label, steps = f"{kind} {name!r}", _range("step", first_step, first_step + len(checks) - 1)
+def summary(kind: str, name: str, step: int, checks: Sequence[Check]) -> tuple[bool, str]:
+    """The one line a resume says of a stream's compared batches, the first
+    ``checks`` after the checkpoint at ``step``: (whether every one matched,
+    the line). Only where every batch matched is it the proof; otherwise the
+    batches are named by outcome, with the reason each was not verified.
+    Batches are counted, not named by step: a stream may give several a
+    step, or one every few (a validation's): 'steps 3-15' was said of 13
+    batches in 8 steps (found by a sweep)."""
+    label, n = f"{kind} {name!r}", len(checks)
+    these = (f"the batch after the checkpoint at step {step}" if n == 1 else
+             f"the {n} batches after the checkpoint at step {step}")
     if all(c.outcome == MATCHED for c in checks):
-        return True, (f"{label}: the batches for {steps} are those the run it resumes produced "
-                      "(batch digests)")
-    return False, (f"{label}: batch digests of {steps}: {outcomes(checks, first_step)}; so this "
+        verb = "is the one" if n == 1 else "are those"
+        return True, (f"{label}: {these} {verb} the run it resumes produced (batch digests)")
+    return False, (f"{label}: batch digests of {these}: {outcomes(checks, 1, 'batch')}; so this "
                    "resume is not proven exact")
 
 
@@ -1107,7 +1112,7 @@ class Recorder:
         if not checks or self._expected is None:
             return
         proven, line = summary(self._kinds.get(name, "pipeline"), name,
-                               self._expected.step + 1, checks)
+                               self._expected.step, checks)
         (logger.info if proven else logger.warning)("%s", line)
 
     def _replace(self, name: str, index: int, value: list[str]) -> None:
@@ -1158,10 +1163,10 @@ class Recorder:
             return
         self._checks.clear()  # the refusal is what is said (not the batches before it, at close)
         raise BatchMismatchError(
-            f"{kind} {name!r}: the batch for step {step} (batch {index + 1} after the "
-            f"checkpoint at step {exp.step}, {exp.where}) differs from the one the run it "
-            f"resumes produced, so the training would not be exact; refused before it trains "
-            f"on it:\n  " + "\n  ".join(diff) + f"\n  since then: {changed}\n"
+            f"{kind} {name!r}: batch {index + 1} after the checkpoint at step {exp.step} "
+            f"({exp.where}; step {step} where it gives one batch a step) differs from the one "
+            f"the run it resumes produced, so the training would not be exact; refused before "
+            f"it trains on it:\n  " + "\n  ".join(diff) + f"\n  since then: {changed}\n"
             "Restore what changed (the data with `dvc checkout`, the DALI "
             "version, the pipeline code) to resume, or start over with `dvc-dali reset`; to "
             "continue on purpose, knowing the run is no longer exact, set DVC_DALI_INEXACT=1.")

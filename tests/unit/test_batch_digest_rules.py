@@ -97,21 +97,27 @@ def test_what_is_stored_names_the_algorithm():
 
 
 @pytest.mark.parametrize("checks, proven, line", [
-    ([(MATCHED,)] * 3, True,
-     "pipeline 'train': the batches for steps 21-23 are those the run it resumes produced"),
+    ([(MATCHED,)] * 3, True, "pipeline 'train': the 3 batches after the checkpoint at step 20 "
+     "are those the run it resumes produced"),
+    ([(MATCHED,)], True, "pipeline 'train': the batch after the checkpoint at step 20 is the "
+     "one the run it resumes produced"),
     ([(NOT_VERIFIED, (OTHER,))] * 2, False,
-     f"pipeline 'train': batch digests of steps 21-22: steps 21-22 not verified ({OTHER}); "
-     "so this resume is not proven exact"),
+     "pipeline 'train': batch digests of the 2 batches after the checkpoint at step 20: "
+     f"batches 1-2 not verified ({OTHER}); so this resume is not proven exact"),
     ([(MATCHED,), (NOT_VERIFIED, ("no digest was recorded for it",)), (MATCHED,), (MATCHED,)],
      False,
-     "pipeline 'train': batch digests of steps 21-24: step 21 matched; step 22 not verified "
-     "(no digest was recorded for it); steps 23-24 matched; so this resume is not proven exact"),
+     "pipeline 'train': batch digests of the 4 batches after the checkpoint at step 20: batch "
+     "1 matched; batch 2 not verified (no digest was recorded for it); batches 3-4 matched; so "
+     "this resume is not proven exact"),
 ])
 def test_the_resume_line_says_which(checks, proven, line):
+    """Batches are counted after the checkpoint, not named by step: a
+    stream may give several a step (found by a sweep: 'steps 3-15' was said
+    of 13 batches in 8 steps)."""
     checks = [bd.Check(*c) for c in checks]
-    said = bd.summary("pipeline", "train", 21, checks)
+    said = bd.summary("pipeline", "train", 20, checks)
     assert said[0] == proven and said[1].startswith(line), said
-    assert ("are those the run it resumes produced" in said[1]) == proven
+    assert ("the run it resumes produced" in said[1]) == proven
     # doctor --verify counts batches, from 1
     assert bd.outcomes(checks[:2], 1, "batch").startswith(("batches 1-2 ", "batch 1 "))
 
@@ -132,8 +138,8 @@ def test_a_resume_of_digests_of_another_kind_says_not_verified_once(tmp_path, ca
         rec.observe("s", b, bd.digest_arrays)
     err = capsys.readouterr().err
     assert err.count("not verified") == 1 and "are those the run it resumes produced" not in err
-    assert (f"dataset 's': batch digests of steps 21-23: steps 21-22 not verified ({OTHER}); "
-            "step 23 matched") in err, err
+    assert ("dataset 's': batch digests of the 3 batches after the checkpoint at step 20: "
+            f"batches 1-2 not verified ({OTHER}); batch 3 matched") in err, err
     # the next checkpoint's manifest holds this run's digests, of today's algorithm
     entries = rec.checkpoint({"s": {}})
     assert entries["s"][bd.KEY]["digests"] == ours
@@ -162,9 +168,9 @@ def test_a_digest_that_fails_while_recording_marks_its_batch_and_says_so_once(tm
     for b in batches:
         rec.observe("s", b, bd.digest_arrays)
     err = capsys.readouterr().err
-    assert ("dataset 's': batch digests of steps 21-24: step 21 matched; steps 22-23 not "
-            "verified (its digest failed while it was recorded (RuntimeError)); step 24 "
-            "matched") in err, err
+    assert ("dataset 's': batch digests of the 4 batches after the checkpoint at step 20: "
+            "batch 1 matched; batches 2-3 not verified (its digest failed while it was "
+            "recorded (RuntimeError)); batch 4 matched") in err, err
     assert "are those the run it resumes produced" not in err
 
 
@@ -322,8 +328,9 @@ def test_a_dynamic_mode_readers_mismatch_names_it(tmp_path):
     rec.resume(ID1, {"dyn/reader": [["uint8/0000aaaa/c11111111"]]}, 2, lambda name: "x", "m",
                {"dyn/reader"})
     rec.track("dyn/reader", "dynamic-mode reader")
-    with pytest.raises(bd.BatchMismatchError, match="dynamic-mode reader 'dyn/reader': the "
-                       "batch for step 3"):
+    with pytest.raises(bd.BatchMismatchError, match=r"dynamic-mode reader 'dyn/reader': batch "
+                       r"1 after the checkpoint at step 2 \(m; step 3 where it gives one "
+                       r"batch a step\)"):
         rec.observe("dyn/reader", [np.zeros((1, 2), np.uint8)], bd.digest_arrays)
 
 
