@@ -109,6 +109,11 @@ class ProcessState:
     # async_ranks.AsyncRanks of this process, told at its exit; a forked child
     # holds none (it must not say that its parent's ranks exited)
     live_ranks: weakref.WeakSet = field(default_factory=weakref.WeakSet, metadata=_FORK_RESET)
+    # batch_digests.Recorder of a resume, told at exit to say what it compared
+    # (their digests not run out); a forked child holds none
+    resumed_recorders: weakref.WeakSet = field(default_factory=weakref.WeakSet,
+                                               metadata=_FORK_RESET)
+    resumed_hook_installed: bool = False
     preemption_signal: Optional[int] = None  # preemption.Flag got it: a checkpoint comes
     said_not_recording: bool = False  # signal_file
     # signal_file: the process that answers DVC 2's signal (ancestry.Starter),

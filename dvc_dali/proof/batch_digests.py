@@ -933,6 +933,14 @@ class Recorder:
         self._checks = {}
         self._diverged = False
         self._start_log()
+        if batches:
+            _say_at_exit(self)
+
+    def say_compared(self) -> None:
+        """Say what the resume compared of each stream whose recorded
+        digests did not run out (a close, a save, the interpreter's exit)."""
+        for name in list(self._checks):
+            self._say(name)
 
     def watch(self, name: str, pipe: Any, dynamic_executor: bool) -> None:
         """Digest each batch ``pipe`` returns from ``outputs()`` and
@@ -1305,8 +1313,7 @@ class Recorder:
         digests did not run out (a run ending before its next save), and
         close the companion file."""
         self._settle()
-        for name in list(self._checks):
-            self._say(name)
+        self.say_compared()
         with self._lock:
             self._close_log()
 
@@ -1316,8 +1323,7 @@ class Recorder:
         if not self.on:
             return entries
         self._settle()
-        for name in list(self._checks):  # compared, the digests not run out: said now
-            self._say(name)
+        self.say_compared()  # compared, the digests not run out: said now
         with self._lock:
             new_id = _new_log_id()
             for name, entry in entries.items():
@@ -1343,6 +1349,25 @@ class Recorder:
             _digest_thread().submit(lambda: _prune(directory))
         self._segments += 1
         return entries
+
+
+def _say_at_exit(recorder: Recorder) -> None:
+    """A resume that ends before its recorded digests ran out, without a
+    save or ``close()`` (the README's scripts call neither at their end),
+    said nothing of what it compared (found by a sweep): at the
+    interpreter's exit, each such Recorder says it (not in a child forked
+    later, whose Recorders are its parent's)."""
+    if not STATE.resumed_hook_installed:
+        from ..core import exit_hooks
+
+        STATE.resumed_hook_installed = True
+        atexit.register(exit_hooks.this_process_only(_say_all))
+    STATE.resumed_recorders.add(recorder)
+
+
+def _say_all() -> None:
+    for recorder in list(STATE.resumed_recorders):
+        recorder.say_compared()
 
 
 def digest_dynamic(outputs: Sequence[Any]) -> list[str]:

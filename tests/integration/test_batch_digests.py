@@ -481,3 +481,19 @@ def test_a_pipeline_registered_after_the_checkpoint_is_neither_recorded_nor_comp
     assert len(record["train"]["batches"]["digests"]) == 3
     assert record["val"]["batches"]["digests"] == []  # registered after step 0's save
     ck.close()
+
+
+def test_a_resume_that_ends_before_its_digests_ran_out_says_what_it_compared(tmp_path):
+    """The runner calls neither a save nor close() at its end (as the
+    README's scripts do not): a resume that stopped before the recorded
+    digests ran out said nothing of the batches it compared (found by a
+    sweep). Said at the interpreter's exit."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "first.npz", 8, save_at=[2],
+                     kill_after=7)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    proc = proof_run("source", tmp_path, ckpt, tmp_path / "resumed.npz", 5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("pipeline 'train': the 3 batches after the checkpoint at step 2 are those the run "
+            "it resumes produced") in proc.stderr, proc.stderr
+    assert proc.stderr.count("the run it resumes produced") == 1, proc.stderr
