@@ -277,6 +277,18 @@ def _any_row_holds(root: str, rows: list[Row], path: str) -> bool:
                                                               for r in rows]))
 
 
+def _row_named(root: str, name: str) -> str:
+    """Where ``name`` is a row's name, not a run's (found by a sweep: `show`
+    said only that no run had it), which run it is of."""
+    from ..reading.exp_refs import list_rows
+
+    runs = sorted({row["exp"] for row in list_rows(root) if row.get("name") == name})
+    if not runs:
+        return ""
+    return (f"{name!r} is a row of run {', '.join(map(repr, runs))} (`dvc-dali show "
+            f"{runs[0]}` shows that run); ")
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
     metrics_file = args.metrics_file or DEFAULT_METRICS
@@ -291,7 +303,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         best["best"] = True
     if not rows and args.exp:
         print(f"dvc-dali show: no checkpoints recorded for an experiment named {args.exp!r}; "
-              "`dvc-dali show` lists those recorded", file=sys.stderr)
+              f"{_row_named(root, args.exp)}`dvc-dali show` lists those recorded",
+              file=sys.stderr)
         return 1
     groups = group_runs(rows)
     if args.json:

@@ -27,6 +27,10 @@ def test_keep_best_show_best_and_best_row_pick_the_later_of_tied_rows(tmp_path):
     assert dvc_dali.best_row(rows, "train/acc:max")["name"] == "a-step10"
     shown = run(["dvc-dali", "show", "a", "--best", "train/acc:max"], project).stdout
     assert "best by train/acc:max: a-step10 (step 10, train/acc=0.9)" in shown, shown
+    # a row's name where a run's is asked (found by a sweep: said only "no experiment")
+    row = run(["dvc-dali", "show", "a-step10"], project, check=False)
+    assert row.returncode == 1 and "'a-step10' is a row of run 'a' (`dvc-dali show a` shows " \
+        "that run)" in row.stderr, row.stderr
 
 
 def test_keep_best_by_a_metric_no_row_has_prunes_nothing_and_says_so(tmp_path):
