@@ -96,9 +96,10 @@ def left_message(step: int, ranks: list[int], world_size: int,
 def rank_gone_message(step: int, world_size: int, checkpoint: str = "checkpoint") -> str:
     """What a rank other than 0 says when rank 0 ended before recording ``step``."""
     return (f"{checkpoint}: rank 0 of {world_size} ended before it recorded step {step} "
-            "(rank 0 records every rank's checkpoint); if LATEST names step "
-            f"{step} its files are whole, else the previous complete checkpoint stands. See "
-            "why rank 0 ended (its output above), then run again to resume.")
+            f"(rank 0 records every rank's checkpoint), so no row holds step {step}: under "
+            "`dvc exp run` the next run resumes every rank from the last recorded row, whose "
+            f"checkpoint DVC checks out first (LATEST may name step {step} now: its files are "
+            "whole but unrecorded). See why rank 0 ended (its output above), then run again.")
 
 
 def waiting_for_files_message(step: int, ranks: tuple[int, ...], world_size: int,
