@@ -568,17 +568,18 @@ def write_capture(root: Path, capture: Capture,
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(
             f"{getattr(exc, 'filename', None) or tmp}: cannot write the checkpoint "
-            f"({exc.strerror or exc}). {_after_failed_write(exc, root)}") from exc
+            f"({exc.strerror or exc}). {_after_failed_write(exc, root, rank is not None)}") from exc
     finally:
         batch.close()
     return name, manifest_md5
 
 
-def _after_failed_write(exc: OSError, root: Path) -> str:
+def _after_failed_write(exc: OSError, root: Path, ranked: bool = False) -> str:
     """What a failed snapshot left and what to do: the previous checkpoint is
-    said to be intact only where LATEST still names one (a rank's snapshots,
-    in ``rank-NNNNN/``, are named by the LATEST above it: found by a sweep)."""
-    top = root.parent if re.fullmatch(r"rank-\d{5}", root.name) else root
+    said to be intact only where LATEST still names one (``ranked``: one
+    rank's snapshots, in ``rank-NNNNN/``, are named by the LATEST above it:
+    found by a sweep)."""
+    top = root.parent if ranked else root
     kept = (f"The previous checkpoint in {top} is intact." if (top / LATEST).is_file() else
             f"{top} holds no complete checkpoint.")
     if exc.errno == errno.ENOENT:  # the directory, or the snapshot in the making, went away

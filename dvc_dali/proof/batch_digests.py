@@ -534,10 +534,10 @@ def _range(unit: str, first: int, last: int) -> str:
     return f"{unit} {first}" if first == last else f"{plural} {first}-{last}"
 
 
-def outcomes(checks: Sequence[Check], first: int, unit: str = "step") -> str:
+def outcomes(checks: Sequence[Check], first: int, unit: str = "batch") -> str:
     """The comparisons of consecutive batches (the first numbered ``first``)
-    by outcome, in order: 'steps 21-22 not verified (recorded by another
-    digest algorithm); steps 23-25 matched'."""
+    by outcome, in order: 'batches 1-2 not verified (recorded by another
+    digest algorithm); batches 3-5 matched'."""
     groups: list[list[Any]] = []  # [first, last, what]
     for i, c in enumerate(checks):
         what = c.outcome if c.outcome != NOT_VERIFIED else f"not verified ({c.reason})"
@@ -562,7 +562,7 @@ def summary(kind: str, name: str, step: int, checks: Sequence[Check]) -> tuple[b
     if all(c.outcome == MATCHED for c in checks):
         verb = "is the one" if n == 1 else "are those"
         return True, (f"{label}: {these} {verb} the run it resumes produced (batch digests)")
-    return False, (f"{label}: batch digests of {these}: {outcomes(checks, 1, 'batch')}; so this "
+    return False, (f"{label}: batch digests of {these}: {outcomes(checks, 1)}; so this "
                    "resume is not proven exact")
 
 

@@ -261,7 +261,7 @@ def _build_with_git(git_dir: str, toplevel: str, paths: list[str], parent: str,
     sweep_leftovers(os.path.join(git_dir, "dvc-dali-index-*"))
     private = os.path.join(git_dir, f"dvc-dali-index-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env = dict(os.environ, GIT_INDEX_FILE=private)
-    when = _next_row_time(pygit2.Repository(git_dir), parent)
+    when = _next_row_time(_repo(toplevel), parent)
     for who in ("AUTHOR", "COMMITTER"):
         sig = _signature(toplevel, who, when)
         sign, off = "-" if sig.offset < 0 else "+", abs(sig.offset)

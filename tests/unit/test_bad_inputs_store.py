@@ -103,7 +103,8 @@ def test_a_ranks_failed_write_reads_the_latest_above_its_directory(tmp_path, lat
     (top / "rank-00001").mkdir(parents=True)
     if latest:
         (top / store.LATEST).write_text("rank-00000/step-1 x\nrank-00001/step-1 y\n")
-    told = store._after_failed_write(OSError(errno.ENOSPC, "full"), top / "rank-00001")
+    told = store._after_failed_write(OSError(errno.ENOSPC, "full"), top / "rank-00001",
+                                     ranked=True)
     says = (f"The previous checkpoint in {top} is intact." if latest
             else f"{top} holds no complete checkpoint.")
     assert told.startswith(says), told
