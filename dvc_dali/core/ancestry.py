@@ -69,25 +69,57 @@ def starter_in(ancestors: list[tuple[int, str, str]]) -> tuple[int, str] | None:
     return None
 
 
+_VALUED = frozenset({"-X", "-W", "--cd"})  # options whose value is the next argument
+
+
+def _program(argv: list[str]) -> tuple[str, list[str]] | None:
+    """The program a command line runs and its arguments: the executable
+    itself, or under a Python interpreter its script or ``-m`` module (only
+    those: another script's own arguments that hold `dvc exp` are not DVC).
+    None for ``-c`` and an interpreter alone. Pure."""
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if not name.startswith("python"):
+        return name, argv[1:]
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-m", "-c"):
+        i += 2 if argv[i] in _VALUED else 1
+    if i >= len(argv) or argv[i] == "-c":
+        return None
+    if argv[i] == "-m":
+        return (argv[i + 1], argv[i + 2:]) if i + 1 < len(argv) else None
+    return os.path.basename(argv[i]), argv[i + 1:]
+
+
+def _command(args: list[str]) -> str | None:
+    """The first argument that is no option (DVC's own, `-v`, `--cd DIR`,
+    may come before its command). Pure."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in _VALUED else 1
+    return args[i] if i < len(args) else None
+
+
 def is_dvc_exp(argv: list[str]) -> bool:
     """A command line of DVC's experiments (`dvc exp run`, and `dvc exp
     exec-run`, which trains a --temp or queued run), run as a script or as
     ``python -m dvc``. Pure."""
-    return any(os.path.basename(arg) == "dvc" and argv[i + 1:i + 2] == ["exp"]
-               for i, arg in enumerate(argv))
+    found = _program(argv)
+    return found is not None and found[0] in ("dvc", "dvc.__main__") \
+        and _command(found[1]) == "exp"
 
 
-_RECORDERS = frozenset({"dvc", "dvc-dali"})
-_RECORDER_MODULES = frozenset({"dvc", "dvc_dali", "dvc_dali.cli", "dvc_dali.cli.main"})
+_RECORDERS = frozenset({"dvc", "dvc.__main__", "dvc-dali", "dvc_dali", "dvc_dali.cli",
+                        "dvc_dali.cli.main"})
 
 
 def is_recorder(argv: list[str]) -> bool:
     """A command line of a process that answers the checkpoint signal: DVC
     (2: `dvc exp run`, `dvc repro`, a queue worker) or `dvc-dali run`, run
     as a script or with ``python -m``. Pure."""
-    return any(os.path.basename(arg) in _RECORDERS
-               or (arg == "-m" and argv[i + 1:i + 2] and argv[i + 1] in _RECORDER_MODULES)
-               for i, arg in enumerate(argv))
+    found = _program(argv)
+    return found is not None and found[0] in _RECORDERS
 
 
 def recorder_above() -> bool:

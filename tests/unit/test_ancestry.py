@@ -47,7 +47,15 @@ def test_a_starter_that_is_no_ancestor_is_gone():
     (["dvc", "exp", "run"], True),
     (["/venv/bin/dvc", "repro"], False),
     (["python", "dvc-dali", "run", "exp"], False),  # `dvc-dali run`: a watcher, not DVC
-    (["python", "train.py", "dvc", "exp"], True),  # (a script's own arguments: alike)
+    (["python", "train.py", "dvc", "exp"], False),  # a script's own arguments: not DVC
+    (["python3", "sched.py", "--", "/venv/bin/dvc", "exp", "run"], False),
+    (["python3.11", "-u", "-X", "dev", "/venv/bin/dvc", "exp", "run"], True),
+    (["dvc", "-v", "exp", "run"], True),  # DVC's own options before its command
+    (["dvc", "--cd", "sub", "exp", "run"], True),
+    (["dvc", "--cd", "exp", "repro"], False),  # `exp` is --cd's folder here
+    (["python", "-c", "import dvc; dvc exp"], False),
+    (["python", "-m"], False),
+    (["bash", "-c", "dvc exp run"], False),  # the shell: DVC is its parent
     (["torchrun", "--nproc-per-node", "2", "train.py"], False),
     ([], False),
 ])
@@ -109,6 +117,8 @@ def test_a_process_start_is_read_to_the_clock_tick():
     (["bash"], False),  # DVC_CHECKPOINT left set in a shell
     (["python", "-m", "pytest"], False),
     (["python", "-m"], False),
+    (["python", "train.py", "--out", "dvc"], False),  # a script's own arguments
+    (["python", "-u", "/venv/bin/dvc", "repro"], True),
     ([], False),
 ])
 def test_a_process_that_answers_the_checkpoint_signal_is_told_by_its_command_line(
