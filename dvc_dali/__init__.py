@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .core.errors import (
+    ArgumentError,
+    ArgumentTypeError,
     BatchMismatchError,
     CheckpointCorruptError,
     CheckpointFormatError,
@@ -69,6 +71,8 @@ __all__ = [
     "CheckpointLockedError",
     "CheckpointWriteError",
     "ConfigError",
+    "ArgumentError",
+    "ArgumentTypeError",
     "PipelineBuildError",
     "PipelineMismatchError",
     "BatchMismatchError",

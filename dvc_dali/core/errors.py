@@ -77,5 +77,20 @@ class ConfigError(DvcDaliError):
     what it accepts."""
 
 
+class ArgumentError(ConfigError, ValueError):
+    """An argument of the Python API with a value it does not take (a
+    pipeline name registered twice, a metric spec without ``:max`` or
+    ``:min``); the message names the argument and what to pass. Also a
+    ``ValueError``, as such refusals were before."""
+
+
+class ArgumentTypeError(ConfigError, TypeError):
+    """An argument of the Python API of a type it does not take (an object in
+    ``arrays`` that cannot be saved without pickle, a pipeline source that
+    is no pipeline, a path that is no path); the message names the argument
+    (and the array) and what to pass. Also a ``TypeError``, as such refusals
+    were before."""
+
+
 class UnnamedOperatorWarning(UserWarning):
     """A stateful operator without ``name=``: its state is keyed by creation order."""

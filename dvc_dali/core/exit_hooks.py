@@ -128,8 +128,9 @@ def _hook(previous):
 def install_hook() -> None:
     """Once per process: a dvc-dali error that ends the program prints one
     line (its message), not a traceback; DVC_DALI_DEBUG=1 prints both. Every
-    entry point (Checkpointer, make_checkpoint) calls it before it reads the
-    environment. Other exceptions go to the previous hook unchanged."""
+    entry point (Checkpointer, make_checkpoint; load, rows, best_row and
+    current_row) calls it before it reads the environment or its arguments.
+    Other exceptions go to the previous hook unchanged."""
     if not STATE.excepthook_installed:
         STATE.excepthook_installed = True
         sys.excepthook = _hook(sys.excepthook)

@@ -28,6 +28,8 @@ from typing import Any, Iterator
 from . import protowire
 from ..format import safe_json
 from ..core.errors import (
+    ArgumentError,
+    ArgumentTypeError,
     ConfigError,
     CheckpointCorruptError,
     CheckpointFormatError,
@@ -35,6 +37,7 @@ from ..core.errors import (
     UnnamedOperatorWarning,
     UnsupportedPipelineError,
 )
+from ..core.arguments import kind_of, shown
 from ..core.flat_keys import flat_keys
 
 # Arguments DALI adds for its own bookkeeping (source line numbers, display
@@ -51,36 +54,70 @@ def dali_version() -> str:
     return nvidia.dali.__version__
 
 
-def prepare(source: Any, kwargs: dict[str, Any]) -> Any:
+def prepare(source: Any, kwargs: dict[str, Any], name: str) -> Any:
     """An unbuilt Pipeline with checkpointing on (a saved state is set later,
     by :func:`build`).
 
     ``source`` is a ``@pipeline_def`` function (called with ``kwargs``) or an
-    unbuilt ``Pipeline``.
+    unbuilt ``Pipeline``; anything else is refused naming pipeline ``name``.
     """
     from nvidia.dali import Pipeline
 
     if isinstance(source, Pipeline):
         if kwargs:
-            raise TypeError("pipeline arguments are given to the @pipeline_def function, "
-                            "not with an already constructed Pipeline")
+            raise ArgumentTypeError(
+                f"pipeline {name!r}: {', '.join(sorted(kwargs))} given with an already "
+                "constructed Pipeline; pass them to the @pipeline_def function instead "
+                f"(ck.pipeline({name!r}, my_pipeline, batch_size=...))")
         if source._built:
-            raise ValueError("the Pipeline is already built: DALI restores a checkpoint only "
-                             "at build(); pass the Pipeline before calling build() or run()")
+            raise ArgumentError(f"pipeline {name!r}: the Pipeline is already built, and DALI "
+                                "restores a checkpoint only at build(); pass the Pipeline "
+                                "before calling build() or run()")
         # Pipeline() stores both and reads them only at build(); setting them
         # here is what passing them to the constructor would have done.
         source._enable_checkpointing = True
         source._checkpoint = None
         return source
     if not callable(source):
-        raise TypeError(f"expected a @pipeline_def function or an unbuilt Pipeline, "
-                        f"got {type(source).__name__}")
+        raise ArgumentTypeError(f"pipeline {name!r}: source={shown(source)} is "
+                                f"{kind_of(source)}; pass a @pipeline_def function or an "
+                                "unbuilt Pipeline")
+    _check_keywords(source, kwargs, name)
     # checkpoint=None as for a Pipeline above: a saved state is set only by build()
     pipe = source(**kwargs, enable_checkpointing=True, checkpoint=None)
     if not isinstance(pipe, Pipeline):
-        raise TypeError(f"{getattr(source, '__name__', source)!r} returned "
-                        f"{type(pipe).__name__}, not a Pipeline: decorate it with @pipeline_def")
+        raise ArgumentTypeError(f"pipeline {name!r}: {getattr(source, '__name__', source)!r} "
+                                f"returned {kind_of(pipe)}, not a Pipeline: decorate "
+                                "it with @pipeline_def")
     return pipe
+
+
+def _check_keywords(source: Any, kwargs: dict[str, Any], name: str) -> None:
+    """A keyword neither the @pipeline_def function nor ``Pipeline()`` takes
+    (a typo: ``batchsize=8``), named: DALI's own check is an ``assert`` (a
+    traceback saying "This shouldn't happen"; under ``python -O`` the
+    argument was dropped without a word)."""
+    import inspect
+    from nvidia.dali import Pipeline
+
+    func = getattr(source, "__wrapped__", None)
+    if not getattr(source, "_is_pipeline_def", False) or not callable(func):
+        return
+    try:
+        spec, ctor = inspect.getfullargspec(func), inspect.getfullargspec(Pipeline.__init__)
+    except TypeError:  # no signature to read: DALI checks it
+        return
+    if spec.varkw is not None:  # DALI refuses **kwargs itself
+        return
+    known = {*spec.args, *spec.kwonlyargs, *ctor.args, *ctor.kwonlyargs, "debug",
+             "enable_conditionals"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ArgumentTypeError(
+            f"pipeline {name!r}: {', '.join(unknown)}: neither {func.__name__}() nor DALI's "
+            f"Pipeline takes {'this argument' if len(unknown) == 1 else 'these arguments'}; "
+            "check the spelling (batch_size, num_threads, device_id, seed, or one of "
+            f"{func.__name__}()'s own)")
 
 
 # (the Pipeline's attribute, the argument's name, whether None is allowed):

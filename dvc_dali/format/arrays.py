@@ -16,6 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..core.arguments import kind_of
+from ..core.errors import ArgumentTypeError
+
 _KEY_TYPES = {"str": str, "int": int}
 # Nesting deeper than this is refused when saving and when reading: each
 # level costs a few frames of recursion and three levels of manifest JSON.
@@ -61,16 +64,18 @@ def _refuse_torch(path: str, value: Any) -> None:
     tensor's scale and zero point, a sparse or nested tensor's layout; and
     an expanded view of a few bytes that would be written as gigabytes."""
     if getattr(value, "is_quantized", False):
-        raise TypeError(f"array {path!r}: a quantized tensor ({value.dtype}) would come back "
-                        "without its scale and zero point; save value.dequantize(), or "
-                        "value.int_repr() with value.q_scale() and value.q_zero_point()")
+        raise ArgumentTypeError(f"array {path!r}: a quantized tensor ({value.dtype}) would "
+                                "come back without its scale and zero point; save "
+                                "value.dequantize(), or value.int_repr() with value.q_scale() "
+                                "and value.q_zero_point()")
     if getattr(value, "is_nested", False):
-        raise TypeError(f"array {path!r}: a nested tensor would not come back as one; save "
-                        "list(value.unbind())")
+        raise ArgumentTypeError(f"array {path!r}: a nested tensor would not come back as "
+                                "one; save list(value.unbind())")
     layout = str(getattr(value, "layout", "torch.strided"))
     if layout != "torch.strided":
-        raise TypeError(f"array {path!r}: a {layout.removeprefix('torch.')} tensor would not "
-                        "come back as one; save value.to_dense(), or its indices and values")
+        raise ArgumentTypeError(f"array {path!r}: a {layout.removeprefix('torch.')} tensor "
+                                "would not come back as one; save value.to_dense(), or its "
+                                "indices and values")
     size = value.element_size()
     _refuse_repeating(path, value.numel() * size, size, tuple(value.shape),
                       [s * size for s in value.stride()], "an expanded",
@@ -80,8 +85,9 @@ def _refuse_torch(path: str, value: Any) -> None:
 def _refuse_jax(path: str, value: Any) -> None:
     """A typed PRNG key (``jax.random.key``) has no bytes NumPy can hold."""
     if "key<" in str(getattr(value, "dtype", "")):
-        raise TypeError(f"array {path!r}: a typed PRNG key ({value.dtype}); save "
-                        "jax.random.key_data(key), and jax.random.wrap_key_data() it back")
+        raise ArgumentTypeError(f"array {path!r}: a typed PRNG key ({value.dtype}); save "
+                                "jax.random.key_data(key), and jax.random.wrap_key_data() it "
+                                "back")
 
 
 def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]] | None:
@@ -98,10 +104,11 @@ def _leaf(path: str, value: Any, read: bool = True) -> tuple[Any, dict[str, Any]
         _refuse_array_subclass(path, value)
         host = np.asarray(value)
         if host.dtype.hasobject:
-            raise TypeError(f"array {path!r}: dtype {host.dtype} holds Python objects, which "
-                            "would need pickle; store numbers, or put small values in metadata")
+            raise ArgumentTypeError(f"array {path!r}: dtype {host.dtype} holds Python objects, "
+                                    "which would need pickle; store numbers, or put small "
+                                    "values in metadata")
         if host.dtype.itemsize == 0:  # the reader refuses these: no way to check a size
-            raise TypeError(f"array {path!r}: dtype {host.dtype} has zero-size elements")
+            raise ArgumentTypeError(f"array {path!r}: dtype {host.dtype} has zero-size elements")
         _refuse_expanding_view(path, host)
         host, info = _extension(host)
         info.update(kind="numpy", device="cpu")
@@ -161,11 +168,13 @@ def _refuse_array_subclass(path: str, value: Any) -> None:
     without its mask (its masked values as data), a matrix as an array.
     Refused now, naming the array; a memmap's values are its data, kept."""
     if isinstance(value, np.ma.MaskedArray):
-        raise TypeError(f"array {path!r}: a masked array would come back without its mask; "
-                        "save its data and np.ma.getmaskarray(value) as two arrays")
+        raise ArgumentTypeError(f"array {path!r}: a masked array would come back without its "
+                                "mask; save its data and np.ma.getmaskarray(value) as two "
+                                "arrays")
     if isinstance(value, np.ndarray) and type(value) not in (np.ndarray, np.memmap):
-        raise TypeError(f"array {path!r}: a {type(value).__name__} (an ndarray subclass) "
-                        "would come back as a plain ndarray; save np.asarray(value)")
+        raise ArgumentTypeError(f"array {path!r}: a {type(value).__name__} (an ndarray "
+                                "subclass) would come back as a plain ndarray; save "
+                                "np.asarray(value)")
 
 
 _EXPANDS_ABOVE = 1 << 30  # bytes written beyond those a view spans in memory
@@ -189,8 +198,9 @@ def _refuse_repeating(path: str, nbytes: int, itemsize: int, shape: tuple[int, .
         return
     spanned = itemsize + sum((n - 1) * abs(s) for n, s in zip(shape, byte_strides))
     if nbytes - spanned > _EXPANDS_ABOVE:
-        raise TypeError(f"array {path!r}: a view of {spanned} bytes of memory that would be "
-                        f"written as {nbytes} bytes ({view} view repeats its data); save {fix}")
+        raise ArgumentTypeError(f"array {path!r}: a view of {spanned} bytes of memory that "
+                                f"would be written as {nbytes} bytes ({view} view repeats its "
+                                f"data); save {fix}")
 
 
 def _refuse_subclass(name: str, value: Any) -> None:
@@ -200,9 +210,10 @@ def _refuse_subclass(name: str, value: Any) -> None:
     changed on the way back."""
     for base in (dict, list, tuple):
         if isinstance(value, base) and type(value) not in (base, OrderedDict):
-            raise TypeError(f"{name!r}: a {type(value).__name__} (a {base.__name__} subclass) "
-                            f"would come back as a plain {base.__name__}; convert it "
-                            f"({base.__name__}(value)) before saving")
+            raise ArgumentTypeError(f"array {name!r}: a {type(value).__name__} (a "
+                                    f"{base.__name__} subclass) would come back as a plain "
+                                    f"{base.__name__}; convert it ({base.__name__}(value)) "
+                                    "before saving")
 
 
 _PLAIN = frozenset({str, int, bool, type(None)})  # floats: nan and inf are not JSON
@@ -214,8 +225,8 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
     """The JSON tree of ``value``; arrays go to ``add_array``, which returns an
     index (``read`` false: the arrays themselves, not copied to the host)."""
     if depth > MAX_TREE_DEPTH:  # what the reader refuses (and a cycle) is refused here
-        raise TypeError(f"{name!r}: nested deeper than {MAX_TREE_DEPTH} levels (or refers to "
-                        "itself); flatten it")
+        raise ArgumentTypeError(f"array {name!r}: nested deeper than {MAX_TREE_DEPTH} levels "
+                                "(or refers to itself); flatten it")
     kind = type(value)
     if kind in _PLAIN:  # the common cases first: a save flattens its whole tree
         return {"value": value}
@@ -233,8 +244,9 @@ def flatten(name: str, value: Any, add_array: Callable[[np.ndarray, dict], int],
         return {"float": repr(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
-    raise TypeError(f"{name!r}: a {type(value).__name__} cannot be saved without pickle; "
-                    "save arrays, tensors, numbers, strings, and dicts/lists of them")
+    raise ArgumentTypeError(f"array {name!r}: {kind_of(value)} cannot be saved without "
+                            "pickle; save arrays, tensors, numbers, strings, and dicts/lists "
+                            "of them")
 
 
 def _flatten_dict(name: str, value: dict, add_array: Callable[[np.ndarray, dict], int],
@@ -242,8 +254,8 @@ def _flatten_dict(name: str, value: dict, add_array: Callable[[np.ndarray, dict]
     items = []
     for key, item in value.items():
         if type(key) not in (str, int):
-            raise TypeError(f"{name!r}: key {key!r} is a {type(key).__name__}; only str "
-                            "and int keys can be saved without pickle")
+            raise ArgumentTypeError(f"array {name!r}: key {key!r} is a {type(key).__name__}; "
+                                    "only str and int keys can be saved without pickle")
         items.append([key, type(key).__name__,
                       flatten(f"{name}/{key}", item, add_array, depth + 1, read)])
     return {"odict" if type(value) is OrderedDict else "dict": items}
@@ -414,9 +426,10 @@ def unflatten(tree: Any, leaves: list[np.ndarray], infos: list[dict], cupy=None,
 
 
 def check(name: str, value: Any) -> None:
-    """Raise the TypeError a save of ``value`` would raise, nothing copied:
-    an asynchronous checkpoint checks its arrays on the training thread, so
-    the call that passed them raises, as a synchronous one does."""
+    """Raise the ArgumentTypeError (a TypeError) a save of ``value`` would
+    raise, nothing copied: an asynchronous checkpoint checks its arrays on
+    the training thread, so the call that passed them raises, as a
+    synchronous one does."""
     flatten(name, value, lambda *_: 0, read=False)
 
 

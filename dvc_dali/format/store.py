@@ -47,8 +47,8 @@ import numpy as np
 from . import arrays as arrays_mod
 from ..core import atomic_file
 from . import manifest_schema, npy, safe_json
-from ..core.errors import (CheckpointCorruptError, CheckpointWriteError, ConfigError,
-                           RankMismatchError)
+from ..core.errors import (ArgumentTypeError, CheckpointCorruptError, CheckpointWriteError,
+                           ConfigError, RankMismatchError)
 from ..core.process_state import STATE
 
 FORMAT = manifest_schema.FORMAT
@@ -297,7 +297,7 @@ class Snapshot:
         return self.manifest["step"]
 
 
-class NotJsonError(ConfigError, TypeError):
+class NotJsonError(ArgumentTypeError):
     """``metadata`` or ``params`` a manifest cannot hold: a ConfigError (one
     line, naming the argument), and the TypeError `save` documents."""
 

@@ -14,18 +14,21 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from ..core.arguments import given
 from ..core.errors import ConfigError
 
 MODES = ("max", "min")
 
 
-def parse_spec(spec: object, source: str = "best") -> tuple[str, str]:
-    """(metric, mode) of ``'<metric>:max'`` / ``'<metric>:min'``; ConfigError
-    naming ``source`` otherwise."""
+def parse_spec(spec: object, source: str = "best",
+               error: type[ConfigError] = ConfigError) -> tuple[str, str]:
+    """(metric, mode) of ``'<metric>:max'`` / ``'<metric>:min'``; ``error``
+    naming ``source`` otherwise: a setting (``best``: ``best='x'``) or a
+    call's argument (``best_row(spec``: ``best_row(spec='x')``)."""
     metric, sep, mode = str(spec).rpartition(":")
     if not isinstance(spec, str) or not sep or not metric.strip() or mode not in MODES:
-        raise ConfigError(f"{source}={spec!r}: must be '<metric>:max' or '<metric>:min', a "
-                          "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
+        raise error(f"{given(source, spec)}: must be '<metric>:max' or '<metric>:min', a "
+                    "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
     return metric, mode
 
 

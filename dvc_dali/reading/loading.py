@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..format import manifest_schema, store
-from ..core.errors import CheckpointCorruptError, ConfigError, DvcDaliError
+from ..core.arguments import check_path, kind_of, shown
+from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointCorruptError,
+                           ConfigError, DvcDaliError)
 
 if TYPE_CHECKING:
     from .exp_refs import Row
@@ -154,9 +156,11 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
         The checkpoint's step, arrays, metadata, params and row.
 
     Raises:
-        ConfigError: ``rev`` names no row or several, or a row without its
-            ``sha``; ``rev`` is empty; ``path`` is absolute with ``rev``;
-            ``names`` is a string, not a list.
+        ConfigError: ``rev`` names no row or several, or a row without ``sha``.
+        ArgumentError: ``rev`` or ``path`` empty; ``path`` absolute with
+            ``rev`` (also a ``ValueError``).
+        ArgumentTypeError: ``path``, ``rev``, ``repo`` or ``names`` of
+            another type, ``names`` a string (also a ``TypeError``).
         DvcDaliError: a file neither in the revision read, nor in the cache
             or the DVC remote; ``rev`` without ``repo`` where the working
             directory is in no DVC project.
@@ -167,6 +171,7 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
     from ..core.exit_hooks import install_hook
 
     install_hook()  # a refusal that ends an evaluation script: one line
+    _check_types(path, rev, repo)
     names = _names(names)
     repo_s = None if repo is None else os.fspath(repo)
     if rev is None and repo_s is None:
@@ -184,15 +189,26 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
             raise _relabeled(exc, Path(tmp), label) from None
 
 
+def _check_types(path: Any, rev: Any, repo: Any) -> None:
+    """load's arguments of a type it does not take, named (they were
+    tracebacks from os.fspath, or rev=5 read as no DVC project)."""
+    check_path(path, "load(path", "'checkpoint'")
+    check_path(repo, "load(repo", "'.' or a git URL", none_ok=True)
+    if rev is not None and not isinstance(rev, (str, Mapping)):
+        raise ArgumentTypeError(f"load(rev={shown(rev)}): must be a row (a dict from "
+                                "dvc_dali.rows()), its ref, sha or name, or a git revision, "
+                                f"not {kind_of(rev)}")
+
+
 def _check_revision_args(rev: Any, path: str | os.PathLike) -> None:
     """Refuse what names no revision's checkpoint: an empty ``rev`` (it read
     HEAD's), an absolute ``path`` (it was read as a relative one)."""
     if isinstance(rev, str) and not rev.strip():
-        raise ConfigError(f"load(rev={rev!r}): an empty revision names nothing (it read HEAD's "
+        raise ArgumentError(f"load(rev={rev!r}): an empty revision names nothing (it read HEAD's "
                           "checkpoint); pass a row, its ref or sha, or leave rev out for the "
                           "workspace's checkpoint")
     if os.path.isabs(path):
-        raise ConfigError(f"load(path={os.fspath(path)!r}, rev=...): with rev, path is the "
+        raise ArgumentError(f"load(path={os.fspath(path)!r}, rev=...): with rev, path is the "
                           "checkpoint output's path inside the project, as dvc.yaml names it "
                           "(e.g. 'checkpoint')")
 
@@ -202,8 +218,8 @@ def _names(names: Any) -> list[str] | None:
     if names is None:
         return None
     if isinstance(names, (str, bytes)):
-        raise ConfigError(f"load(names={names!r}): names is a list of array names, "
-                          f"e.g. names=[{names!r}]")
+        raise ArgumentTypeError(f"load(names={names!r}): names is a list of array names, "
+                                f"e.g. names=[{names!r}]")
     return list(names)
 
 

@@ -14,8 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from .best import best_row as _best_row
-from ..core.errors import DvcDaliError
+from .best import best_row as _best_row, parse_spec
+from ..core.arguments import check_path, check_str, kind_of, shown as _shown
+from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
 from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
 from .gitcmd import read_blobs
@@ -71,9 +72,12 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     Raises:
         ConfigError: ``run`` names no recorded row, or several; a
             ``metrics_file`` outside the DVC project.
+        ArgumentTypeError: an argument of another type (``exp=5``).
         DvcDaliError: git cannot read the repository's experiment refs; no
             ``repo``, and the working directory is in no DVC project.
     """
+    _entry()
+    _check_rows_args(exp, repo, metrics_file, params, run)
     root = rows_root(repo)
     in_project(root, metrics_file, "the metrics file")
     every, refs = _rows_and_refs(root)
@@ -97,6 +101,28 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
             row["params"] = _params(blobs[len(files) * i + 1])
     mark_dvc_duplicates(root, found, refs, blobs[len(specs):], every)
     return found
+
+
+def _check_rows_args(exp: Any, repo: Any, metrics_file: Any, params: Any, run: Any) -> None:
+    """rows()'s arguments of a type it does not take, named (exp=5 found no
+    row without a word; repo=5 was a traceback)."""
+    check_str(exp, "rows(exp", "'a' (an experiment name)")
+    check_path(repo, "rows(repo", "'.'", none_ok=True)
+    check_path(metrics_file, "rows(metrics_file", repr(DEFAULT_METRICS))
+    if not isinstance(params, bool):
+        raise ArgumentTypeError(f"rows(params={_shown(params)}): must be True or False")
+    if run is not None and not isinstance(run, (str, dict)):
+        raise ArgumentTypeError(f"rows(run={_shown(run)}): must be a row (a dict from "
+                                "dvc_dali.rows() or current_row()), its ref, sha or name, "
+                                f"not {kind_of(run)}")
+
+
+def _entry() -> None:
+    """At each entry of the read API: a refusal that ends the script is one
+    line, as `load`'s (the hook's import is light)."""
+    from ..core.exit_hooks import install_hook
+
+    install_hook()
 
 
 def in_project(root: str, path: str, what: str) -> None:
@@ -228,7 +254,13 @@ def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike 
         The row, or None when the checkpoint is no recorded row (no
         ``dvc.lock`` entry yet, or a checkpoint written since). Check it:
         ``rows(run=None)`` is every row.
+
+    Raises:
+        ArgumentTypeError: ``path`` or ``repo`` is not a path.
     """
+    _entry()
+    check_path(path, "current_row(path", "'checkpoint'")
+    check_path(repo, "current_row(repo", "'.'", none_ok=True)
     ckpt = Path(os.path.realpath(path))
     entry = _lock_entry(ckpt)
     if entry is None:
@@ -370,6 +402,27 @@ def best_row(found: list[Row], spec: str) -> Row | None:
         The best row, or None when no row has the metric.
 
     Raises:
-        ConfigError: a ``spec`` without ``:max`` or ``:min``.
+        ArgumentError: a ``spec`` without ``:max`` or ``:min`` (a
+            `ConfigError`, and a ``ValueError``).
+        ArgumentTypeError: ``found`` is not a list of rows; ``spec`` is
+            not a str.
     """
+    _entry()
+    found = _rows_arg(found, spec)
+    parse_spec(spec, "best_row(spec", ArgumentError if isinstance(spec, str) else ArgumentTypeError)
     return _best_row(found, spec)
+
+
+def _rows_arg(found: Any, spec: Any) -> list[Row]:
+    """best_row's rows as a list; refused naming the argument unless they are
+    rows (dicts): the arguments swapped, a string, a single row."""
+    example = f"best_row(dvc_dali.rows(), {spec if isinstance(spec, str) else 'acc:max'!r})"
+    if isinstance(found, (str, bytes, dict)) or not hasattr(found, "__iter__"):
+        raise ArgumentTypeError(f"best_row(found={_shown(found)}): must be a list of rows "
+                                f"(from dvc_dali.rows()), not {kind_of(found)}: {example}")
+    found = list(found)
+    for i, row in enumerate(found):
+        if not isinstance(row, dict):
+            raise ArgumentTypeError(f"best_row(found): item {i} is {kind_of(row)}, not a row "
+                                    f"(a dict from dvc_dali.rows()): {example}")
+    return found

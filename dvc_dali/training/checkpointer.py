@@ -40,8 +40,10 @@ from ..core import exit_hooks, row_files
 from ..core import run as runs
 from .._version import __version__
 from ..core.context import RunContext
-from ..core.errors import (CheckpointLockedError, CheckpointWriteError, ConfigError,
-                           RecordError, UnchangedCheckpointError)
+from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointLockedError,
+                           CheckpointWriteError, ConfigError, RecordError,
+                           UnchangedCheckpointError)
+from ..core.arguments import kind_of
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
@@ -410,9 +412,13 @@ class Checkpointer:
             The built DALI pipeline.
 
         Raises:
-            ConfigError: ``name`` is not a non-empty string, or this
-                Checkpointer is closed.
-            ValueError: a pipeline ``name`` is already registered.
+            ArgumentTypeError: ``name`` is not a string; ``source`` is no
+                ``@pipeline_def`` function or unbuilt ``Pipeline``; a keyword
+                neither the function nor ``Pipeline()`` takes (also a
+                ``TypeError``).
+            ArgumentError: ``name`` is empty or already registered; the
+                ``Pipeline`` is already built (also a ``ValueError``).
+            ConfigError: this Checkpointer is closed.
             PipelineMismatchError: resuming with another pipeline (batch
                 size, seed, shuffle flag, ``file_root``, file list or data,
                 shard, operator) or data whose contents changed, naming what
@@ -441,15 +447,17 @@ class Checkpointer:
                  ) -> tuple[Any, dict[str, Any], data_contents.Contents]:
         """An unbuilt pipeline, its description, and its data's contents
         being digested on a thread (proof at runtime, data_contents.py)."""
-        if not isinstance(name, str) or not name:  # a key of the manifest: 5 came back '5'
-            raise ConfigError(f"pipeline name {name!r}: must be a non-empty string, e.g. "
-                              "'train'")
+        _check_name(name, "pipeline", "'train'")  # a key of the manifest: 5 came back '5'
         if self._closed:  # its saves are refused: a pipeline registered now would never be
             raise ConfigError(f"Checkpointer({str(self.path)!r}) is closed: build a new "
                               f"Checkpointer to register pipeline {name!r}")
         if (restorable.PIPELINES, name) in self._sources or name in self._dynamic_readers:
-            raise ValueError(f"pipeline {name!r} is already registered with this Checkpointer")
-        pipe = dali_state.prepare(source, kwargs)
+            what = "a pipeline" if name not in self._dynamic_readers else \
+                "the stream of a dynamic-mode reader"
+            raise ArgumentError(f"pipeline {name!r}: {what} of this name is already registered "
+                                "with this Checkpointer; give each pipeline a name of its own, "
+                                "or keep the one the first call returned")
+        pipe = dali_state.prepare(source, kwargs, name)
         dali_state.check_arguments(pipe, name)
         dali_state.check_restorable(pipe, name)
         description = dali_state.describe(pipe, name)
@@ -510,7 +518,8 @@ class Checkpointer:
             The ``tf.data.Dataset``.
 
         Raises:
-            ValueError: a pipeline ``name`` is already registered.
+            ArgumentError: as for `pipeline` (a ``name`` already registered).
+            ArgumentTypeError: as for `pipeline`.
             PipelineMismatchError: as for `pipeline`. A batch that differs on
                 resume is raised inside TensorFlow, which hands it on as an
                 error of its own: the dataset's iterators and the Keras
@@ -563,13 +572,23 @@ class Checkpointer:
             The iterator.
 
         Raises:
-            ValueError: a pipeline not built with `pipeline`.
+            ArgumentError: a pipeline not built with `pipeline` (also a
+                ``ValueError``).
+            ArgumentTypeError: ``iterator_class`` is not a class (also a
+                ``TypeError``).
         """
+        if not callable(iterator_class):
+            raise ArgumentTypeError(f"iterator_class={iterator_class!r}: must be a DALI iterator "
+                                    "class, such as nvidia.dali.plugin.pytorch."
+                                    "DALIGenericIterator")
         pipes = list(pipelines) if isinstance(pipelines, (list, tuple)) else [pipelines]
         known = {id(s.pipe): s for s in self._of_kind(restorable.DaliPipeline)}
-        if any(id(p) not in known for p in pipes):
-            raise ValueError("build the iterator's pipelines with Checkpointer.pipeline() "
-                             "first, so they are restored and saved")
+        strange = [i for i, p in enumerate(pipes) if id(p) not in known]
+        if strange:
+            raise ArgumentError(
+                f"pipelines: {_which(pipes, strange[0])} was not built by this Checkpointer; "
+                "build the iterator's pipelines with ck.pipeline(name, ...) first, so they "
+                "are restored and saved")
         it = dali_iterators.create(iterator_class, pipes, args, kwargs, self.resumed)
         for p in pipes:
             known[id(p)].iterator = it  # saved through it from now on
@@ -594,9 +613,12 @@ class Checkpointer:
             The dynamic-mode ``Checkpoint``.
 
         Raises:
-            ValueError: a registered reader's stream has the name of a
-                pipeline.
+            ArgumentTypeError: ``name`` is not a string (also a
+                ``TypeError``).
+            ArgumentError: ``name`` is empty; a registered reader's stream
+                has the name of a pipeline (also a ``ValueError``).
         """
+        _check_name(name, "dynamic-mode checkpoint", "'dynamic'")  # 5 came back '5'
         key = (restorable.DYNAMIC, name)
         if key not in self._sources:
             self._register(restorable.DynamicMode(name))
@@ -744,13 +766,14 @@ class Checkpointer:
             ConfigError: ``step`` not an int from 0 to 2**63 - 1, ``arrays``
                 not a dict by str names, ``metadata`` not a dict of plain
                 JSON (no NaN; also a ``TypeError``).
-            TypeError: a value in ``arrays`` that cannot be saved exactly
-                (a namedtuple, a ``defaultdict`` or another subclass, which
-                would come back as its plain base type; a masked array, whose
-                mask would be lost, or another ndarray subclass), naming
-                where it is. ``metadata`` or ``params`` with a key that is not
-                a string (JSON would make it one).
-            ValueError: a reserved array name.
+            ArgumentTypeError: a value in ``arrays`` that cannot be saved
+                exactly (a namedtuple, a ``defaultdict`` or another subclass,
+                which would come back as its plain base type; a masked
+                array, whose mask would be lost, or another ndarray
+                subclass; an ``object()``), naming where it is. ``metadata``
+                or ``params`` with a key that is not a string (JSON would
+                make it one). A `ConfigError`, and a ``TypeError``.
+            ArgumentError: a reserved array name (also a ``ValueError``).
             CheckpointWriteError: the disk is full or not writable; the
                 previous checkpoint stands.
         """
@@ -786,7 +809,8 @@ class Checkpointer:
 
         Raises:
             ConfigError: as for `save`, at the call (asynchronous too).
-            TypeError: as for `save`.
+            ArgumentTypeError: as for `save` (also a ``TypeError``).
+            ArgumentError: as for `save` (also a ``ValueError``).
             CheckpointWriteError: as for `save` (asynchronous: from the next
                 call or `wait`, or at once at the last step; never waited
                 for: said at exit, which then has status 1; across ranks
@@ -1086,13 +1110,13 @@ def _reader_digests(recorder: batch_digests.Recorder, sources: dict[tuple[str, s
     def watch(key: str, reader: Any) -> None:
         stream = batch_digests.dynamic_stream(dname, key)
         if (restorable.PIPELINES, stream) in sources:  # one stream, two sources' digests
-            raise ValueError(f"dynamic-mode reader {stream!r} has the name of a pipeline "
-                             "registered with this Checkpointer; register it under another")
+            raise ArgumentError(f"dynamic-mode reader {stream!r} has the name of a pipeline "
+                                "registered with this Checkpointer; register it under another")
         if readers.get(stream, (dname, key)) != (dname, key):  # "a" + "b/c", "a/b" + "c"
             other = readers[stream]
-            raise ValueError(f"dynamic-mode reader {key!r} of {dname!r} and reader "
-                             f"{other[1]!r} of {other[0]!r} would be one stream, {stream!r}, "
-                             "mixing their batch digests; name one of them without '/'")
+            raise ArgumentError(f"dynamic-mode reader {key!r} of {dname!r} and reader "
+                                f"{other[1]!r} of {other[0]!r} would be one stream, {stream!r}, "
+                                "mixing their batch digests; name one of them without '/'")
         if not recorder.track(stream, "dynamic-mode reader"):
             return  # verification off: the reader is left as it is, at no cost
         readers[stream] = (dname, key)
@@ -1147,6 +1171,22 @@ def _row_digests(path: str, run: Run) -> Callable[[int, str], dict[str, list[lis
         return batch_digests.from_rows(path, [after], log_id) if after else {}
 
     return found
+
+
+def _check_name(name: Any, what: str, example: str) -> None:
+    """A name a checkpoint's manifest keys by: a non-empty str."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"{what} name {name!r}: must be a non-empty string, e.g. "
+                                f"{example}, not {kind_of(name)}")
+    if not name:
+        raise ArgumentError(f"{what} name {name!r}: must be a non-empty string, e.g. {example}")
+
+
+def _which(pipes: list[Any], index: int) -> str:
+    """The pipeline at ``index`` of an iterator's, for a message."""
+    item = pipes[index]
+    shown = repr(item) if item is None else kind_of(item)
+    return shown if len(pipes) == 1 else f"item {index} ({shown})"
 
 
 def _checked_total_steps(total_steps: Any) -> int | None:

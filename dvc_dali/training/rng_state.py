@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import CheckpointCorruptError
+from ..core.errors import ArgumentError, CheckpointCorruptError
 from ..core.log import logger
 
 #: The checkpoint array holding the generators' states.
@@ -52,8 +52,8 @@ def check_names(arrays: dict[str, Any]) -> None:
     """Refuse user arrays in dvc-dali's own namespace."""
     taken = sorted(n for n in arrays if isinstance(n, str) and n.startswith(RESERVED))
     if taken:
-        raise ValueError(f"array names starting with {RESERVED!r} are dvc-dali's own "
-                         f"({KEY!r} holds the random generators' states); rename {taken}")
+        raise ArgumentError(f"arrays: names starting with {RESERVED!r} are dvc-dali's own "
+                            f"({KEY!r} holds the random generators' states); rename {taken}")
 
 
 def _torch_cuda(torch: Any) -> list[np.ndarray] | None:

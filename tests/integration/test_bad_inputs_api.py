@@ -1,6 +1,7 @@
 """Bad arguments to the Checkpointer, make_checkpoint, save and should_save,
-and bad DVC_DALI_* values: each ends a real script with one line naming the
-argument (a ConfigError), no traceback, before anything is written."""
+the read API (load, rows, best_row, current_row), and bad DVC_DALI_* values:
+each ends a real script with one line naming the argument (a ConfigError),
+no traceback, before anything is written."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ import pytest
 import dvc_dali
 
 PREFIX = "import numpy as np, dvc_dali\nC = dvc_dali.Checkpointer\n"
+# a pipeline without data, for the cases that register one
+UNIFORM = ("from nvidia.dali import fn, pipeline_def\n"
+           "p = pipeline_def(lambda: fn.random.uniform(name='u'))\n"
+           "ARGS = dict(batch_size=1, num_threads=1, device_id=None)\n")
 
 # id -> (the script's body, the start of the line it must end with)
 CASES = {
@@ -70,7 +75,7 @@ CASES = {
     "metadata_int_key": ("C('ck').make_checkpoint(1, metadata={2: 'x'})",
                          "Error: metadata: the key 2 is not a string"),
     "pipeline_name_int": ("C('ck').pipeline(5, None)",
-                          "ConfigError: pipeline name 5: must be a non-empty string"),
+                          "ArgumentTypeError: pipeline name 5: must be a non-empty string"),
     "every_0": ("C('ck').should_save(1, 0)", "ConfigError: every=0: must be a whole number"),
     "every_neg": ("C('ck').should_save(1, -5)", "ConfigError: every=-5: must be a whole number"),
     # found by a sweep: '4' failed inside should_save, 1.5 was never due; the bare
@@ -123,6 +128,45 @@ CASES = {
     "live_dir_int": ("C('ck').live(dir=5)", "ConfigError: live(dir=5): must be the DVCLive "),
     "live_resume": ("C('ck').live(resume=True)", "ConfigError: live(resume=True): dvc-dali sets "
                     "resume from the checkpoint"),
+    # found by a new-user sweep: each was a ValueError or TypeError with a traceback
+    "pipeline_twice": (f"c = C('ck')\n{UNIFORM}c.pipeline('t', p, **ARGS)\n"
+                       "c.pipeline('t', p, **ARGS)",
+                       "ArgumentError: pipeline 't': a pipeline of this name is already "
+                       "registered with this Checkpointer; give each pipeline a name of its own"),
+    "arrays_object": ("C('ck').make_checkpoint(1, arrays={'w': object()})",
+                      "ArgumentTypeError: array 'w': an object cannot be saved without pickle; "
+                      "save arrays, tensors"),
+    "arrays_namedtuple_async": ("import collections; T = collections.namedtuple('T', 'a')\n"
+                                "C('ck', asynchronous=True).make_checkpoint(1, arrays={'w': "
+                                "{'x': T(1)}})", "ArgumentTypeError: array 'w/x': a T (a tuple "
+                                "subclass) would come back as a plain tuple"),
+    "arrays_reserved": ("C('ck').save(1, arrays={'~dvc_dali.rng': 1})",
+                        "ArgumentError: arrays: names starting with '~dvc_dali' are dvc-dali's "
+                        "own"),
+    "pipeline_source_int": ("C('ck').pipeline('t', 5)", "ArgumentTypeError: pipeline 't': "
+                            "source=5 is an int; pass a @pipeline_def function"),
+    # DALI's "This shouldn't happen" assert (dropped without a word under python -O)
+    "pipeline_keyword_typo": (f"{UNIFORM}C('ck').pipeline('t', p, batchsize=2, num_threads=1, "
+                              "device_id=None)", "ArgumentTypeError: pipeline 't': batchsize: "
+                              "neither <lambda>() nor DALI's Pipeline takes this argument"),
+    "iterator_foreign": ("from nvidia.dali.plugin.pytorch import DALIGenericIterator\n"
+                         f"{UNIFORM}C('ck').iterator(DALIGenericIterator, p(**ARGS), ['u'])",
+                         "ArgumentError: pipelines: a Pipeline was not built by this "
+                         "Checkpointer; build the iterator's pipelines with ck.pipeline("),
+    "dynamic_name_int": ("C('ck').dynamic(5)", "ArgumentTypeError: dynamic-mode checkpoint name "
+                         "5: must be a non-empty string"),
+    # found by a new-user sweep: the read API's refusals were tracebacks (no
+    # excepthook outside a Checkpointer), its bad types Python's own errors
+    "best_row_spec": ("dvc_dali.best_row([], 'acc:maxx')",
+                      "ArgumentError: best_row(spec='acc:maxx'): must be '<metric>:max' or "
+                      "'<metric>:min'"),
+    "best_row_swapped": ("dvc_dali.best_row('acc:max', [])", "ArgumentTypeError: "
+                         "best_row(found='acc:max'): must be a list of rows"),
+    "rows_outside": ("dvc_dali.rows()", "DvcDaliError: not inside a DVC repository"),
+    "rows_repo_int": ("dvc_dali.rows(repo=5)", "ArgumentTypeError: rows(repo=5): must be a "
+                      "path"),
+    "current_row_int": ("dvc_dali.current_row(5)", "ArgumentTypeError: current_row(path=5): "),
+    "load_path_int": ("dvc_dali.load(5)", "ArgumentTypeError: load(path=5): must be a path"),
 }
 
 

@@ -187,7 +187,7 @@ def test_a_quantized_tensor_is_refused_at_save_not_saved_without_its_scale():
     (defaultdict(list), "a defaultdict (a dict subclass) would come back as a plain dict"),
     (type("MyList", (list,), {})([1]), "a MyList (a list subclass)"),
     ({1, 2}, "a set cannot be saved without pickle"),
-    (object(), "a object cannot be saved without pickle"),
+    (object(), "an object cannot be saved without pickle"),
     # found by a sweep: both came back plain ndarrays, the masked values as data
     (np.ma.array([1.0, -999.0], mask=[0, 1]), "a masked array would come back without its "
                                               "mask"),
