@@ -592,15 +592,23 @@ def _valid_id(log_id: Any) -> bool:
 
 
 MISSING = "is missing"  # CompanionLog.problem of a file that is not there
+# CompanionLog.problem of a file whose last line has no newline: every line
+# dvc-dali writes ends in one (a line and its newline are one write), so it
+# was cut short (a full disk, a crash) or written by something else; a resume
+# cuts it before appending (_cut_torn_line), so it is never compared either
+NO_LINE = ("holds no complete line (it has no newline: its first line was cut short, or it "
+           "is no file dvc-dali wrote)")
+CUT_SHORT = ("ends in an incomplete line (no newline: the last line was cut short, or it is "
+             "damaged)")
 
 
 @dataclass(frozen=True)
 class CompanionLog:
     """What a companion file yields: ``found``, {stream: [batch digest, ...]}
     in order from the first; ``problem``, why some or all of it could not be
-    read ("" when nothing was skipped but a torn last line, which a kill
-    mid-write leaves; MISSING; "is a symbolic link", "is not a regular
-    file": not read; or lines that do not parse or are out of order)."""
+    read ("" when nothing was skipped; MISSING; "is a symbolic link", "is
+    not a regular file": not read; lines that do not parse or are out of
+    order; NO_LINE, CUT_SHORT: a last line without its newline)."""
 
     found: dict[str, list[list[str]]]
     problem: str = ""
@@ -619,16 +627,22 @@ def read_log(directory: Path, log_id: str) -> CompanionLog:
     if not _valid_id(log_id):
         return CompanionLog({}, MISSING)
     found: dict[str, list[list[str]]] = {}
-    bad = first_bad = 0
+    bad = first_bad = whole = 0
+    torn = False
     lines = _Lines(directory / f"{log_id}.jsonl")
     for number, line in enumerate(lines, 1):
-        if not _take(found, line) and line.endswith(b"\n"):  # a torn last line: a kill's
+        if not line.endswith(b"\n"):  # the last: never taken, even where it parses
+            torn = True
+        elif not _take(found, line):
             bad += 1
             first_bad = first_bad or number
+        whole += not torn
     problem = lines.problem
     if bad and not problem:
         problem = (f"has {bad} line(s) that do not parse or are out of order (the first: line "
                    f"{first_bad})")
+    elif torn and not problem:
+        problem = CUT_SHORT if whole else NO_LINE
     return CompanionLog(found, problem)
 
 

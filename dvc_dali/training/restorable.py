@@ -352,10 +352,10 @@ def _say_companion(step: int, companion: Path, problem: str,
                         "(%s is missing, and no later row of its run holds them): those "
                         "batches are not verified", step, companion)
     elif problem:
-        read = ", ".join(f"{len(b)} of {name!r}" for name, b in found.items()) or "none"
+        read = ", ".join(f"{len(b)} of {name!r}" for name, b in found.items() if b)
         logger.warning("the digests of the batches after the checkpoint at step %d: %s %s "
-                       "(digests read: %s), so the batches past those are not verified",
-                       step, companion, problem, read)
+                       "(digests read: %s), so %s are not verified", step, companion, problem,
+                       read or "none", "the batches past those" if read else "those batches")
     elif not any(found.values()) and unfinished:  # killed: it compares nothing, said
         logger.info("no digest of a batch after the checkpoint at step %d is recorded in %s "
                     "(no batch followed it, or a kill came before the first one's digest was "

@@ -15,6 +15,8 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.dvc_project import queue_report, run, template_project, wait_queue
 from tests.helpers.proof import manifest
 from tests.helpers.rows import exp_rows
@@ -290,25 +292,40 @@ def test_doctor_verify_without_a_checkpoint_says_there_is_nothing_to_verify(tmp_
         (project / "checkpoint").mkdir(exist_ok=True)
 
 
-def test_a_companion_file_made_a_fifo_is_said_and_never_waited_on(project):
+MADE = {  # what the companion file is made into between the kill and the resume -> said
+    "a FIFO": "is not a regular file (not read)",  # waited on for ever, then "no digests"
+    # its first line cut short (a full disk, a crash): read as one torn line and ignored,
+    # so the resume said no batch had followed the checkpoint
+    "a torn first line": "holds no complete line",
+}
+
+
+@pytest.mark.parametrize("how", list(MADE))
+def test_a_companion_file_made_a_fifo_or_torn_is_said_and_never_waited_on(project, how):
     """Killed between two checkpoints, its companion file replaced by a FIFO:
     the resume waited on it for ever (writing its digests on), and doctor
-    --verify said no digests were recorded. Now both name the file and why
-    its batches are not verified, and the run goes on."""
+    --verify said no digests were recorded; cut to a part of its first line,
+    both said no batch had followed the checkpoint. Now both name the file
+    and why its batches are not verified, and the run goes on."""
     lean = ["-S", "train.steps=30"]
     killed = run(["dvc", "exp", "run", "-n", "f", *lean], project, check=False, env={KILL: "25"})
     assert killed.returncode != 0 and "f-step20" in exp_rows(project), killed.stderr[-3000:]
     log_id = manifest(project / "checkpoint")["pipelines"]["train"]["batches"]["log"]
     rel = Path(".dvc") / "tmp" / "dvc-dali" / "batches" / f"{log_id}.jsonl"
+    first = (project / rel).read_bytes().split(b"\n")[0]
     (project / rel).unlink()
-    os.mkfifo(project / rel)
+    if how == "a FIFO":
+        os.mkfifo(project / rel)
+    else:
+        (project / rel).write_bytes(first[:len(first) // 2])
     ws = run(["dvc-dali", "doctor", "--verify"], project, check=False, timeout=300)
-    assert f"the batch digests after step 20: {rel} is not a regular file (not read), so the " \
-           "batches past those read from it are not verified" in ws.stdout, ws.stdout
+    assert f"the batch digests after step 20: {rel} {MADE[how]}" in ws.stdout, ws.stdout
+    assert "the batches past those read from it are not verified" in ws.stdout, ws.stdout
     assert "no batch digests recorded" not in ws.stdout, ws.stdout
     done = run(["dvc", "exp", "run", *lean], project, timeout=300)
     said = done.stdout + done.stderr
     assert "resuming from step 20" in said and "Traceback" not in said, said
-    assert f"{rel} is not a regular file (not read)" in said, said
+    assert f"{rel} {MADE[how]}" in said and "are not verified" in said, said
     assert "are those the run it resumes produced" not in said, said
+    assert "no digest of a batch after the checkpoint" not in said, said
     assert "f-step30" in exp_rows(project)

@@ -464,3 +464,91 @@ def test_a_resume_appends_after_a_torn_last_line_not_to_it(tmp_path, tail, kept)
     again = bd.read_log(tmp_path, ID1)
     assert not again.problem, again.problem
     assert len(again.found["s"]) == kept + 2
+
+
+_EDGE_BATCHES = [[np.full((2, 3), i, np.uint8)] for i in range(3)]
+_EDGE_DIGESTS = [bd.digest_arrays(b) for b in _EDGE_BATCHES]
+
+
+def _line(i: int, stream: str = "s", digest: list | None = None) -> bytes:
+    return (json.dumps({"p": stream, "i": i, "d": _EDGE_DIGESTS[i] if digest is None
+                        else digest}) + "\n").encode()
+
+
+def _resumed_from(directory, step=20, total=40):
+    """A BatchProof restoring a checkpoint at ``step`` (of a run of ``total``
+    steps) whose batch-log id is ID1, its stream 's' (a dataset)."""
+    from dvc_dali.format import store
+
+    rec = bd.Recorder(directory, bd.ALL, False)
+    proof = rs.BatchProof(recorder=rec, sources={}, readers={}, versions=dict)
+    snapshot = store.Snapshot(directory.parent / "ckpt", {
+        "step": step, "run": {"total_steps": total},
+        "pipelines": {"s": {bd.KEY: {"log": ID1, "previous": None, "digests": []}}}})
+    proof.restore(rs.SavedCheckpoint(snapshot, (), False))
+    rec.track("s", "dataset")
+    return rec
+
+
+FILE = f"{ID1}.jsonl"
+NO_LINE = f"{FILE} holds no complete line"
+CUT = f"{FILE} ends in an incomplete line"
+PROOF = "the run it resumes produced (batch digests)"
+
+
+@pytest.mark.parametrize("content, said", [
+    # made at the save, no batch followed before the kill: nothing compared, said
+    pytest.param(b"", ["no digest of a batch after the checkpoint at step 20 is recorded in",
+                       "no batch is compared"], id="empty"),
+    # no newline at all: read as one torn line and ignored without a word (found by a sweep)
+    pytest.param(_line(0)[:-12], [NO_LINE, "(digests read: none), so those batches are not "
+                                  "verified"], id="one torn line"),
+    pytest.param(_line(0)[:-1], [NO_LINE, "(digests read: none)"], id="its newline lost"),
+    pytest.param(b"\x00\xffnot a line dvc-dali wrote", [NO_LINE], id="garbage"),
+    # a valid prefix, then what no write of dvc-dali's left: the batches past it are said
+    pytest.param(_line(0) + _line(1) + b"garbage",
+                 [CUT, "(digests read: 2 of 's'), so the batches past",
+                  f"the 2 batches after the checkpoint at step 20 are those {PROOF}"],
+                 id="valid then garbage"),
+    pytest.param(_line(0) + _line(1) + b"garbage\n",
+                 ["do not parse or are out of order (the first: line 3)",
+                  "digests read: 2 of 's'", f"the 2 batches after the checkpoint at step 20 "
+                  f"are those {PROOF}"], id="valid then a garbage line"),
+    pytest.param(_line(0, "other") + _line(1, "other"),
+                 ["names 'other', which the checkpoint does not hold"],
+                 id="another stream's lines only"),
+    pytest.param(_line(0) + _line(2),
+                 ["out of order (the first: line 2)", "digests read: 1 of 's'",
+                  f"the batch after the checkpoint at step 20 is the one {PROOF}"],
+                 id="an index gap"),
+    pytest.param(_line(0) + _line(0) + _line(1),
+                 ["out of order (the first: line 2)", "digests read: 2 of 's'",
+                  f"the 2 batches after the checkpoint at step 20 are those {PROOF}"],
+                 id="a duplicated line"),
+    pytest.param(_line(1), ["out of order (the first: line 1)", "digests read: none"],
+                 id="the second batch only"),
+    # another algorithm's digests: not verified, never a refusal
+    pytest.param(_line(0, digest=[d.replace("crc32:", "mix64:") for d in _EDGE_DIGESTS[0]]),
+                 ["batch 1 not verified (recorded by another digest algorithm)"],
+                 id="another algorithm"),
+])
+def test_a_companion_file_at_its_edges_is_said_never_a_proof_it_does_not_hold(
+        tmp_path, capsys, content, said):
+    """Each batch after the checkpoint ends matched, differs or not
+    verified, and where it is not verified the resume says so and why."""
+    directory = tmp_path / "batches"
+    directory.mkdir()
+    (directory / FILE).write_bytes(content)
+    rec = _resumed_from(directory)
+    for batch in _EDGE_BATCHES:
+        rec.observe("s", batch, bd.digest_arrays)
+    rec.close()
+    err = capsys.readouterr().err
+    for part in said:
+        assert part in err, err
+    proven = [line for line in err.splitlines() if PROOF in line]
+    assert len(proven) == any(PROOF in part for part in said), err
+    # the resume continued the segment: a later resume reads a digest of each batch
+    again = bd.read_log(directory, ID1)
+    assert len(again.found.get("s", [])) == len(_EDGE_BATCHES), again
+
