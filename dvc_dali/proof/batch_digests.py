@@ -426,6 +426,7 @@ def digest_arrays(outputs: Sequence[Any]) -> list[str]:
 # -- the decision: matched, differs or not verified ---------------------------
 MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"
 OTHER_ALGORITHM = "recorded by another digest algorithm"
+UNREADABLE = "a recorded digest is unreadable"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
 _HEX = set("0123456789abcdef")
 
@@ -483,9 +484,11 @@ def check(want: list[str] | None, got: list[str] | None) -> Check:
     an output whose two digests are of the same algorithm and tell another
     dtype, other shapes or other bytes. NOT_VERIFIED where nothing can be
     told: no digest recorded, a digest that failed (then or now), one that
-    cannot be read, or two digests of different algorithms (a host CRC and a
-    device sum, an older or newer algorithm: their values are not comparable,
-    and neither are their dtype and shape fields). MATCHED only where every
+    cannot be read (a record of no output, or of another number of outputs
+    one of which cannot be read, shows no difference either: no run wrote
+    it), or two digests of different algorithms (a host CRC and a device
+    sum, an older or newer algorithm: their values are not comparable, and
+    neither are their dtype and shape fields). MATCHED only where every
     output's two digests are of one algorithm and equal."""
     if want is None:
         return Check(NOT_VERIFIED, ("no digest was recorded for it",))
@@ -497,6 +500,8 @@ def check(want: list[str] | None, got: list[str] | None) -> Check:
     if want == got and all(parse_output(g) for g in got):  # a resume's usual case: one parse
         return Check(MATCHED)
     if len(want) != len(got):
+        if not want or not all(parse_output(w) for w in want):  # no record a run wrote
+            return Check(NOT_VERIFIED, (UNREADABLE,))
         return Check(DIFFERS, (f"{len(got)} outputs where {len(want)} were produced",))
     outputs = [_output(i, a, b) for i, (a, b) in enumerate(zip(want, got))]
     lines = tuple(what for outcome, what in outputs if outcome == DIFFERS)
@@ -510,7 +515,7 @@ def _output(i: int, want: str, got: str) -> tuple[str, str]:
     """(outcome, what differs or why not verified) of output ``i``."""
     a, b = parse_output(want), parse_output(got)
     if a is None or b is None:
-        return NOT_VERIFIED, "a recorded digest is unreadable"
+        return NOT_VERIFIED, UNREADABLE
     if a[2] != b[2]:
         return NOT_VERIFIED, OTHER_ALGORITHM
     if a[0] != b[0]:

@@ -76,6 +76,10 @@ MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's ou
      ("a recorded digest is unreadable",)),
     (["uint8/0000aaaa/crc32:"], ["uint8/0000aaaa/crc32:"], NOT_VERIFIED,
      ("a recorded digest is unreadable",)),
+    # a record of no output, or of another number with one unreadable: no run wrote
+    # it, so it shows no difference (it was refused: "1 outputs where 0 were produced")
+    ([], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
+    (["uint8/0000aaaa/-", C32], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
 ])
 def test_each_check_ends_matched_differs_or_not_verified(want, got, outcome, said):
     found = bd.check(want, got)
@@ -527,10 +531,12 @@ PROOF = "the run it resumes produced (batch digests)"
                  id="a duplicated line"),
     pytest.param(_line(1), ["out of order (the first: line 1)", "digests read: none"],
                  id="the second batch only"),
-    # another algorithm's digests: not verified, never a refusal
+    # another algorithm's digests, a record of no output: not verified, never a refusal
     pytest.param(_line(0, digest=[d.replace("crc32:", "mix64:") for d in _EDGE_DIGESTS[0]]),
                  ["batch 1 not verified (recorded by another digest algorithm)"],
                  id="another algorithm"),
+    pytest.param(_line(0, digest=[]), ["batch 1 not verified (a recorded digest is "
+                                       "unreadable)"], id="no output"),
 ])
 def test_a_companion_file_at_its_edges_is_said_never_a_proof_it_does_not_hold(
         tmp_path, capsys, content, said):
