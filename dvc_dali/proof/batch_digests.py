@@ -36,7 +36,9 @@ Where they go:
   checkpoint output (DVC hashes that): ``<DVC root>/.dvc/tmp/dvc-dali/
   batches/<id>.jsonl`` (for `--temp` and queued runs the workspace's, so a
   later run there finds it), or beside the checkpoint directory outside DVC;
-  so a run killed between two checkpoints leaves them for the resume;
+  so a run killed between two checkpoints leaves them for the resume, which
+  also looks where they were written before a `.dvc` appeared above the
+  checkpoint (:func:`companion_dirs`);
 - into the next checkpoint's manifest (each pipeline entry's ``batches``:
   the id of the checkpoint they follow and the first MANIFEST_MAX digests,
   so a long interval does not grow every manifest; a dynamic-mode reader's
@@ -586,10 +588,28 @@ def companion_dir(checkpoint: Path, environ: dict[str, str] | None = None) -> Pa
         root = repo_root(Path(checkpoint).resolve().parent)
     if root:
         return Path(root) / COMPANION
+    return _beside(Path(checkpoint).resolve())
+
+
+def _beside(checkpoint: Path) -> Path:
+    """Where a checkpoint outside any DVC repository keeps its companion files."""
     from ..format.dirlock import short_name
 
+    return checkpoint.parent / f".{short_name(checkpoint.name)}.dvc-dali-batches"
+
+
+def companion_dirs(checkpoint: Path, environ: dict[str, str] | None = None) -> list[Path]:
+    """Where a resume looks for a checkpoint's companion file: first
+    :func:`companion_dir` (where this run writes), then where the run that
+    wrote the checkpoint did before a `.dvc` appeared or went above it
+    (`dvc init --subdir`, a monorepo made around the project: found by a
+    sweep): each DVC repository above the checkpoint, and beside it. A file
+    found there is the checkpoint's own: it is named by its batch-log id."""
     where = Path(checkpoint).resolve()
-    return where.parent / f".{short_name(where.name)}.dvc-dali-batches"
+    places = [companion_dir(checkpoint, environ)]
+    places += [parent / COMPANION for parent in where.parents if (parent / ".dvc").is_dir()]
+    places.append(_beside(where))
+    return list(dict.fromkeys(places))
 
 
 def _valid_id(log_id: Any) -> bool:
@@ -617,6 +637,20 @@ class CompanionLog:
 
     found: dict[str, list[list[str]]]
     problem: str = ""
+    path: Path | None = None  # the file read (MISSING: where it was looked for first)
+    looked: tuple[Path, ...] = ()  # MISSING from find_log: each directory looked in
+
+
+def find_log(directories: Sequence[Path], log_id: str) -> CompanionLog:
+    """The companion file of checkpoint ``log_id`` read from the first of
+    ``directories`` (:func:`companion_dirs`) that holds one; MISSING where
+    none does, naming each directory looked in."""
+    for directory in directories:
+        log = read_log(directory, log_id)
+        if log.problem != MISSING:
+            return log
+    first = directories[0] / f"{log_id}.jsonl" if directories else None
+    return CompanionLog({}, MISSING, first, tuple(directories))
 
 
 def read_companion(directory: Path, log_id: str) -> dict[str, list[list[str]]]:
@@ -631,10 +665,11 @@ def read_log(directory: Path, log_id: str) -> CompanionLog:
     false match, and said (``problem``)."""
     if not _valid_id(log_id):
         return CompanionLog({}, MISSING)
+    path = directory / f"{log_id}.jsonl"
     found: dict[str, list[list[str]]] = {}
     bad = first_bad = whole = 0
     torn = False
-    lines = _Lines(directory / f"{log_id}.jsonl")
+    lines = _Lines(path)
     for number, line in enumerate(lines, 1):
         if not line.endswith(b"\n"):  # the last: never taken, even where it parses
             torn = True
@@ -648,7 +683,7 @@ def read_log(directory: Path, log_id: str) -> CompanionLog:
                    f"{first_bad})")
     elif torn and not problem:
         problem = CUT_SHORT if whole else NO_LINE
-    return CompanionLog(found, problem)
+    return CompanionLog(found, problem, path)
 
 
 def _take(found: dict[str, list[list[str]]], line: bytes) -> bool:
@@ -893,8 +928,12 @@ class Recorder:
     (:meth:`watch`), and the TF datasets and dynamic-mode readers that hand
     their batches in (:meth:`track`, :meth:`observe`)."""
 
-    def __init__(self, directory: Path, limit: int, inexact: bool) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, limit: int, inexact: bool,
+                 elsewhere: Sequence[Path] = ()) -> None:
+        self.directory = directory  # where its segments' companion files go
+        # where else a resumed segment's may be, written before a `.dvc`
+        # appeared or went above the checkpoint (companion_dirs)
+        self.elsewhere = tuple(elsewhere)
         self.limit = limit  # batches digested after each checkpoint; ALL; 0: off
         self.inexact = inexact
         self.log_id: str | None = None  # the checkpoint the batches follow
@@ -937,10 +976,12 @@ class Recorder:
         return self.limit != 0
 
     def resume(self, log_id: str | None, batches: dict[str, list[list[str]]], step: int,
-               why: Callable[[str], str], where: str, held: Iterable[str]) -> None:
+               why: Callable[[str], str], where: str, held: Iterable[str],
+               log_dir: Path | None = None) -> None:
         """Continue the segment after the resumed checkpoint, which holds the
         streams ``held``: compare with what it recorded (``batches``, of those
-        streams), append what it did not."""
+        streams), append what it did not, to its companion file in
+        ``log_dir`` (where it was found; default: :attr:`directory`)."""
         if not self.on or log_id is None:
             return
         self.log_id = log_id
@@ -951,7 +992,7 @@ class Recorder:
         self._expected = _Expected(batches, step, why, where)
         self._checks = {}
         self._diverged = False
-        self._start_log()
+        self._start_log(log_dir)
         if batches:
             _say_at_exit(self)
 
@@ -1271,14 +1312,16 @@ class Recorder:
                 try:
                     log.write("".join(lines).encode())
                 except OSError as exc:
+                    where = self._log_path
                     self._close_log()  # the manifest still gets them
-                    self._companion_failed(exc)
+                    self._companion_failed(exc, where)
 
-    def _start_log(self) -> None:
+    def _start_log(self, directory: Path | None = None) -> None:
         """The segment's companion file, to be made by the digest thread
-        (:meth:`_make_log`), or by the segment's first line."""
+        (:meth:`_make_log`), or by the segment's first line; a resumed one
+        goes on in ``directory``, where it was found."""
         self._close_log()
-        self._log_path = self.directory / f"{self.log_id}.jsonl"
+        self._log_path = (directory or self.directory) / f"{self.log_id}.jsonl"
 
     def _make_log(self, path: Path | None) -> None:
         """The companion file of the segment a save began, made on the digest
@@ -1300,14 +1343,14 @@ class Recorder:
         """The companion file open for appending; None when it cannot be (said once)."""
         if self._log is None and self._log_path is not None:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                self._log_path.parent.mkdir(parents=True, exist_ok=True)
                 self._log = _Companion(self._log_path, self)
             except OSError as exc:
-                self._log_path = None
-                self._companion_failed(exc)
+                where, self._log_path = self._log_path, None
+                self._companion_failed(exc, where)
         return self._log
 
-    def _companion_failed(self, exc: OSError) -> None:
+    def _companion_failed(self, exc: OSError, path: Path | None) -> None:
         """Said once a process: the digests after a checkpoint live only in
         the next one's manifest, so a resume after a kill cannot compare."""
         if self._companion_said:
@@ -1315,7 +1358,7 @@ class Recorder:
         self._companion_said = True
         logger.warning("batch digests cannot be kept in %s (%s): a run killed before its next "
                        "checkpoint will resume unverified; fix that directory's permissions "
-                       "or free space", self.directory, exc)
+                       "or free space", path.parent if path else self.directory, exc)
 
     def _close_log(self) -> None:
         if self._log is not None:

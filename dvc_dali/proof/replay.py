@@ -72,10 +72,12 @@ def _recorded(root: Path, path: str, manifest: dict, row: dict
     log_id = batch_digests.log_id_of(manifest)
     if log_id is None:
         return {}, ""
-    directory = root / batch_digests.COMPANION
-    log = batch_digests.read_log(directory, log_id)
-    why = ("" if log.problem in ("", batch_digests.MISSING) else
-           f"{(directory / f'{log_id}.jsonl').relative_to(root)} {log.problem}")
+    # where the resume looks: also where its run wrote them before a `.dvc`
+    # appeared or went above the checkpoint (batch_digests.companion_dirs)
+    places = [root / batch_digests.COMPANION, *batch_digests.companion_dirs(root / path, {})]
+    log = batch_digests.find_log(list(dict.fromkeys(places)), log_id)
+    why = ("" if log.problem in ("", batch_digests.MISSING) or log.path is None else
+           f"{_shown(log.path, root)} {log.problem}")
     if log.found or not row.get("sha"):
         return log.found, why
     from ..reading.row_queries import rows
@@ -83,6 +85,14 @@ def _recorded(root: Path, path: str, manifest: dict, row: dict
     children = (r for r in rows(repo=str(root)) if r.get("parent") == row["sha"])
     found = batch_digests.from_rows(path, children, log_id, str(root))
     return found, "" if found else why
+
+
+def _shown(file: Path, root: Path) -> str:
+    """``file`` relative to the repository where it is inside it."""
+    try:
+        return str(file.relative_to(root))
+    except ValueError:
+        return str(file)
 
 
 def verify(root: Path, path: str, row: str | None, report: Callable[[bool, str], None],

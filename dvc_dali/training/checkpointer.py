@@ -213,8 +213,9 @@ class Checkpointer:
 
     def _start_proof(self) -> batch_digests.Recorder:
         """The proof at runtime: the batches after each checkpoint (batch_digests.py)."""
-        recorder = batch_digests.Recorder(batch_digests.companion_dir(self.path),
-                                          self._ctx.verify_batches, self._ctx.inexact)
+        places = batch_digests.companion_dirs(self.path)
+        recorder = batch_digests.Recorder(places[0], self._ctx.verify_batches,
+                                          self._ctx.inexact, elsewhere=places[1:])
         if self._saved is not None:  # a data change let through: not the checkpoint's batches
             self._saved.went_inexact = recorder.leave_segment
         self._register(restorable.BatchProof(

@@ -338,19 +338,23 @@ class RandomGenerators:
         return rng_state.capture()
 
 
-def _say_companion(step: int, companion: Path, problem: str,
+def _say_companion(step: int, log: batch_digests.CompanionLog, problem: str,
                    found: dict[str, list[list[str]]], unfinished: bool = False) -> None:
     """What a resume says of the companion file of the checkpoint at ``step``
-    when not all of it could be read. The file is made (empty) right after
-    its save: missing, the digests of whatever batches followed were lost;
+    (``log``, read with ``problem``) when not all of it could be read. The
+    file is made (empty) right after its save: missing, the digests of
+    whatever batches followed were lost (said with where it was looked for);
     damaged, the batches past the digests read from it are not compared;
     empty after a checkpoint short of its run's total_steps (``unfinished``:
     a kill, not the run's end), nothing is compared."""
+    companion = log.path
     if problem == batch_digests.MISSING:
+        others = [str(d) for d in log.looked if companion is None or d != companion.parent]
         if not found:
             logger.info("no digests of the batches after the checkpoint at step %d were found "
-                        "(%s is missing, and no later row of its run holds them): those "
-                        "batches are not verified", step, companion)
+                        "(%s is missing%s, and no later row of its run holds them): those "
+                        "batches are not verified", step, companion,
+                        f" (looked in {', '.join(others)} too)" if others else "")
     elif problem:
         read = ", ".join(f"{len(b)} of {name!r}" for name, b in found.items() if b)
         logger.warning("the digests of the batches after the checkpoint at step %d: %s %s "
@@ -400,7 +404,8 @@ class BatchProof:
                         saved.snapshot.step)
         if log_id is None or not self.recorder.on:
             return
-        log = batch_digests.read_log(self.recorder.directory, log_id)
+        log = batch_digests.find_log([self.recorder.directory, *self.recorder.elsewhere],
+                                     log_id)
         found, problem = log.found, log.problem
         if not found and self.from_rows is not None:
             found = self.from_rows(saved.snapshot.step, log_id)
@@ -411,11 +416,12 @@ class BatchProof:
             problem = (f"names {', '.join(map(repr, foreign))}, which the checkpoint does not "
                        "hold")
         total = (manifest.get("run") or {}).get("total_steps")
-        _say_companion(saved.snapshot.step, self.recorder.directory / f"{log_id}.jsonl",
-                       problem, {n: b for n, b in found.items() if n not in foreign},
+        _say_companion(saved.snapshot.step, log, problem,
+                       {n: b for n, b in found.items() if n not in foreign},
                        type(total) is int and saved.snapshot.step < total)  # noqa: E721
         self.recorder.resume(log_id, found, saved.snapshot.step, self._why(manifest),
-                             str(saved.manifest_path), held)
+                             str(saved.manifest_path), held,
+                             log.path.parent if log.path and not log.looked else None)
 
     def _why(self, manifest: dict[str, Any]) -> Callable[[str], str]:
         """What changed since the checkpoint, for a stream's mismatch message

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,29 @@ def test_a_resume_with_no_digest_recorded_after_its_checkpoint_says_so(tmp_path,
     assert "no digest of a batch after the checkpoint at step 2 is recorded in " in proc.stderr
     assert "no batch is compared" in proc.stderr and "are those the run it resumes produced" \
         not in proc.stderr, proc.stderr
+
+
+def test_a_dvc_repository_made_around_a_run_leaves_its_digests_found(tmp_path, images):
+    """Found by a sweep: a `.dvc` made above the checkpoint between a run and
+    its resume (`dvc init` of a monorepo around the project, `dvc init
+    --subdir`) moved where the resume looked for the batch digests, so it
+    said the batches were not verified though they were where the run wrote
+    them. It reads them there now, and continues that file."""
+    ckpt = tmp_path / "project" / "ckpt"
+    proc = proof_run("rotate", images, ckpt, tmp_path / "first.npz", 8, save_at=[4],
+                     kill_after=7)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    log_id = batch_digests.log_id_of(manifest(ckpt))
+    assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 3
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    assert batch_digests.companion_dir(ckpt, {}) != companion(ckpt)
+
+    proc = proof_run("rotate", images, ckpt, tmp_path / "resumed.npz", 8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("pipeline 'train': the 3 batches after the checkpoint at step 4 are those the run "
+            "it resumes produced") in proc.stderr, proc.stderr
+    # the segment went on in its file: a later resume from step 4 reads each batch there
+    assert len(batch_digests.read_companion(companion(ckpt), log_id)["train"]) == 4
 
 
 def test_a_resume_on_purpose_on_changed_data_leaves_the_checkpoints_segment_alone(

@@ -479,12 +479,12 @@ def _line(i: int, stream: str = "s", digest: list | None = None) -> bytes:
                         else digest}) + "\n").encode()
 
 
-def _resumed_from(directory, step=20, total=40):
+def _resumed_from(directory, step=20, total=40, elsewhere=()):
     """A BatchProof restoring a checkpoint at ``step`` (of a run of ``total``
     steps) whose batch-log id is ID1, its stream 's' (a dataset)."""
     from dvc_dali.format import store
 
-    rec = bd.Recorder(directory, bd.ALL, False)
+    rec = bd.Recorder(directory, bd.ALL, False, elsewhere=elsewhere)
     proof = rs.BatchProof(recorder=rec, sources={}, readers={}, versions=dict)
     snapshot = store.Snapshot(directory.parent / "ckpt", {
         "step": step, "run": {"total_steps": total},
@@ -558,3 +558,48 @@ def test_a_companion_file_at_its_edges_is_said_never_a_proof_it_does_not_hold(
     again = bd.read_log(directory, ID1)
     assert len(again.found.get("s", [])) == len(_EDGE_BATCHES), again
 
+
+def test_companion_files_are_found_where_their_run_wrote_them(tmp_path, capsys):
+    """Found by a sweep: a `.dvc` made in a parent folder between a run and its
+    resume (`dvc init --subdir`, a monorepo made around the project) moved
+    where the resume looked, and it said the batches were not verified
+    though their digests were where the run wrote them."""
+    project = tmp_path / "project"
+    ckpt = project / "ckpt"
+    before = bd.companion_dir(ckpt, {})
+    assert before == project / ".ckpt.dvc-dali-batches"
+    before.mkdir(parents=True)
+    (before / FILE).write_bytes(_line(0) + _line(1))
+    (tmp_path / ".dvc").mkdir()  # a DVC repository made around it
+    places = bd.companion_dirs(ckpt, {})
+    assert places[0] == tmp_path / bd.COMPANION != before and before in places
+    rec = _resumed_from(places[0], elsewhere=places[1:])
+    for batch in _EDGE_BATCHES:
+        rec.observe("s", batch, bd.digest_arrays)
+    rec.close()
+    err = capsys.readouterr().err
+    assert f"the 2 batches after the checkpoint at step 20 are those {PROOF}" in err, err
+    # the segment goes on where it was found; the next resume finds it whole there
+    assert bd.read_log(before, ID1).found["s"] == _EDGE_DIGESTS
+    assert not (places[0] / FILE).exists()
+    # found nowhere: the line names each place looked in
+    (before / FILE).unlink()
+    _resumed_from(places[0], elsewhere=places[1:]).close()
+    err = capsys.readouterr().err
+    assert f"{places[0] / FILE} is missing (looked in {before} too" in err, err
+
+
+def test_doctor_verify_reads_the_digests_where_the_run_wrote_them(tmp_path):
+    """`dvc-dali doctor --verify` looked in the repository's `.dvc` only:
+    a checkpoint whose run wrote its digests before that `.dvc` was made
+    (beside the checkpoint) read as none recorded."""
+    from dvc_dali.proof import replay
+
+    (tmp_path / ".dvc").mkdir()
+    before = tmp_path / "project" / ".ckpt.dvc-dali-batches"
+    before.mkdir(parents=True)
+    (before / FILE).write_bytes(_line(0) + _line(1) + b"garbage")
+    manifest = {"pipelines": {"s": {bd.KEY: {"log": ID1, "previous": None, "digests": []}}}}
+    found, why = replay._recorded(tmp_path, "project/ckpt", manifest, {})
+    assert found == {"s": _EDGE_DIGESTS[:2]}
+    assert why == f"project/.ckpt.dvc-dali-batches/{FILE} {bd.CUT_SHORT}", why
