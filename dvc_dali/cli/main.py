@@ -17,13 +17,14 @@ from typing import Callable
 
 from .._version import __version__
 from ..core.context import SIGNAL_NAME
-from ..core.errors import DvcDaliError
+from ..core.errors import ConfigError, DvcDaliError
 from ..core.log import logger
 from ..reading.exp_refs import Row
 from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
     parse_batch,
 )
 from ..reading.row_queries import best_row, newest_row, rows as recorded_rows
+from . import inputs
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
 DEFAULT_METRICS = "dvclive/metrics.json"
@@ -346,6 +347,31 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
+def _run_options(args: argparse.Namespace, program: str) -> tuple[int | None, str | None]:
+    """--keep-last, --keep-best, --checkpoint and the command's program,
+    refused alike in and out of `dvc exp run`, before the command starts
+    (outside, they passed silently, and a missing program was Python's
+    errno text: found by a bad-input sweep)."""
+    from ..core.context import repo_root
+
+    found = repo_root()
+    kept = inputs.run_options(args.keep_last, args.keep_best, args.checkpoint,
+                              None if found is None else str(found))
+    problem = inputs.command_problem(program, os.environ.get("PATH", os.defpath))
+    if problem:
+        raise ConfigError(problem)
+    return kept
+
+
+def _start(command: list[str], env: dict | None = None) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, env=env)
+    except OSError as exc:  # what _run_options cannot see: a script without #!
+        raise ConfigError(f"{command[0]!r} ({inputs.COMMAND}) cannot be started: "
+                          f"{exc.strerror}; a script needs a #! line, or name its "
+                          "interpreter first (`dvc-dali run -- bash train.sh`)") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ..core.context import RECORDS_ITSELF, RunContext
     from ..core.record_request import RecordRequest
@@ -357,12 +383,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("dvc-dali run: give the training command after --, e.g. "
               "`dvc-dali run -- ./train --steps 100`", file=sys.stderr)
         return 2
+    keep_last, keep_best = _run_options(args, command[0])
     ctx = RunContext.from_environ()
     if ctx.mode != "record":
         print("dvc-dali run: not under DVC 3's `dvc exp run` (or DVC 2 records itself); "
               "running the command without recording", file=sys.stderr)
-        return subprocess.call(command)
-    keep = ctx.retention(args.keep_last, args.keep_best)  # refused before the child starts
+        return _start(command).wait()  # (the group's Ctrl-C reaches the command too)
+    keep = ctx.retention(keep_last, keep_best)
     checkpoint = Path(args.checkpoint)
     # before the child reads its checkpoint: carried into a --temp/queued run,
     # an unchanged rerun of an applied row refused
@@ -375,7 +402,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = {**os.environ, SIGNAL_NAME: "1", "DVC_ROOT": str(root),
            "DVC_DALI_SIGNAL_FILE": str(sig)}
     env.pop(RECORDS_ITSELF, None)  # this process records, not the child
-    child = subprocess.Popen(command, env=env)
+    child = _start(command, env)
     # Not passed on: they reach the command through the process group, as
     # under DVC 2 (twice when passed on too: found by a sweep); outlived, so
     # that the last checkpoint it signals is recorded, then said

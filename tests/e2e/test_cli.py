@@ -778,3 +778,81 @@ def test_a_checkpoint_path_differing_only_in_unicode_normalization_is_named_so(t
     assert out.returncode != 0, out.stderr
     assert ("it differs from the declared 'ck\\xfc' only in Unicode normalization: "
             "'cku\\u0308'") in out.stderr, out.stderr
+
+
+# --------------------------------------------------------------------------
+# bad input, as a new user or an attacker gives it: one line naming the
+# input, what is wrong and what to do, exit 1 (found by a bad-input sweep)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def odd_files(tmp_path_factory) -> Path:
+    """Rows a-step1, a-step2 that hold, besides their DVCLive metrics, files
+    that are no metrics file; a bare git repository as origin, a local
+    directory as the default DVC remote."""
+    top = tmp_path_factory.mktemp("odd")
+    project = make_project(top / "p", files={
+        "notes.yaml": "stages: {}\n", "blob.bin": b"\x00\xff\xfe\x89PNG",
+        "list.json": "[1, 2]\n", "steps.json": '{"step": 3}\n', "sub/keep.txt": "x\n",
+        "not-exec.sh": "#!/bin/sh\ntouch ran\n"})
+    add_rows(project, "a", [1, 2])
+    run(["git", "init", "-q", "--bare", str(top / "origin.git")], top)
+    run(["git", "remote", "add", "origin", str(top / "origin.git")], project)
+    run(["dvc", "remote", "add", "-d", "store", str(top / "store")], project)
+    (top / "not-git").mkdir()
+    return project
+
+
+def _refused(project: Path, *args: str) -> str:
+    out = run([*DVC_DALI, *args], project, check=False)
+    assert out.returncode == 1 and out.stdout == "", (args, out.stdout, out.stderr)
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    return out.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--keep-last", "-3"], "--keep-last=-3: must be a positive integer"),
+    (["--keep-last", "0"], "--keep-last=0: must be a positive integer"),
+    (["--keep-best", "garbage"], "--keep-best='garbage': must be '<metric>:max' or"),
+    (["--keep-best", "acc:maxx"], "--keep-best='acc:maxx': must be '<metric>:max' or"),
+    (["--checkpoint", "/"], "--checkpoint / is outside the DVC project"),
+    (["--checkpoint", "."], "--checkpoint . is the DVC project itself"),
+])
+def test_run_outside_dvc_exp_run_refuses_what_dvc_exp_run_refuses(odd_files, args, says):
+    """Outside `dvc exp run`, `dvc-dali run` runs the command without
+    recording: its options passed unchecked, to be refused only later in
+    the stage. Refused before the command starts, in both places."""
+    said = _refused(odd_files, "run", *args, "--", "touch", "ran")
+    assert said.startswith(f"dvc-dali run: {says}"), said
+    assert not (odd_files / "ran").exists()
+
+
+@pytest.mark.parametrize("program, says", [
+    ("./nope", "'./nope' (the training command after --): no such file in "),
+    ("nope-no-such-command", "'nope-no-such-command' (the training command after --): no such "
+                             "command on PATH"),
+    ("./sub", "'./sub' (the training command after --): a directory, not a program"),
+    ("./not-exec.sh", "'./not-exec.sh' (the training command after --): not executable; "
+                      "`chmod +x ./not-exec.sh`"),
+])
+def test_run_names_a_program_it_cannot_start(odd_files, program, says):
+    """It was Python's `[Errno 2] No such file or directory: './nope'`."""
+    said = _refused(odd_files, "run", "--", program)
+    assert said.startswith(f"dvc-dali run: {says}") and "Nothing was run" in said, said
+    assert "Errno" not in said and not (odd_files / "ran").exists()
+
+
+def test_run_under_dvc_exp_run_refuses_a_program_it_cannot_start(tmp_path):
+    """Under `dvc exp run` too: before the run starts, in one line."""
+    project = shell_project(tmp_path)
+    dvc_yaml = (project / "dvc.yaml").read_text().replace("-- ./train.sh", "-- ./trian.sh")
+    (project / "dvc.yaml").write_text(dvc_yaml)
+    commit_all(project)
+    out = run(["dvc", "exp", "run", "-n", "sh"], project, check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert "dvc-dali run: './trian.sh' (the training command after --): no such file in " \
+        f"{project}; give the training program's path. Nothing was run" in out.stderr, out.stderr
+    assert "Errno" not in out.stderr and "sh-step" not in out.stderr, out.stderr
+
+

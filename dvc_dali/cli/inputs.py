@@ -1,0 +1,69 @@
+"""What the `dvc-dali` command refuses in its arguments, as decisions of
+their own: each answers "" (fine) or the one line to say, naming the input
+and what to give instead. Found by a bad-input sweep of the command: these
+passed silently, or ended in the raw text of Python, git or DVC."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+
+from ..core.context import parse_keep_best, parse_keep_last
+
+COMMAND = "the training command after --"
+
+
+def run_options(keep_last: object, keep_best: object, checkpoint: str,
+                root: str | None) -> tuple[int | None, str | None]:
+    """`dvc-dali run`'s --keep-last and --keep-best, checked as under `dvc exp
+    run` (ConfigError naming the option), and --checkpoint, which must lie in
+    the DVC project ``root`` (None: outside one, nothing to compare with)."""
+    from ..core.errors import ConfigError
+
+    last = parse_keep_last(keep_last, "--keep-last")
+    best = parse_keep_best(keep_best, "--keep-best")
+    problem = checkpoint_problem(checkpoint, root)
+    if problem:
+        raise ConfigError(problem)
+    return last, best
+
+
+def checkpoint_problem(checkpoint: str, root: str | None) -> str:
+    """--checkpoint: a directory a stage of the project declares as an
+    output, so a non-empty path inside the project."""
+    if root is None:
+        return ""
+    top = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(os.getcwd(), checkpoint))
+    if full == top or os.path.commonpath([top, full]) != top:
+        where = "is the DVC project itself" if full == top else f"is outside the DVC project {root}"
+        return (f"--checkpoint {shlex.quote(checkpoint)} {where}: give the checkpoint output "
+                "directory the stage declares in dvc.yaml (default: checkpoint)")
+    return ""
+
+
+def command_problem(program: str, path_env: str | None = None, cwd: str | None = None) -> str:
+    """Why ``program`` (the command's first word) cannot be started: a path
+    that is missing, a directory or not executable, or a name not on PATH
+    (``path_env``: the PATH the command gets); "" when it can."""
+    if os.sep not in program:
+        if shutil.which(program, path=path_env) is not None:
+            return ""
+        return (f"{program!r} ({COMMAND}): no such command on PATH; give the program's path "
+                f"(./{program}) or install it. Nothing was run")
+    full = os.path.join(cwd or os.getcwd(), program)
+    if not os.path.lexists(full) or not os.path.exists(full):
+        why = "no such file" + (f" in {cwd or os.getcwd()}" if not os.path.isabs(program) else "")
+        return (f"{program!r} ({COMMAND}): {why}; give the training program's path. "
+                "Nothing was run")
+    if os.path.isdir(full):
+        return (f"{program!r} ({COMMAND}): a directory, not a program; give the training "
+                "program's path. Nothing was run")
+    if not os.access(full, os.X_OK):
+        return (f"{program!r} ({COMMAND}): not executable; `chmod +x {shlex.quote(program)}` "
+                "(and commit the mode), or name its interpreter first "
+                f"(`dvc-dali run -- bash {shlex.quote(program)}`). Nothing was run")
+    return ""
+
+

@@ -1,0 +1,69 @@
+"""What the `dvc-dali` command refuses in its arguments (dvc_dali/cli/inputs.py),
+and git's reason as it is said: tables."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dvc_dali.cli import inputs
+from dvc_dali.core.errors import ConfigError
+
+
+@pytest.mark.parametrize("checkpoint, says", [
+    ("checkpoint", ""),
+    ("sub/ck", ""),
+    ("/", "--checkpoint / is outside the DVC project"),
+    ("../elsewhere", "--checkpoint ../elsewhere is outside the DVC project"),
+    (".", "--checkpoint . is the DVC project itself"),
+])
+def test_checkpoint_must_lie_in_the_project(tmp_path, monkeypatch, checkpoint, says):
+    monkeypatch.chdir(tmp_path)
+    got = inputs.checkpoint_problem(checkpoint, str(tmp_path))
+    assert got.startswith(says) and bool(got) == bool(says), got
+    assert inputs.checkpoint_problem(checkpoint, None) == ""  # outside a project: nothing to say
+
+
+@pytest.mark.parametrize("keep_last, keep_best, says", [
+    (None, None, None),
+    (3, "train/acc:max", None),
+    (-3, None, "--keep-last=-3"),
+    (0, None, "--keep-last=0"),
+    (None, "garbage", "--keep-best='garbage'"),
+    (None, "acc:maxx", "--keep-best='acc:maxx'"),
+    (None, ":min", "--keep-best=':min'"),
+])
+def test_run_options_are_named_as_given(tmp_path, keep_last, keep_best, says):
+    if says is None:
+        assert inputs.run_options(keep_last, keep_best, "checkpoint", None) == (
+            keep_last, keep_best)
+    else:
+        with pytest.raises(ConfigError, match="^" + says.replace("[", r"\[")):
+            inputs.run_options(keep_last, keep_best, "checkpoint", str(tmp_path))
+
+
+def test_a_program_that_cannot_start_is_named(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "plain.sh").write_text("echo\n")
+    (tmp_path / "ok.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "ok.sh").chmod(0o755)
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    table = {
+        "./ok.sh": "",
+        "ok.sh": "no such command on PATH",  # a bare name is looked up on PATH only
+        "sh": "",
+        "./nope": "no such file in ",
+        "./dangling": "no such file in ",
+        str(tmp_path / "nope"): "no such file;",
+        "./dir": "a directory, not a program",
+        "./plain.sh": "not executable; `chmod +x ./plain.sh`",
+    }
+    for program, says in table.items():
+        got = inputs.command_problem(program, os.defpath, str(tmp_path))
+        assert (says in got) if says else got == "", (program, got)
+        if says:
+            assert got.startswith(f"{program!r} (the training command after --): "), got
+    assert inputs.command_problem("ok.sh", str(tmp_path), str(tmp_path)) == ""
+
+
