@@ -5,12 +5,15 @@ passed silently, or ended in the raw text of Python, git or DVC."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
+from typing import Sequence
 
 from ..core.context import parse_keep_best, parse_keep_last
 
+DEFAULT_METRICS = "dvclive/metrics.json"
 COMMAND = "the training command after --"
 
 
@@ -65,5 +68,43 @@ def command_problem(program: str, path_env: str | None = None, cwd: str | None =
                 "(and commit the mode), or name its interpreter first "
                 f"(`dvc-dali run -- bash {shlex.quote(program)}`). Nothing was run")
     return ""
+
+
+def metrics_problem(path: str, blobs: Sequence[bytes | None], is_dir: bool = False
+                    ) -> tuple[str, bool]:
+    """Why no row shows a metric from --metrics-file ``path``, given each
+    row's copy of it (None: the row holds no such file, or a directory
+    there), and whether that refuses the listing: ("", False) when one holds
+    a DVCLive metric. A metrics file of the step alone (a trainer that logs
+    no metric yet) is said, and the rows listed. ``is_dir``: ``path`` is a
+    directory in the workspace."""
+    fix = (f"(--metrics-file: a DVCLive metrics file, relative to the DVC project; default "
+           f"{DEFAULT_METRICS})")
+    found = [blob for blob in blobs if blob is not None]
+    if not found:
+        return f"no row holds {path}{', a directory here' if is_dir else ''} {fix}", True
+    kinds = {_metrics_kind(blob) for blob in found}
+    if "metrics" in kinds:
+        return "", False
+    if "no numbers" in kinds:
+        return (f"no row's {path} holds a metric: it holds no number (the step aside); the "
+                f"rows are listed without metrics {fix}", False)
+    why = ("it is not JSON (not a metrics file, or not text)" if kinds == {"unreadable"} else
+           "it is JSON, but not an object of metrics")
+    return f"no row's {path} holds metrics: {why} {fix}", True
+
+
+def _metrics_kind(blob: bytes) -> str:
+    """"metrics" (a JSON object with a number that is not the step),
+    "no numbers", "not an object" (other JSON) or "unreadable"."""
+    from ..reading.row_queries import flatten_metrics
+
+    try:
+        data = json.loads(blob)
+    except ValueError:  # UnicodeDecodeError too
+        return "unreadable"
+    if not isinstance(data, dict):
+        return "not an object"
+    return "metrics" if flatten_metrics(data) else "no numbers"
 
 

@@ -265,17 +265,20 @@ def render(groups: list[list[Row]], names: dict[str, str]) -> list[str]:
     return lines
 
 
-def _any_row_holds(root: str, rows: list[Row], path: str) -> bool:
-    """Whether a row has metrics, or its commit holds ``path`` (read only
-    when none has metrics: one git process)."""
+def _metrics_problem(root: str, rows: list[Row], path: str) -> tuple[str, bool]:
+    """Why no row shows a metric from --metrics-file ``path``, and whether
+    that refuses the listing (inputs.metrics_problem): the rows' copies are
+    read (one git process) only when none has metrics. A file they hold
+    that is no metrics file (dvc.yaml, a binary file) listed the rows
+    without metrics and said nothing (found by a bad-input sweep)."""
     from ..reading.exp_refs import tree_path
     from ..reading.gitcmd import read_blobs
 
     if any(r.get("metrics") for r in rows):
-        return True
+        return "", False
     rel = tree_path(root, path)
-    return any(blob is not None for blob in read_blobs(root, [f"{r['sha']}:{rel}"
-                                                              for r in rows]))
+    return inputs.metrics_problem(path, read_blobs(root, [f"{r['sha']}:{rel}" for r in rows]),
+                                  Path(root, path).is_dir())
 
 
 def _row_named(root: str, name: str) -> str:
@@ -294,11 +297,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
     metrics_file = args.metrics_file or DEFAULT_METRICS
     rows = recorded_rows(args.exp, root, metrics_file, params=args.json)
-    if args.metrics_file and rows and not _any_row_holds(root, rows, metrics_file):
-        print(f"dvc-dali show: no row holds {metrics_file} (--metrics-file: a DVCLive "
-              "metrics file, relative to the DVC project; default "
-              f"{DEFAULT_METRICS})", file=sys.stderr)
-        return 1
+    problem, refused = (_metrics_problem(root, rows, metrics_file) if args.metrics_file and rows
+                        else ("", False))
+    if problem:
+        print(f"dvc-dali show: {problem}", file=sys.stderr)
+        if refused:
+            return 1
     best = best_row(rows, args.best) if args.best else None
     if best is not None:
         best["best"] = True

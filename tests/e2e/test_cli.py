@@ -811,6 +811,32 @@ def _refused(project: Path, *args: str) -> str:
     return out.stderr
 
 
+@pytest.mark.parametrize("name, says", [
+    ("notes.yaml", "no row's notes.yaml holds metrics: it is not JSON"),
+    ("blob.bin", "no row's blob.bin holds metrics: it is not JSON"),
+    ("list.json", "no row's list.json holds metrics: it is JSON, but not an object of metrics"),
+    ("sub", "no row holds sub, a directory here"),
+])
+def test_show_metrics_file_that_holds_no_metrics_is_refused(odd_files, name, says):
+    """A file the rows hold that is no metrics file (dvc.yaml, a binary
+    file) listed the rows without metrics and exited 0; refused now, as a
+    file no row holds was, with the default to give instead."""
+    said = _refused(odd_files, "show", "--metrics-file", name)
+    assert said.startswith(f"dvc-dali show: {says}"), said
+    assert said.endswith("(--metrics-file: a DVCLive metrics file, relative to the DVC "
+                         "project; default dvclive/metrics.json)\n"), said
+
+
+def test_show_metrics_file_of_the_step_alone_lists_the_rows_and_says_so(odd_files):
+    """A DVCLive file before its first metric: the rows, and why they show
+    none (nothing was said)."""
+    out = run([*DVC_DALI, "show", "--metrics-file", "steps.json"], odd_files)
+    assert "a-step2" in out.stdout and "=" not in out.stdout, out.stdout
+    assert out.stderr.startswith("dvc-dali show: no row's steps.json holds a metric: it holds "
+                                 "no number (the step aside); the rows are listed without "
+                                 "metrics (--metrics-file: "), out.stderr
+
+
 @pytest.mark.parametrize("args, says", [
     (["--keep-last", "-3"], "--keep-last=-3: must be a positive integer"),
     (["--keep-last", "0"], "--keep-last=0: must be a positive integer"),

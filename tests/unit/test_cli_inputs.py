@@ -67,3 +67,26 @@ def test_a_program_that_cannot_start_is_named(tmp_path):
     assert inputs.command_problem("ok.sh", str(tmp_path), str(tmp_path)) == ""
 
 
+J = b'{"step": 2, "train": {"acc": 0.5}}'
+
+
+@pytest.mark.parametrize("blobs, is_dir, says, refused", [
+    ([J, None], False, "", False),
+    ([b'{"loss": 1}'], False, "", False),
+    ([None, None], False, "no row holds m.json (", True),
+    ([None], True, "no row holds m.json, a directory here (", True),
+    ([b"stages: {}\n"], False, "no row's m.json holds metrics: it is not JSON", True),
+    ([b"\xff\x00"], False, "no row's m.json holds metrics: it is not JSON", True),
+    ([b"[1]", None], False, "no row's m.json holds metrics: it is JSON, but not an object", True),
+    ([b"[1]", b"{"], False, "no row's m.json holds metrics: it is JSON, but not an object", True),
+    # a DVCLive file of the step alone: a metrics file, without a metric yet
+    ([b'{"step": 3}'], False, "no row's m.json holds a metric: it holds no number", False),
+    ([b'{"a": "x"}', b"{"], False, "no row's m.json holds a metric: it holds no number", False),
+])
+def test_metrics_file_verdict(blobs, is_dir, says, refused):
+    got, refuses = inputs.metrics_problem("m.json", blobs, is_dir)
+    assert got.startswith(says) and bool(got) == bool(says) and refuses == refused, got
+    if says:
+        assert got.endswith("default dvclive/metrics.json)"), got
+
+
