@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 from typing import Sequence
@@ -108,3 +109,19 @@ def _metrics_kind(blob: bytes) -> str:
     return "metrics" if flatten_metrics(data) else "no numbers"
 
 
+def git_remote_problem(given: str, configured: Sequence[str], cwd: str) -> str:
+    """A git remote that is neither a configured name, a URL (``scheme://``,
+    ``host:path``) nor an existing path: git would fail on it after the data
+    moved. "" when git may try it."""
+    if given in configured or "://" in given or os.path.exists(os.path.join(cwd, given)):
+        return ""
+    if re.match(r"^[^/]+:", given) and not given.startswith("-"):  # scp-like host:path
+        return ""
+    names = ", ".join(configured) or "none"
+    if "/" in given or given.startswith("."):
+        return (f"git remote {given!r}: no such path (nor a remote of that name; configured: "
+                f"{names}); give the path of a git repository, or a remote `git remote -v` "
+                "lists")
+    return (f"git remote {given!r}: no remote of that name here (configured: {names}), nor a "
+            "URL or a path; give one `git remote -v` lists, or add it with `git remote add "
+            f"{shlex.quote(given)} <url>`")

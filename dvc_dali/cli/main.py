@@ -468,10 +468,25 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _git_remote(root: Path, args: argparse.Namespace, verb: str) -> str:
+    """The project's root, once the git remote is one git can try: a name no
+    remote has (a typo) failed only after the data moved, in git's words
+    (found by a bad-input sweep)."""
+    from ..reading import gitcmd
+
+    configured = gitcmd.run(["remote"], str(root), check=False, unrunnable=DvcDaliError)
+    problem = inputs.git_remote_problem(args.git_remote, configured.stdout.split(), os.getcwd())
+    if problem:
+        runs = ", ".join(map(shlex.quote, dict.fromkeys(args.exp)))
+        raise ConfigError(f"{problem}; nothing {verb} of {runs}")
+    return str(root)
+
+
 def cmd_push(args: argparse.Namespace) -> int:
     from ..recording.share import push_runs
 
-    for moved in push_runs(str(_project_root("push")), args.git_remote, args.exp, args.remote):
+    root = _git_remote(_project_root("push"), args, "pushed")
+    for moved in push_runs(root, args.git_remote, args.exp, args.remote):
         print(f"pushed {_plural(moved.rows, 'row')} of {moved.exp} to {args.git_remote}, "
               "with their data")
     return 0
@@ -480,7 +495,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from ..recording.share import pull_runs
 
-    for moved in pull_runs(str(_project_root("pull")), args.git_remote, args.exp, args.remote):
+    root = _git_remote(_project_root("pull"), args, "pulled")
+    for moved in pull_runs(root, args.git_remote, args.exp, args.remote):
         print(f"pulled {_plural(moved.rows, 'row')} of {moved.exp} from {args.git_remote}, "
               f"with their data; `dvc exp apply <row>` then `dvc exp run` resumes one")
     return 0

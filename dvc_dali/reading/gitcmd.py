@@ -40,6 +40,22 @@ def run(args: list[str], cwd: str, env: Optional[dict[str, str]] = None, check: 
     return proc
 
 
+def reason(stderr: str, most: int = 160) -> str:
+    """git's own reason, short and on one line: its first line that is no
+    hint or warning (the first says why: ssh's, or git's "'x' does not appear
+    to be a git repository"; "Could not read from remote repository" and
+    "Please make sure..." follow), without git's "fatal: "/"error: ", cut at
+    ``most`` characters. git's whole stderr was printed (found by a
+    bad-input sweep)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if not line.startswith(("hint:", "warning:"))),
+                "no reason given")
+    for prefix in ("fatal: ", "error: "):
+        said = said.removeprefix(prefix)
+    said = said.rstrip(".")
+    return said if len(said) <= most else said[:most - 3] + "..."
+
+
 def run_counting_cpu(args: list[str], cwd: str, env: Optional[dict[str, str]] = None
                      ) -> tuple[int, str, float]:
     """`git ARGS` with nothing on stdin or stdout: (exit status, stderr, CPU

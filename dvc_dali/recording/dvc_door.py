@@ -427,7 +427,8 @@ def check_remote(repo: Any, name: str | None, command: str) -> None:
     try:
         repo.cloud.get_remote_odb(name=name, command=command)
     except Exception as exc:
-        raise DvcDaliError(f"DVC remote {name or '(the default)'}: {exc}. `dvc remote list` "
+        said = " ".join(str(exc).split())  # DVC's text breaks lines
+        raise DvcDaliError(f"DVC remote {name or '(the default)'}: {said}. `dvc remote list` "
                            "names this project's DVC remotes; give one with -r, or set the "
                            "default with `dvc remote default <name>`. Nothing was changed."
                            ) from None

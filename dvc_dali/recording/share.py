@@ -135,7 +135,7 @@ def rejected_rows(porcelain: str) -> list[str]:
             and "atomic push failed" not in line]
 
 
-def _push_refs(root: str, git_remote: str, refspecs: list[str]) -> None:
+def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> None:
     """The rows' refs, all or none (``--atomic``, where the remote can): a
     push half done said it failed, named none of what went, and its remote
     then held a run mixed from two recordings (found by a sweep)."""
@@ -156,9 +156,10 @@ def _push_refs(root: str, git_remote: str, refspecs: list[str]) -> None:
             f"`dvc-dali pull {git_remote} <run>` fetches them to compare; to push these, "
             f"delete those refs there first (`git push {git_remote} --delete <ref>`). The data "
             "is on the DVC remote.")
-    said = (proc.stderr.strip() or proc.stdout.strip()).rstrip(".")
-    raise DvcDaliError(f"git push to {git_remote} failed: {said}. The data is on the DVC "
-                       "remote; run the command again once git can push.")
+    said = gitcmd.reason(proc.stderr or proc.stdout)
+    raise DvcDaliError(f"git push of {runs} to {git_remote} failed: {said}. The data is on "
+                       f"the DVC remote; check the git remote (`git ls-remote {git_remote}`), "
+                       "then run the command again.")
 
 
 def push_runs(root: str, git_remote: str, names: Sequence[str],
@@ -173,7 +174,8 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
-        _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in complete])
+        _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in complete],
+                   ", ".join(map(shlex.quote, dict.fromkeys(names))))
     if missing:
         pushed = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                   if m.refs] or ["nothing"]
@@ -220,7 +222,11 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
                       root, check=False, unrunnable=DvcDaliError)
     try:
         if proc.returncode != 0:
-            raise DvcDaliError(f"git fetch from {git_remote} failed: {proc.stderr.strip()}")
+            runs = ", ".join(map(shlex.quote, dict.fromkeys(names)))
+            raise DvcDaliError(f"cannot fetch {runs} from git remote {git_remote}: "
+                               f"{gitcmd.reason(proc.stderr)}; nothing pulled. Check the "
+                               f"remote (`git ls-remote {git_remote}`, `git remote -v`), then "
+                               "run the command again")
         fetched = list_rows(root, namespace=_PULLED)
         pulled = [(ref, sha) for ref, sha in _refs_under(root, _PULLED)]
         targets = select_refs(fetched, names, pulled)

@@ -882,3 +882,31 @@ def test_run_under_dvc_exp_run_refuses_a_program_it_cannot_start(tmp_path):
     assert "Errno" not in out.stderr and "sh-step" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("command", ["pull", "push"])
+def test_push_and_pull_say_what_git_could_not_do_in_one_line(odd_files, command):
+    """A git remote that does not exist, or is no git repository: git's
+    whole stderr was printed ("Please make sure you have the correct access
+    rights..."); one line now, naming the remote, the run and the fix."""
+    verb = "pulled" if command == "pull" else "pushed"
+    said = _refused(odd_files, command, "orign", "a")
+    assert said == (f"dvc-dali {command}: git remote 'orign': no remote of that name here "
+                    "(configured: origin), nor a URL or a path; give one `git remote -v` lists, "
+                    f"or add it with `git remote add orign <url>`; nothing {verb} of a\n"), said
+    not_git = str(odd_files.parent / "not-git")
+    said = _refused(odd_files, command, not_git, "a")
+    reason = f"'{not_git}' does not appear to be a git repository"
+    if command == "pull":
+        assert said == (f"dvc-dali pull: cannot fetch a from git remote {not_git}: {reason}; "
+                        f"nothing pulled. Check the remote (`git ls-remote {not_git}`, `git "
+                        "remote -v`), then run the command again\n"), said
+    else:
+        assert said == (f"dvc-dali push: git push of a to {not_git} failed: {reason}. The data "
+                        f"is on the DVC remote; check the git remote (`git ls-remote "
+                        f"{not_git}`), then run the command again.\n"), said
+
+
+def test_push_without_a_dvc_remote_says_so_in_one_line(bare_project):
+    add_rows(bare_project, "a", [1])
+    said = _refused(bare_project, "push", str(bare_project), "a")
+    assert said.startswith("dvc-dali push: DVC remote (the default): config file error: no "
+                           "remote specified in "), said

@@ -9,6 +9,7 @@ import pytest
 
 from dvc_dali.cli import inputs
 from dvc_dali.core.errors import ConfigError
+from dvc_dali.reading.gitcmd import reason
 
 
 @pytest.mark.parametrize("checkpoint, says", [
@@ -90,3 +91,32 @@ def test_metrics_file_verdict(blobs, is_dir, says, refused):
         assert got.endswith("default dvclive/metrics.json)"), got
 
 
+@pytest.mark.parametrize("given, says", [
+    ("origin", ""),
+    ("https://example.invalid/r.git", ""),
+    ("git@example.invalid:r.git", ""),
+    ("here", ""),  # an existing path
+    ("orign", "git remote 'orign': no remote of that name here (configured: origin, up)"),
+    ("./gone", "git remote './gone': no such path"),
+    ("/no/such/repo", "git remote '/no/such/repo': no such path"),
+    ("-x", "git remote '-x': no remote of that name"),
+])
+def test_git_remote_verdict(tmp_path, given, says):
+    (tmp_path / "here").mkdir()
+    got = inputs.git_remote_problem(given, ["origin", "up"], str(tmp_path))
+    assert got.startswith(says) and bool(got) == bool(says), got
+
+
+@pytest.mark.parametrize("stderr, said", [
+    ("fatal: 'x' does not appear to be a git repository\nfatal: Could not read from remote "
+     "repository.\n\nPlease make sure you have the correct access rights\nand the repository "
+     "exists.\n", "'x' does not appear to be a git repository"),
+    ("ssh: Could not resolve hostname h: Name or service not known\nfatal: Could not read "
+     "from remote repository.\n", "ssh: Could not resolve hostname h: Name or service not known"),
+    ("hint: see git help\nerror: failed to push some refs to 'x'\n",
+     "failed to push some refs to 'x'"),
+    ("", "no reason given"),
+    ("fatal: " + "y" * 300, "y" * 157 + "..."),
+])
+def test_git_reason_is_one_short_line(stderr, said):
+    assert reason(stderr) == said
