@@ -18,6 +18,31 @@ DEFAULT_METRICS = "dvclive/metrics.json"
 COMMAND = "the training command after --"
 
 
+# what each argument is and what to give, for a blank one: an empty name
+# was taken as none (`show ''` said no rows were recorded, `--metrics-file ''`
+# read the default, `init ''` wrote into .) or as a name nothing has
+BLANK = {
+    "exp": ("experiment name", "a run's name, as `dvc-dali show` lists them"),
+    "metrics_file": ("--metrics-file", f"a DVCLive metrics file (default {DEFAULT_METRICS})"),
+    "git_remote": ("git remote", "a remote `git remote -v` lists, or its URL"),
+    "stage": ("--stage", "a stage `dvc stage list` names, or leave it out for every stage"),
+    "dir": ("directory", "the project's directory (default: .)"),
+    "checkpoint": ("--checkpoint", "the checkpoint output directory the stage declares "
+                   "(default: checkpoint)"),
+}
+
+
+def blank_problem(given: dict[str, object]) -> str:
+    """The first argument in ``given`` (a parsed command line's values by
+    name) that is empty or only spaces, as a line; "" when none is."""
+    for name, (label, what) in BLANK.items():
+        value = given.get(name)
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            return f"{label} {next(v for v in values if not v.strip())!r} is empty: give {what}"
+    return ""
+
+
 def run_options(keep_last: object, keep_best: object, checkpoint: str,
                 root: str | None) -> tuple[int | None, str | None]:
     """`dvc-dali run`'s --keep-last and --keep-best, checked as under `dvc exp

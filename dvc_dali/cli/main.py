@@ -23,6 +23,7 @@ from ..reading.exp_refs import Row
 from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
     parse_batch,
 )
+from ..reading.best import parse_spec
 from ..reading.row_queries import best_row, newest_row, rows as recorded_rows
 from . import inputs
 
@@ -71,7 +72,12 @@ def cmd_init(args: argparse.Namespace) -> int:
               f"exist{'s' if len(existing) == 1 else ''}; nothing written. Use --force to "
               "overwrite them.", file=sys.stderr)
         return 1
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"dvc-dali init: cannot make the directory {dest}: {exc.strerror}; give one you "
+              "can write; nothing written.", file=sys.stderr)
+        return 1
     for name in TEMPLATES:
         shutil.copyfile(source / name, dest / name)
         print(f"wrote {dest / name}")
@@ -295,6 +301,8 @@ def _row_named(root: str, name: str) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
+    if args.best is not None:  # named as given (it was best='acc:maxx'), before any git
+        parse_spec(args.best, "--best")
     metrics_file = args.metrics_file or DEFAULT_METRICS
     rows = recorded_rows(args.exp, root, metrics_file, params=args.json)
     problem, refused = (_metrics_problem(root, rows, metrics_file) if args.metrics_file and rows
@@ -874,6 +882,10 @@ def main(argv: list[str] | None = None) -> int:
     first = (sys.argv[1:] if argv is None else argv)[:1]
     args = build_parser(first[0] if first else None).parse_args(argv)
     _fit_output()
+    blank = inputs.blank_problem(vars(args))
+    if blank:
+        print(f"dvc-dali {args.cmd}: {blank}", file=sys.stderr)
+        return 1
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here when the output was buffered

@@ -882,6 +882,32 @@ def test_run_under_dvc_exp_run_refuses_a_program_it_cannot_start(tmp_path):
     assert "Errno" not in out.stderr and "sh-step" not in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["show", ""], "experiment name '' is empty: give a run's name"),
+    (["show", "--metrics-file", ""], "--metrics-file '' is empty: give a DVCLive metrics file"),
+    (["show", "--best", "acc:maxx"], "--best='acc:maxx': must be '<metric>:max' or"),
+    (["remove", "a", " "], "experiment name ' ' is empty"),
+    (["push", "", "a"], "git remote '' is empty: give a remote `git remote -v` lists"),
+    (["init", ""], "directory '' is empty: give the project's directory"),
+])
+def test_blank_arguments_are_refused_not_taken_for_none(odd_files, args, says):
+    """`show ''` said no checkpoints were recorded (exit 0), `--metrics-file
+    ''` read the default, `init ''` wrote into ., `--best acc:maxx` named
+    `best=`."""
+    said = _refused(odd_files, *args)
+    assert said.startswith(f"dvc-dali {args[0]}: {says}"), said
+    assert exp_refnames(odd_files) == {"a-step1", "a-step2"}
+    assert not (odd_files / "dvc.yaml").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_init_into_a_directory_it_cannot_make_says_so(tmp_path):
+    """It was Python's "[Errno 2] No such file or directory: '/proc/x/p'"."""
+    said = _refused(tmp_path, "init", "/proc/nosuch/p")
+    assert said == ("dvc-dali init: cannot make the directory /proc/nosuch/p: No such file or "
+                    "directory; give one you can write; nothing written.\n"), said
+
+
 @pytest.mark.parametrize("command", ["pull", "push"])
 def test_push_and_pull_say_what_git_could_not_do_in_one_line(odd_files, command):
     """A git remote that does not exist, or is no git repository: git's

@@ -107,6 +107,23 @@ def test_git_remote_verdict(tmp_path, given, says):
     assert got.startswith(says) and bool(got) == bool(says), got
 
 
+@pytest.mark.parametrize("given, says", [
+    ({"exp": None, "metrics_file": None}, ""),
+    ({"exp": ["a", "b"], "git_remote": "origin"}, ""),
+    ({"exp": ""}, "experiment name '' is empty"),
+    ({"exp": ["a", "  "]}, "experiment name '  ' is empty"),
+    ({"metrics_file": ""}, "--metrics-file '' is empty"),
+    ({"git_remote": ""}, "git remote '' is empty"),
+    ({"stage": " "}, "--stage ' ' is empty"),
+    ({"dir": ""}, "directory '' is empty"),
+    ({"checkpoint": ""}, "--checkpoint '' is empty"),
+    ({"verify": "", "command": []}, ""),  # --verify '': the workspace's checkpoint
+])
+def test_blank_arguments(given, says):
+    got = inputs.blank_problem(given)
+    assert got.startswith(says) and bool(got) == bool(says), got
+
+
 @pytest.mark.parametrize("stderr, said", [
     ("fatal: 'x' does not appear to be a git repository\nfatal: Could not read from remote "
      "repository.\n\nPlease make sure you have the correct access rights\nand the repository "
