@@ -33,15 +33,15 @@ import numpy as np
 from ..format import arrays as arrays_mod
 from ..proof import batch_digests, data_contents
 from ..dali import dali_dynamic, dali_iterators, dali_state, dali_tf
-from . import (async_ranks, distributed, preemption, rank_commit, rank_setup, restorable,
-               rng_state, signal_file)
+from . import (async_ranks, distributed, preemption, rank_commit, rank_restore, rank_setup,
+               restorable, rng_state, signal_file)
 from ..format import dirlock, store
 from ..core import exit_hooks, row_files
 from ..core import run as runs
 from .._version import __version__
 from ..core.context import RunContext
 from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointLockedError,
-                           CheckpointWriteError, ConfigError, RecordError,
+                           CheckpointWriteError, ConfigError, DvcDaliError, RecordError,
                            UnchangedCheckpointError)
 from ..core.arguments import kind_of
 from ..core.log import logger
@@ -153,6 +153,12 @@ class Checkpointer:
         RecordError: under `dvc exp run`, a misconfigured auto-push remote,
             or a checkpoint `dvc.lock` names whose data is neither in the
             workspace nor the cache.
+
+    Under torch.distributed, a refusal of the checkpoint read is raised at
+    the resume point (the first read of `step`, `arrays` or `metadata`, a
+    pipeline's, `should_save` or a checkpoint), once every rank said whether
+    it restored; where any rank refused, every rank raises the same line,
+    naming each that refused and why (guide "Many processes").
     """
 
     def __init__(self, path: str | os.PathLike = "checkpoint", *, resume: bool = True,
@@ -202,7 +208,12 @@ class Checkpointer:
         self._latest: str | None = None  # LATEST as this process last wrote it
         self._pending_message = ""
         self._branched = False  # a retrained row's rows form a run of their own
-        self._saved = self._resume_from(self._read(resume))
+        # under torch.distributed, a restore this rank refused, said at the resume point once
+        # every rank said whether it restored (_agree_on_restore); _trains: a data source
+        # registered (a Checkpointer built to read only, on one rank, agrees with none)
+        self._refusal: DvcDaliError | None = None
+        self._restore_pending, self._trains = False, False
+        self._saved = self._restored(resume)
         self._last_step = self._saved.snapshot.step if self._saved else None  # never back
         self._batches = self._start_proof()
         # the global random generators (rng_state): checked now, saved with each
@@ -236,6 +247,56 @@ class Checkpointer:
                     if resume else None)
         self.timings["restore_s"] = time.perf_counter() - t0
         return snapshot
+
+    def _restored(self, resume: bool) -> restorable.SavedCheckpoint | None:
+        """What to restore (_read, then _resume_from). Under torch.distributed,
+        where a checkpoint was found, every rank first agrees on the restore
+        at its resume point (_agree_on_restore): a refusal here waits for it."""
+        snapshot = None
+        try:
+            snapshot = self._read(resume)
+            return self._resume_from(snapshot)
+        except DvcDaliError as exc:
+            if self.world_size == 1 or not resume:
+                raise
+            self._refusal = exc
+            return None
+        finally:  # a fresh start agrees on nothing: it costs nothing
+            self._restore_pending = self.world_size > 1 and (
+                snapshot is not None or self._refusal is not None)
+
+    def _agree_on_restore(self, failed: DvcDaliError | None = None, trains: bool = False
+                          ) -> None:
+        """Before this rank trains: whether every rank restored (rank_restore),
+        once, at the resume point (the first read of step, arrays or metadata
+        with a pipeline registered; else a pipeline a refusing rank registers,
+        or the first should_save or checkpoint: ``trains``). Where one refused
+        (``failed`` or the constructor's), every rank raises one line naming
+        it. A Checkpointer with no pipeline, reading only (on one rank, say),
+        agrees with no rank: its own refusal is raised at once."""
+        mine = failed or self._refusal
+        if not self._restore_pending or not (trains or self._trains):
+            if mine is not None:
+                raise mine
+            return
+        self._restore_pending = False
+        refusal = None if mine is None else rank_restore.Refusal(
+            type(mine).__name__, *self._restoring(), str(mine))
+        outcome = rank_restore.agree(str(self.path), self.rank, self.world_size, refusal)
+        if outcome.refused:
+            self._refusal = rank_restore.error_class(outcome.kind)(outcome.message)
+            raise self._refusal from mine
+
+    def _restoring(self) -> tuple[int | None, str]:
+        """The step and snapshot this rank restores, as LATEST names them."""
+        try:
+            entries = store.latest(self.path)
+        except DvcDaliError:  # LATEST itself is damaged: its refusal names it
+            entries = None
+        if not entries or self.rank >= len(entries):
+            return None, ""
+        rel = entries[self.rank][0]
+        return rank_restore.snapshot_step(rel), f"{self.path}/{rel}"
 
     def _start_recorded_run(self, params: dict[str, Any] | None, total_steps: int | None
                             ) -> None:
@@ -346,8 +407,10 @@ class Checkpointer:
     @property
     def resumed(self) -> bool:
         """True when a checkpoint was found and is being resumed (restored).
-        Reading it changes nothing (unlike `step` and `arrays`)."""
-        return self._saved is not None
+        Reading it changes nothing (unlike `step` and `arrays`); under
+        torch.distributed a restore this rank refused is raised at the resume
+        point, once every rank said whether it restored."""
+        return self._saved is not None or self._refusal is not None
 
     @property
     def step(self) -> int:
@@ -380,7 +443,9 @@ class Checkpointer:
     def _resume_point(self) -> None:
         """The loop's first read of the checkpoint's contents: after the
         model's seeded initialisation, before step 1. The generators' state,
-        checked at construction, is set back here, once."""
+        checked at construction, is set back here, once. The ranks agree on
+        the restore first (_agree_on_restore)."""
+        self._agree_on_restore()
         if self._generators is not None:
             self._generators.set_back()
             self._past_resume_point = True
@@ -391,6 +456,7 @@ class Checkpointer:
     @property
     def metadata(self) -> dict[str, Any]:
         """The JSON ``metadata`` saved with the checkpoint (empty for a fresh start)."""
+        self._agree_on_restore()
         return dict(self._saved.snapshot.manifest["metadata"]) if self._saved else {}
 
     # -- what is saved -----------------------------------------------------
@@ -468,10 +534,24 @@ class Checkpointer:
     def _register(self, source: Restorable, announce: bool = True) -> None:
         """The one restore path: built from the checkpoint being resumed (or
         fresh), then captured at every save (``announce``: a pipeline's
-        restore proves the checkpoint usable, so "resuming ..." is said)."""
-        source.restore(self._saved)
+        restore proves the checkpoint usable, so "resuming ..." is said).
+        Under torch.distributed a refused restore waits for the ranks'
+        agreement (_agree_on_restore): at once for a data source (``announce``),
+        at the resume point for the constructor's."""
+        if announce and self._refusal is not None:  # this rank trains: agree now
+            self._agree_on_restore(trains=True)
+        try:
+            source.restore(self._saved)
+        except DvcDaliError as exc:
+            if not self._restore_pending:
+                raise
+            if announce:
+                self._agree_on_restore(exc, trains=True)
+            self._refusal = exc
+            return
         self._sources[(source.section, source.name)] = source
         if announce:
+            self._trains = True
             self._announce()
 
     def _of_kind(self, kind: type) -> list[Any]:
@@ -779,6 +859,7 @@ class Checkpointer:
                 previous checkpoint stands.
         """
         _check_save_arguments(step, arrays, metadata)
+        self._agree_on_restore(trains=True)
         self.wait()
         return self._write(self._capture(step, arrays, metadata))
 
@@ -825,6 +906,7 @@ class Checkpointer:
             SystemExit: after the checkpoint of a preempted step.
         """
         _check_save_arguments(step, arrays, metadata)
+        self._agree_on_restore(trains=True)
         if self._ranks is not None:
             return self._make_rank_checkpoint(step, arrays, metadata)
         if not self.asynchronous or preemption.FLAG.signum is not None:
@@ -929,6 +1011,7 @@ class Checkpointer:
                 whole number, 1 or more.
         """
         _check_should_save(step, every)
+        self._agree_on_restore(trains=True)
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         if self._late_max is None:
             agreed = preemption.FLAG.signum

@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from ..core.errors import CheckpointWriteError, ConfigError
+from ..core.errors import CheckpointWriteError, ConfigError, RankMismatchError
 from ..core.log import logger
 
 
@@ -244,6 +244,21 @@ class KeyValue:
                 return None
             return self._store.get(key).decode()
 
+    def get_all(self, keys: list[str], missing: Callable[[list[str]], str]) -> list[str]:
+        """Every key's value, once all are set: the store's own wait (an
+        event, not a poll), for at most the process group's timeout; keys
+        still not set then: RankMismatchError(``missing(those keys)``). For
+        the ranks' agreement on a restore (rank_restore)."""
+        try:
+            self._store.wait(keys)
+        except RuntimeError as exc:  # DistStoreError: timed out; or the store is gone
+            with _store_gone(keys[0], _RESTORE):
+                absent = [k for k in keys if not self._store.check([k])]
+            if absent:
+                raise RankMismatchError(missing(absent)) from exc
+        with _store_gone(keys[0], _RESTORE):
+            return [self._store.get(k).decode() for k in keys]
+
     def wait(self, key: str, seconds: float) -> bool:
         """Until ``key`` is set (True) or about ``seconds`` passed (False).
         Asked every 1 to 50 ms (a TCP round trip each), as signal_file waits
@@ -260,8 +275,13 @@ class KeyValue:
         return True
 
 
+_CHECKPOINT = ("a checkpoint", "The checkpoint in flight is not recorded; LATEST still names "
+               "the last one every rank wrote. Run again to resume from the last recorded row.")
+_RESTORE = ("the restore", "No rank trained and nothing was recorded. Run again.")
+
+
 @contextlib.contextmanager
-def _store_gone(key: str) -> Iterator[None]:
+def _store_gone(key: str, during: tuple[str, str] = _CHECKPOINT) -> Iterator[None]:
     """A store call that failed (torch's DistNetworkError, DistStoreError:
     RuntimeErrors) as one line: the launcher that holds the store (torchrun
     under --standalone) ended, or its host went away, while the ranks agreed
@@ -273,7 +293,5 @@ def _store_gone(key: str) -> Iterator[None]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointWriteError(
             f"the ranks' store (torch.distributed's, held by the launcher: torchrun) cannot "
-            f"be reached while they agreed on a checkpoint ({key!r}: {first}): the launcher "
-            "ended or its host went away. The checkpoint in flight is not recorded; LATEST "
-            "still names the last one every rank wrote. Run again to resume from the last "
-            "recorded row.") from exc
+            f"be reached while they agreed on {during[0]} ({key!r}: {first}): the launcher "
+            f"ended or its host went away. {during[1]}") from exc

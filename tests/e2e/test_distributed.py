@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import make_project, run
-from tests.helpers.rows import row_ranks
+from tests.helpers.rows import row_refs, row_ranks
 
 pytest.importorskip("torch", reason="install the test extra's torch==2.13.0 (CPU)")
 
@@ -103,3 +104,40 @@ def test_other_world_size_and_swapped_ranks_are_refused(tmp_path, data_dir):
                    str(plain / "out"), str(UNTIL), str(EVERY)], plain, check=False)
     assert swapped.returncode != 0
     assert "holds the state of rank 1 of 2, but rank 0 of 2 is reading it" in swapped.stderr
+
+
+def test_a_rank_that_cannot_restore_stops_every_rank_before_training(tmp_path, data_dir):
+    """Found by a sweep: rank 1's snapshot corrupt on resume, rank 1 refused
+    with one line but rank 0 restored and trained on, then died in its next
+    collective with a gloo traceback (two stories). The ranks now agree on
+    the restore before either trains: both refuse with one line naming rank
+    1 and its reason, in both modes, and nothing is trained or recorded."""
+    work = project(tmp_path / "w", data_dir, 2)
+    exp_run(work, "k", check=False, KILL_RANK="all", KILL_AT="6")
+    rows = sorted(row_refs(work))
+    entry = (work / "checkpoint" / "LATEST").read_text().splitlines()[1].split()[0]
+    assert entry.startswith("rank-00001/step-000000006"), entry
+    damaged = work / "checkpoint" / entry / "pipelines" / "00000.dali"  # the reader's state
+    data = bytearray(damaged.read_bytes())
+    md5 = hashlib.md5(data).hexdigest()
+    data[len(data) // 2] ^= 0xFF  # a flipped byte: its size unchanged
+    # in DVC's cache too: `dvc exp run` checks the recorded checkpoint out first
+    for copy in (damaged, work / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]):
+        copy.chmod(0o644)
+        copy.write_bytes(bytes(data))
+    for mode in ("0", "1"):  # synchronous, asynchronous checkpoints
+        refused = exp_run(work, f"r{mode}", check=False, DVC_DALI_ASYNC=mode)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0, said[-3000:]
+        # no rank's traceback: only torchrun's own report that its ranks failed
+        assert said.count("Traceback") == said.count("raise ChildFailedError(") == 1, (
+            mode, said[-5000:])
+        assert "dist_runner.py\", line" not in said, (mode, said[-5000:])
+        lines = re.findall(r"dvc-dali: CheckpointCorruptError: .*", said)
+        assert len(lines) == 2, (mode, said[-5000:])  # one line a rank
+        for line in lines:
+            assert (f"rank 1 of 2 could not restore step 6 from checkpoint/{entry}: "
+                    f"checkpoint/{entry}/pipelines/00000.dali") in line, (mode, line)
+        assert "read step 6" in said and "saved step 9" not in said, (mode, said[-5000:])
+        assert sorted(row_refs(work)) == rows
+        assert not list(work.glob("out-r*"))  # no rank finished its loop

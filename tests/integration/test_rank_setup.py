@@ -195,3 +195,56 @@ def test_ranks_checkpointing_different_steps_are_refused_on_every_rank(tmp_path,
         assert proc.returncode != 0 and "saved" not in proc.stdout, text[-3000:]
         assert said in text and "Traceback" not in text, text[-3000:]
     assert not (tmp_path / "ck" / "LATEST").exists()
+
+
+PHASES = """
+import sys
+from datetime import timedelta
+from pathlib import Path
+import numpy as np
+import torch.distributed as dist
+import dvc_dali
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a hang fails, not waits
+rank, path = dist.get_rank(), sys.argv[1]
+ck = dvc_dali.Checkpointer(path, resume=False)
+ck.make_checkpoint(10, arrays={"w": np.arange(3) + rank})
+ck.close()
+if rank == 0:  # to read only, on rank 0 only: agrees with no rank, waits for none
+    reader = dvc_dali.Checkpointer(path)
+    print("read", int(reader.arrays["w"][0]), flush=True)
+    reader.close()
+for step in (20, 30):  # two phases, each resuming the other's checkpoint on every rank
+    if step == 30 and rank == 1:  # rank 1's snapshot of step 20 damaged
+        entry = (Path(path) / "LATEST").read_text().splitlines()[1].split()[0]
+        pack = next((Path(path) / entry / "arrays").iterdir())
+        pack.chmod(0o644)
+        data = bytearray(pack.read_bytes())
+        data[-1] ^= 0xFF
+        pack.write_bytes(bytes(data))
+    dist.barrier()
+    ck = dvc_dali.Checkpointer(path)  # no pipeline: agreed on at its first checkpoint
+    ck.make_checkpoint(step, arrays={"w": np.arange(3) + rank + step})
+    ck.close()
+    print("saved", step, flush=True)
+"""
+
+
+def test_ranks_agree_on_each_restore_and_a_reader_is_not_counted(tmp_path):
+    """Training in phases: the second phase's restore is agreed on apart from
+    the first's (its keys are its own: the first's "restored" would have let
+    rank 0 train), and a Checkpointer built on rank 0 only, to read, neither
+    waits for rank 1 nor shifts the count. Rank 1's damaged snapshot
+    refuses the last phase on both ranks, naming rank 1, before any saves."""
+    pytest.importorskip("torch")
+    script = tmp_path / "phases.py"
+    script.write_text(PHASES)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck")], tmp_path)
+    assert "read 0" in ranks[0].stdout, ranks[0].stderr[-3000:]
+    for proc in ranks:
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and "saved 20" in said and "saved 30" not in said, said
+        assert "Traceback" not in said, said[-3000:]
+        assert ("dvc-dali: CheckpointCorruptError: rank 1 of 2 could not restore step 20 from "
+                f"{tmp_path / 'ck'}/rank-00001/step-000000020-") in said, said[-3000:]
+    latest = (tmp_path / "ck" / "LATEST").read_text()
+    assert latest.count("step-000000020") == 2, latest
