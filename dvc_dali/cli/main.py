@@ -287,6 +287,25 @@ def _metrics_problem(root: str, rows: list[Row], path: str) -> tuple[str, bool]:
                                   Path(root, path).is_dir())
 
 
+def _metrics_read(rows: list[Row]) -> str:
+    """Where the rows' metrics were read, found as DVC finds them (no
+    --metrics-file): `show` lists rows of a stage whose dvc.yaml declares
+    another file with that file's metrics (they had none: found by a sweep)."""
+    files = list(dict.fromkeys(r["metrics_file"] for r in rows))
+    if files == [DEFAULT_METRICS]:
+        return (f"read from {DEFAULT_METRICS} at the repository's root, as no dvc.yaml of "
+                "theirs declares a JSON metrics file")
+    return f"read from {', '.join(files)}, as dvc.yaml declares them"
+
+
+def _metrics_note(rows: list[Row], given: str | None) -> list[str]:
+    """One line under the rows where their metrics are not DVCLive's default
+    file at the root: which file (or files) dvc.yaml made `show` read."""
+    if given or all(r["metrics_file"] == DEFAULT_METRICS for r in rows):
+        return []
+    return [f"metrics {_metrics_read(rows)} (--metrics-file reads another)"]
+
+
 def _row_named(root: str, name: str) -> str:
     """Where ``name`` is a row's name, not a run's (found by a sweep: `show`
     said only that no run had it), which run it is of."""
@@ -303,10 +322,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     root = str(_project_root("show"))
     if args.best is not None:  # named as given (it was best='acc:maxx'), before any git
         parse_spec(args.best, "--best")
-    metrics_file = args.metrics_file or DEFAULT_METRICS
-    rows = recorded_rows(args.exp, root, metrics_file, params=args.json)
-    problem, refused = (_metrics_problem(root, rows, metrics_file) if args.metrics_file and rows
-                        else ("", False))
+    # no --metrics-file: each row's as its dvc.yaml declares, as `dvc exp show` finds them
+    rows = recorded_rows(args.exp, root, args.metrics_file, params=args.json)
+    problem, refused = (_metrics_problem(root, rows, args.metrics_file)
+                        if args.metrics_file and rows else ("", False))
     if problem:
         print(f"dvc-dali show: {problem}", file=sys.stderr)
         if refused:
@@ -325,7 +344,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif not rows:
         print("no dvc-dali checkpoints recorded yet")
     else:
-        print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})))
+        print("\n".join(render(groups, {r["sha"]: r["name"] for r in rows})
+                        + _metrics_note(rows, args.metrics_file)))
     if args.best and not args.json and best is not None:
         metric = args.best.rpartition(":")[0]
         print(f"best by {args.best}: {best['name']} (step {best['step']}, {metric}="
@@ -335,8 +355,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         metric = args.best.rpartition(":")[0]
         known = sorted({m for r in rows for m in r.get("metrics", {})})
         where = "" if known or args.metrics_file else (
-            f"; they were read from {DEFAULT_METRICS} at the repository's root: a stage with "
-            "`wdir` or another metrics file takes --metrics-file <its path>")
+            f"; they were {_metrics_read(rows)}: another file takes --metrics-file <its path>")
         print(f"dvc-dali show: --best {args.best}: no row has {metric} (their metrics: "
               f"{', '.join(known) or 'none'}; nested names take '/', as train/acc{where})",
               file=sys.stderr)
@@ -816,7 +835,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--best", metavar="METRIC:max|min",
                    help="mark and print the best row by a DVCLive metric, e.g. train/acc:max")
     p.add_argument("--metrics-file",
-                   help=f"metrics file to show (default: {DEFAULT_METRICS})")
+                   help="metrics file to show (default: the JSON metrics file the rows' "
+                   f"dvc.yaml declares for their stage, as DVC finds it, else {DEFAULT_METRICS})")
     p = _subparser(sub, "run", cmd_run, "run a training command (any language) and record "
                    f"each {SIGNAL_NAME} signal it makes, as a DVC 3 stage command",
                    f"Run CMD with DVC 2's checkpoint protocol ({SIGNAL_NAME}=1; CMD touches "

@@ -61,6 +61,9 @@ class Row(_Listed, total=False):
         time: commit time, seconds since the epoch.
         metrics: the row's DVCLive metrics, flattened: ``train/acc``
             (`rows` only).
+        metrics_file: the file they were read from, relative to the DVC
+            root: the one its dvc.yaml declares, else
+            ``dvclive/metrics.json`` (`rows` only).
         params: its ``params.yaml``, flattened: ``train.lr`` (`rows` only,
             unless ``params=False``).
         dvc_experiments: DVC's own experiments holding the same outputs
@@ -68,6 +71,7 @@ class Row(_Listed, total=False):
     """
 
     metrics: dict[str, float]  # the row's DVCLive metrics, flattened: "train/acc"
+    metrics_file: str  # where they were read, relative to the DVC root
     params: dict[str, Any]  # its params.yaml, flattened: "train.lr"
     dvc_experiments: list[str]  # DVC's own experiments holding the same outputs
 

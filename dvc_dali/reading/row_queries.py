@@ -20,8 +20,8 @@ from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
 from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
 from .gitcmd import read_blobs
-
-DEFAULT_METRICS = "dvclive/metrics.json"
+from .metrics_source import (DEFAULT_METRICS, metrics_file as declared_metrics_file,
+                             safe_yaml as _safe_yaml, split_stage, wdir_dvcyaml)
 
 
 def flatten_metrics(node: object) -> dict[str, float]:
@@ -30,25 +30,12 @@ def flatten_metrics(node: object) -> dict[str, float]:
                      keep=lambda key, value: isinstance(value, (int, float)) and key != "step")
 
 
-def _safe_yaml(text: bytes | str | None) -> Any:
-    """A YAML file of a row (params.yaml, dvc.lock) as plain data; None when
-    there is none or it does not parse (the row is listed anyway)."""
-    if text is None:
-        return None
-    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
-
-    try:
-        return YAML(typ="safe", pure=True).load(text)
-    except Exception:  # not YAML, or not text
-        return None
-
-
 def _params(blob: bytes | None) -> dict[str, Any]:
     return flat_keys(_safe_yaml(blob))
 
 
 def rows(exp: str | None = None, repo: str | Path | None = None,
-         metrics_file: str = DEFAULT_METRICS, params: bool = True, *,
+         metrics_file: str | None = None, params: bool = True, *,
          run: Row | str | None = None) -> list[Row]:
     """The recorded checkpoint rows (what `dvc-dali show` draws).
 
@@ -60,7 +47,12 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
         exp: only the rows of this experiment (run) name, on every baseline.
         repo: the repository. Default: this one; in a stage under
             `dvc exp run`, the one it records into (``DVC_ROOT``).
-        metrics_file: the DVCLive metrics file of each row's metrics.
+        metrics_file: the DVCLive metrics file of each row's metrics,
+            relative to the DVC root. Default: as DVC finds metrics, the
+            JSON metrics file the dvc.yaml of the row's commit declares for
+            its stage (its ``metrics:``, then dvc.yaml's top-level
+            ``metrics:``), else ``dvclive/metrics.json``; each row's
+            ``metrics_file`` says which.
         params: ``False`` skips reading each row's params.
         run: only the rows of one run (its experiment name on its commit,
             and the commits it was resumed on): a row (from here or
@@ -79,28 +71,99 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     _entry()
     _check_rows_args(exp, repo, metrics_file, params, run)
     root = rows_root(repo)
-    in_project(root, metrics_file, "the metrics file")
+    if metrics_file is not None:
+        metrics_file = os.fspath(metrics_file)
+        in_project(root, metrics_file, "the metrics file")
     every, refs = _rows_and_refs(root)
     found = every if run is None else run_rows(
         every, the_row(every, run, f"run={_label(run)}", root))
     found = [r for r in found if exp is None or r["exp"] == exp]
-    files = [tree_path(root, p) for p in ((metrics_file, "params.yaml") if params
-                                          else (metrics_file,))]
-    specs = [f"{r['sha']}:{p}" for r in found for p in files]
     theirs = _dvc_experiments(every, refs)
     # one git process for the rows' files and the dvc.lock of DVC's own experiments
     lock = tree_path(root, "dvc.lock")
-    blobs = read_blobs(root, specs + [f"{sha}:{lock}" for _, sha in theirs])
-    for i, row in enumerate(found):
-        metrics = blobs[len(files) * i]
-        try:
-            row["metrics"] = flatten_metrics(json.loads(metrics)) if metrics is not None else {}
-        except ValueError:  # a metrics file cut short or not JSON: list the row anyway
-            row["metrics"] = {}
-        if params:
-            row["params"] = _params(blobs[len(files) * i + 1])
-    mark_dvc_duplicates(root, found, refs, blobs[len(specs):], every)
+    locks = _read_row_files(root, found, metrics_file, params,
+                            [f"{sha}:{lock}" for _, sha in theirs])
+    mark_dvc_duplicates(root, found, refs, locks, every)
     return found
+
+
+def _read_row_files(root: str, found: list[Row], metrics_file: str | None, params: bool,
+                    extra: list[str]) -> list[bytes | None]:
+    """Each row's metrics (and params) into it; returns the blobs ``extra``
+    names. One git process: the rows' dvc.yaml files are read with
+    DVCLive's default metrics file; another only for rows whose dvc.yaml
+    declares a metrics file elsewhere (a third where it is the wdir's)."""
+    got: dict[tuple[str, str], bytes | None] = {}
+    paths: dict[str, str] = {}  # each path's place in the commits, worked out once
+
+    def ask(pairs: list[tuple[str, str]], also: tuple[str, ...] = ()) -> list[bytes | None]:
+        pairs = [p for p in dict.fromkeys(pairs) if p not in got]
+        for _, path in pairs:
+            if path not in paths:
+                paths[path] = tree_path(root, path)
+        specs = [f"{sha}:{paths[path]}" for sha, path in pairs] + list(also)
+        blobs = read_blobs(root, specs) if specs else []
+        got.update(zip(pairs, blobs))
+        return blobs[len(pairs):]
+
+    first = [(r["sha"], metrics_file or DEFAULT_METRICS) for r in found]
+    first += [(r["sha"], "params.yaml") for r in found if params]
+    if metrics_file is None:
+        first += [(r["sha"], where[0]) for r in found if (where := split_stage(r["stage"]))]
+    extra_blobs = ask(first, tuple(extra))
+    files = ([metrics_file] * len(found) if metrics_file is not None
+             else _declared_files(found, got, ask))
+    ask([(r["sha"], f) for r, f in zip(found, files, strict=True)])
+    for row, file in zip(found, files, strict=True):
+        row["metrics_file"] = file
+        row["metrics"] = _metrics(got[(row["sha"], file)])
+        if params:
+            row["params"] = _params(got[(row["sha"], "params.yaml")])
+    return extra_blobs
+
+
+def _metrics(blob: bytes | None) -> dict[str, float]:
+    try:
+        return flatten_metrics(json.loads(blob)) if blob is not None else {}
+    except ValueError:  # a metrics file cut short or not JSON: list the row anyway
+        return {}
+
+
+def _declared_files(found: list[Row], got: dict[tuple[str, str], bytes | None],
+                    ask: Callable[[list[tuple[str, str]]], Any]) -> list[str]:
+    """Each row's metrics file by metrics_source's rule, from the dvc.yaml
+    files its commit holds (``got``: blobs read, by (sha, path); ``ask``
+    reads more): the dvc.yaml of the stage's wdir only where the stage's
+    own declares none. Decided once per stage and dvc.yaml text, not per
+    row (a thousand rows share a few)."""
+    texts: dict[bytes | None, Any] = {}
+
+    def parsed(blob: bytes | None) -> Any:
+        if blob not in texts:
+            texts[blob] = _safe_yaml(blob)
+        return texts[blob]
+
+    own: dict[tuple[str | None, bytes | None], tuple[str, str | None]] = {}
+    keys = []
+    for row in found:
+        where = split_stage(row["stage"])
+        key = (row["stage"], got.get((row["sha"], where[0])) if where else None)
+        if key not in own:
+            have = {where[0]: parsed(key[1])} if where else {}
+            file = declared_metrics_file(row["stage"], have)
+            own[key] = (file, wdir_dvcyaml(row["stage"], have) if file == DEFAULT_METRICS
+                        else None)
+        keys.append(key)
+    ask([(r["sha"], own[k][1]) for r, k in zip(found, keys, strict=True) if own[k][1]])
+    files = []
+    for row, key in zip(found, keys, strict=True):
+        file, there = own[key]
+        if there is not None:  # the wdir's dvc.yaml: DVCLive's section, run from there
+            where = split_stage(row["stage"])
+            file = declared_metrics_file(row["stage"], {
+                where[0]: parsed(key[1]), there: parsed(got.get((row["sha"], there)))})
+        files.append(file)
+    return files
 
 
 def _check_rows_args(exp: Any, repo: Any, metrics_file: Any, params: Any, run: Any) -> None:
@@ -108,7 +171,7 @@ def _check_rows_args(exp: Any, repo: Any, metrics_file: Any, params: Any, run: A
     row without a word; repo=5 was a traceback)."""
     check_str(exp, "rows(exp", "'a' (an experiment name)")
     check_path(repo, "rows(repo", "'.'", none_ok=True)
-    check_path(metrics_file, "rows(metrics_file", repr(DEFAULT_METRICS))
+    check_path(metrics_file, "rows(metrics_file", repr(DEFAULT_METRICS), none_ok=True)
     if not isinstance(params, bool):
         raise ArgumentTypeError(f"rows(params={_shown(params)}): must be True or False")
     if run is not None and not isinstance(run, (str, dict)):

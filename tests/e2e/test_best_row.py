@@ -63,11 +63,13 @@ def test_a_row_git_will_not_delete_is_kept_and_said_and_training_goes_on(tmp_pat
     assert "Traceback" not in text
 
 
-def test_keep_best_reads_the_stages_own_metrics_file(tmp_path):
+def test_keep_best_show_and_rows_read_the_stages_own_metrics_file(tmp_path):
     """DVCLive in another directory (ck.live("logs"), declared in dvc.yaml's
     metrics): keep_best looked only in dvclive/metrics.json, so it found no
     metric and pruned nothing (found by a sweep). The stage's metrics
-    outputs are read first."""
+    outputs are read first. `dvc-dali show` and `dvc_dali.rows` read there
+    too, as `dvc exp show` does: they listed the rows without metrics
+    unless told the file."""
     project = template_project(tmp_path, steps=15)
     train, yaml = project / "train.py", project / "dvc.yaml"
     train.write_text(train.read_text().replace("live = ck.live()", 'live = ck.live("logs")'))
@@ -77,7 +79,14 @@ def test_keep_best_reads_the_stages_own_metrics_file(tmp_path):
                env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/loss:min"})
     text = said.stdout + said.stderr
     assert "none of the" not in text, text
-    rows = dvc_dali.rows("d", repo=project, metrics_file="logs/metrics.json")
+    rows = dvc_dali.rows("d", repo=project)  # no metrics_file: the one dvc.yaml declares
     best = dvc_dali.best_row(rows, "train/loss:min")
     assert best is not None and len(rows) <= 2, rows
+    assert [r["metrics_file"] for r in rows] == ["logs/metrics.json"] * len(rows), rows
     assert {r["name"] for r in rows} == {"d-step15", best["name"]}
+    assert rows == dvc_dali.rows("d", repo=project, metrics_file="logs/metrics.json")
+    shown = run(["dvc-dali", "show", "d", "--best", "train/loss:min"], project).stdout
+    assert f"train/loss={best['metrics']['train/loss']:.4g}" in shown, shown
+    assert f"best by train/loss:min: {best['name']} (step {best['step']}," in shown, shown
+    assert "metrics read from logs/metrics.json, as dvc.yaml declares them (--metrics-file " \
+        "reads another)" in shown, shown

@@ -532,17 +532,31 @@ def test_show_best_by_a_metric_no_row_has_exits_1(bare_project):
 
 
 def test_show_best_names_where_it_read_the_metrics_when_no_row_has_any(bare_project):
-    """A stage with `wdir` keeps its metrics under it: `--best` said no row
+    """Metrics under a folder no dvc.yaml declares: `--best` said no row
     has the metric, with none listed and nothing to do (found by a sweep);
-    it says where it read them and the option that reads another file."""
+    it says where it read them and the option that reads another file.
+    Where the rows' dvc.yaml gives the stage a `wdir`, its metrics are read
+    there, as `dvc exp show` reads them (they were not: found by a sweep)."""
     add_rows(bare_project, "w", [1, 2], under="work")
     out = run([*DVC_DALI, "show", "--best", "train/acc:max"], bare_project, check=False)
     assert out.returncode == 1, out
-    assert "they were read from dvclive/metrics.json at the repository's root: a stage with " \
-        "`wdir` or another metrics file takes --metrics-file <its path>" in out.stderr, out.stderr
+    assert "they were read from dvclive/metrics.json at the repository's root, as no dvc.yaml " \
+        "of theirs declares a JSON metrics file: another file takes --metrics-file <its path>" \
+        in out.stderr, out.stderr
     found = run([*DVC_DALI, "show", "--best", "train/acc:max", "--metrics-file",
                  "work/dvclive/metrics.json"], bare_project)
     assert "best by train/acc:max: w-step2" in found.stdout, found.stdout
+    assert "metrics read from" not in found.stdout, found.stdout
+    (bare_project / "dvc.yaml").write_text(
+        "stages:\n  train:\n    cmd: python train.py\n    wdir: work\n"
+        "    metrics:\n      - dvclive/metrics.json:\n          cache: false\n")
+    commit_all(bare_project, "a stage with wdir")
+    add_rows(bare_project, "v", [1, 2], under="work")  # the rows' commits hold that dvc.yaml
+    found = run([*DVC_DALI, "show", "v", "--best", "train/acc:max"], bare_project)
+    assert "train/acc=0.002  " in found.stdout and "best by train/acc:max: v-step2" in \
+        found.stdout, found.stdout
+    assert "metrics read from work/dvclive/metrics.json, as dvc.yaml declares them " \
+        "(--metrics-file reads another)\n" in found.stdout, found.stdout
 
 
 def test_a_missing_command_is_called_command_and_every_usage_lists_migrate(bare_project):

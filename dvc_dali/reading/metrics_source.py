@@ -1,0 +1,124 @@
+"""Which file holds a row's metrics, found as DVC finds a project's metrics:
+in the metrics files its dvc.yaml declares. `dvc-dali show` and
+`dvc_dali.rows` read each row's metrics there unless told a file.
+
+A row names its stage (``"sub/dvc.yaml:train"``, relative to the DVC root);
+the dvc.yaml the row's own commit holds is read, and the first JSON file of:
+
+1. the stage's ``metrics:`` outputs (relative to its ``wdir``);
+2. the top-level ``metrics:`` of its dvc.yaml (relative to the dvc.yaml's
+   folder; one under the stage's ``wdir`` first: DVCLive's, run there);
+3. the top-level ``metrics:`` of the dvc.yaml in the stage's ``wdir``
+   (where DVCLive writes its section, run from there, by default);
+4. else DVCLive's default, ``dvclive/metrics.json`` at the DVC root.
+
+Paths DVC would interpolate (``${...}``) or that lead out of the project
+are skipped: which file they mean is DVC's to say. No DVC import: the YAML
+is parsed with the library DVC parses it with.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any, Mapping, Optional
+
+DEFAULT_METRICS = "dvclive/metrics.json"
+
+
+def safe_yaml(text: bytes | str | None) -> Any:
+    """A YAML file of a row (params.yaml, dvc.yaml, dvc.lock) as plain data;
+    None when there is none or it does not parse (the row is listed anyway)."""
+    if text is None:
+        return None
+    from ruamel.yaml import YAML  # DVC's own YAML library; "safe" builds plain data only
+
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception:  # not YAML, or not text
+        return None
+
+
+def split_stage(stage: Optional[str]) -> Optional[tuple[str, str]]:
+    """(dvc.yaml path, stage name) of a row's ``stage`` field; None without one."""
+    path, sep, name = (stage or "").rpartition(":")
+    return (path, name) if sep and path and name else None
+
+
+def _joined(folder: str, path: Any) -> Optional[str]:
+    """``path`` (as dvc.yaml gives it) under ``folder``, normalized; None for
+    one that is no plain relative path inside the project."""
+    if not isinstance(path, str) or not path or "${" in path or path.startswith("/"):
+        return None
+    full = posixpath.normpath(posixpath.join(folder, path))
+    return None if full == ".." or full.startswith("../") else full
+
+
+def _json_paths(entries: Any, folder: Optional[str]) -> list[str]:
+    """The JSON files of a ``metrics:`` list (``- path`` or ``- path: {...}``)."""
+    if folder is None or not isinstance(entries, list):
+        return []
+    found = []
+    for entry in entries:
+        key = next(iter(entry), None) if isinstance(entry, dict) and len(entry) == 1 else entry
+        path = _joined(folder, key)
+        if path is not None and path.lower().endswith(".json"):
+            found.append(path)
+    return found
+
+
+def _stage_entry(data: Any, name: str) -> Any:
+    """The dvc.yaml entry of stage ``name``; of ``base@key``, the ``do:`` of
+    a ``foreach`` (or the ``matrix`` stage itself)."""
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if not isinstance(stages, dict):
+        return None
+    entry = stages.get(name)
+    if entry is None and "@" in name:
+        entry = stages.get(name.partition("@")[0])
+        if isinstance(entry, dict) and "foreach" in entry:
+            entry = entry.get("do")
+    return entry if isinstance(entry, dict) else None
+
+
+def _wdir(entry: Any, folder: str) -> Optional[str]:
+    """The stage's working directory relative to the DVC root (None: one
+    that cannot be told without DVC)."""
+    wdir = entry.get("wdir", ".") if isinstance(entry, dict) else "."
+    return _joined(folder, wdir)
+
+
+def wdir_dvcyaml(stage: Optional[str], yamls: Mapping[str, Any]) -> Optional[str]:
+    """The dvc.yaml in the stage's ``wdir`` where it is not the stage's own
+    (``yamls``: parsed dvc.yaml files by path, the stage's among them)."""
+    where = split_stage(stage)
+    if where is None or where[0] not in yamls:
+        return None
+    wdir = _wdir(_stage_entry(yamls[where[0]], where[1]), posixpath.dirname(where[0]) or ".")
+    found = _joined(wdir, "dvc.yaml") if wdir is not None else None
+    return None if found == posixpath.normpath(where[0]) else found
+
+
+def metrics_file(stage: Optional[str], yamls: Mapping[str, Any]) -> str:
+    """The metrics file of a row of ``stage`` (its lineage's ``stage`` field),
+    relative to the DVC root, by the module's rule. ``yamls``: dvc.yaml files
+    of the row's commit, parsed (None: missing or not YAML), by path relative
+    to the DVC root; a file not in it counts as missing. Pure."""
+    where = split_stage(stage)
+    if where is None:
+        return DEFAULT_METRICS
+    path, name = where
+    folder = posixpath.dirname(path) or "."
+    data = yamls.get(path)
+    entry = _stage_entry(data, name)
+    wdir = _wdir(entry, folder)
+    own = _json_paths(entry.get("metrics") if entry else None, wdir)
+    if own:
+        return own[0]
+    top = _json_paths(data.get("metrics") if isinstance(data, dict) else None, folder)
+    under = [p for p in top if wdir not in (None, ".", folder) and p.startswith(wdir + "/")]
+    if under or top:
+        return (under or top)[0]
+    there = wdir_dvcyaml(stage, yamls)
+    theirs = yamls.get(there) if there is not None else None
+    found = _json_paths(theirs.get("metrics") if isinstance(theirs, dict) else None, wdir)
+    return found[0] if found else DEFAULT_METRICS
