@@ -316,13 +316,14 @@ def test_a_broken_dvc_file_is_named_as_the_one_to_fix(tmp_path, broken):
 
 
 def test_reset_of_an_empty_stage_name_names_no_stage(tmp_path):
-    """`dvc-dali reset --stage ""` reset every stage."""
+    """`dvc-dali reset --stage ""` reset every stage; it is refused as empty."""
     from tests.helpers.dvc_project import template_project
 
     project = template_project(tmp_path)
     out = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "reset", "--stage", ""],
                          cwd=project, capture_output=True, text=True, env=child_env())
-    assert out.returncode == 1 and "no stage ''" in out.stderr, out
+    assert out.returncode == 1 and "--stage '' is empty" in out.stderr, out
+    assert "Traceback" not in out.stderr, out
 
 
 def test_the_main_repos_hooks_do_not_refuse_a_temp_runs_rows(tmp_path):
