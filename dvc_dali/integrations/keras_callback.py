@@ -53,6 +53,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._restored = not ck.resumed
         self._plan: int | None = None  # steps per epoch, while fit() drives model.fit
         self._begin = 0
+        self._open: int | None = None  # the batch begun and not yet ended
 
     # -- what fit() does for a run resumed mid-epoch ------------------------
     def fit(self, model: Any, x: Any, *, epochs: int, steps_per_epoch: int,
@@ -79,8 +80,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
             The last ``History``.
 
         Raises:
-            ConfigError: no dataset was built with `tf_dataset`, or fit was
-                given another dataset.
+            ConfigError: no dataset was built with `tf_dataset`, fit was
+                given another dataset, or ``callbacks`` holds this callback
+                (fit adds it itself).
             BatchMismatchError: a batch differs from the one the resumed run
                 produced (a `dvc_dali.PipelineMismatchError`).
         """
@@ -124,6 +126,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
             raise ConfigError(
                 "model.fit(..., steps_per_epoch=N) is needed with keras_callback(): a "
                 "DALIDataset never ends, so Keras cannot tell where an epoch ends.")
+        self._open = None
         if not self._restored:
             self._restore()
         self._typed_train_function()
@@ -138,12 +141,26 @@ class DaliCheckpoint(keras.callbacks.Callback):
                     "epoch first.")
             self.model._initial_epoch = epoch or None  # as keras.callbacks.BackupAndRestore
 
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Keras hook: a batch a finite dataset ran out in is not open any more."""
+        self._open = None
+
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        """Keras hook: notes where the batch count starts."""
-        self._begin = batch
+        """Keras hook: notes where the batch count starts.
+
+        Raises:
+            ConfigError: the callback is in fit's callbacks twice.
+        """
+        if self._open is not None:  # Keras calls each listed callback: steps counted twice
+            raise ConfigError(
+                "keras_callback(): the callback is in fit's callbacks twice, so each step "
+                "would be counted twice (rows and resumes at the wrong steps). Give it once: "
+                "cb.fit(model, ds, ...) adds it itself, so do not list it in callbacks=.")
+        self._open = self._begin = batch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Keras hook: checkpoints every ``every`` steps and on preemption."""
+        self._open = None
         before, self.step = self.step, self.step + batch - self._begin + 1
         self._last_logs = dict(logs or {})  # the run's last row holds its last step's
         if not any(self._ck.tf_datasets.values()):

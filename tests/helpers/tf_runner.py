@@ -11,7 +11,8 @@ as dvc-dali did before its check node), "random_transform": bool (a tf.random op
 CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "steps_per_epoch": S, "every": N, "signal_at": K (SIGTERM to itself after step K),
 "kill_at": K (SIGKILL after step K's checkpoint), "map_outside": bool,
-"val": bool (validation_data: a tf_dataset "val", 2 steps an epoch)}
+"val": bool (validation_data: a tf_dataset "val", 2 steps an epoch),
+"twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -131,7 +132,7 @@ def keras_fit(cfg, data, ckpt) -> dict:
     if cfg.get("val"):  # a validation dataset of its own, 2 batches an epoch
         fit.update(validation_data=dataset(ck, {**cfg, "seed": 9}, data, "val"),
                    validation_steps=2)
-    extra = [_Signals(cb, cfg)]
+    extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else [])]
     if cfg["fit"] == "cb":
         cb.fit(model, ds, callbacks=extra, **fit)
     else:

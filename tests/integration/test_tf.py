@@ -84,3 +84,17 @@ def test_the_last_checkpoint_off_the_every_grid_holds_its_own_loss(data_dir, tmp
     runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz")
     saved = dvc_dali.load(tmp_path / "ck")
     assert saved.step == 5 and "loss" in saved.metadata["keras"], saved.metadata
+
+
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_the_callback_given_twice_is_refused_not_counted_twice(data_dir, tmp_path, fit):
+    """cb.fit(model, ds, callbacks=[cb]) counted each step twice: rows at
+    steps 2, 4... of batches 1, 2..., and a resume trained too few steps,
+    silently (found by a sweep)."""
+    cfg = {"mode": "keras", "fit": fit, "epochs": 1, "steps_per_epoch": 4, "every": 2,
+           "twice": True}
+    _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz", ok=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "ConfigError: keras_callback(): the callback is in fit's callbacks twice" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("step-*"))
