@@ -96,6 +96,14 @@ def on_readers(ckpt: Any, hook: Callable[[str, Any], None], name: str) -> None:
     def registering(op: Any, key: str | None = None) -> str:
         if ckpt._reverse.get(id(op)) == DEFAULT_RNG:  # noqa: SLF001 - taken already
             return DEFAULT_RNG
+        if key is not None and ckpt._ops.get(key, op) is not op:  # noqa: SLF001
+            # DALI replaces the first silently: its position is not saved, and
+            # a resume gives the saved state to whichever registers first
+            raise ConfigError(
+                f"dynamic-mode checkpoint {name!r}: {key!r} is registered already, with "
+                f"another {_kind(ckpt._ops[key])}; a second one under that name would "  # noqa: SLF001
+                "replace it, and its position would not be saved. Register each reader and RNG "
+                "under a name of its own.")
         try:
             key = register(op, key)
         except (KeyError, RuntimeError) as exc:
@@ -108,6 +116,10 @@ def on_readers(ckpt: Any, hook: Callable[[str, Any], None], name: str) -> None:
         return key
 
     ckpt.register = registering  # on this instance: DALI's class stays as it is
+
+
+def _kind(op: Any) -> str:
+    return "reader" if callable(getattr(op, "next_epoch", None)) else type(op).__name__
 
 
 def observe_batches(reader: Any, observe: Callable[[Any], None]) -> None:

@@ -179,3 +179,30 @@ def test_registrations_dali_refuses_are_one_line_naming_the_saved_names(tmp_path
                        r"\['reader'\]\. Register each reader and RNG under the name"):
         again.make_checkpoint(2)
     again.close()
+
+
+def test_a_second_object_under_a_registered_name_is_refused_not_replacing_it(tmp_path, images):
+    """A validation reader registered under the train reader's name replaced
+    it in DALI's Checkpoint, silently: its position was not saved, and a
+    resume gave the saved (validation) state to the train reader (found by a
+    sweep)."""
+    import nvidia.dali.experimental.dynamic as ndd
+
+    import dvc_dali
+
+    def reader(seed):
+        return ndd.readers.File(file_root=str(images / "images"), random_shuffle=True, seed=seed)
+
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    train = reader(5)
+    ck.dynamic().register(train, "reader")
+    ck.dynamic().register(train, "reader")  # the same one again: nothing changes
+    with pytest.raises(dvc_dali.ConfigError, match=r"dynamic-mode checkpoint 'dynamic': "
+                       r"'reader' is registered already, with another reader; a second one"):
+        ck.dynamic().register(reader(6), "reader")
+    rng = ndd.random.RNG(seed=1)
+    ck.dynamic().register(rng, "rng")
+    with pytest.raises(dvc_dali.ConfigError, match="'rng' is registered already, with "
+                       "another RNG"):
+        ck.dynamic().register(ndd.random.RNG(seed=2), "rng")
+    ck.close()
