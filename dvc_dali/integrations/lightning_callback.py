@@ -243,10 +243,20 @@ class DaliCheckpoint(pl.Callback):
 
     # -- Lightning hooks ---------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Lightning hook: installs the callback's ``CheckpointIO``."""
+        """Lightning hook: installs the callback's ``CheckpointIO``.
+
+        Raises:
+            ConfigError: the Trainer has another dvc-dali callback.
+        """
         io = trainer.strategy.checkpoint_io
         if not isinstance(io, _DaliCheckpointIO):
             trainer.strategy.checkpoint_io = _DaliCheckpointIO(self, io)
+        elif io._owner is not self:  # noqa: SLF001 - ours
+            # the other's module hook takes the checkpoints: this one wrote
+            # the last step again, and refused every resume as not restored
+            raise ConfigError("lightning_callback(): the Trainer has two dvc-dali callbacks, "
+                              "which would record steps twice; give it one (make one "
+                              "ck.lightning_callback() and pass it to Trainer(callbacks=[cb])).")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Lightning hook: checks the training data and the resumed checkpoint.

@@ -227,3 +227,27 @@ def test_validations_after_a_resume_read_the_batches_of_an_uninterrupted_run(dat
     resumed = _validated_fit(tmp_path / "ck", data_dir, 6)
     assert sorted(whole) == [2, 4, 6] and first == {2: whole[2]}
     assert resumed == {4: whole[4], 6: whole[6]}
+
+
+def test_a_second_dvc_dali_callback_in_the_trainer_is_refused(data_dir, tmp_path):
+    """Two ck.lightning_callback()s in one Trainer: the first took every
+    checkpoint, the second recorded the last step again as a row of its own,
+    and a resume was refused as not fitted from cb.ckpt_path (found by a
+    sweep). The same callback listed twice is one callback."""
+    def trainer(*callbacks):
+        return pl.Trainer(max_steps=2, callbacks=list(callbacks), logger=False,
+                          accelerator="cpu", enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+
+    ck, it = _setup(tmp_path / "f", data_dir)
+    cb = ck.lightning_callback(2)
+    cb.fit(trainer(cb, cb), Tiny(), it)
+    ck.close()
+    assert dvc_dali.load(tmp_path / "f").step == 2
+    ck, it = _setup(tmp_path / "g", data_dir)
+    cb = ck.lightning_callback(2)
+    two = trainer(cb, ck.lightning_callback(2))
+    with pytest.raises(dvc_dali.ConfigError, match="the Trainer has two dvc-dali callbacks"):
+        cb.fit(two, Tiny(), it)
+    assert two.global_step == 0
+    ck.close()
