@@ -88,6 +88,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
         """
         epoch, done = divmod(self.step, steps_per_epoch)
         history = None
+        if epoch >= epochs and not self._restored:  # no model.fit below restores it
+            self.set_model(model)  # the script saves this model: the checkpoint's, not a fresh one
+            self._restore()
         kwargs.setdefault("shuffle", False)  # a dataset is not shuffled by fit; Keras warns
         self._plan = steps_per_epoch
         try:

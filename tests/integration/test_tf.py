@@ -98,3 +98,18 @@ def test_the_callback_given_twice_is_refused_not_counted_twice(data_dir, tmp_pat
     assert "ConfigError: keras_callback(): the callback is in fit's callbacks twice" \
         in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("step-*"))
+
+
+def test_a_resumed_fit_with_nothing_left_to_train_holds_the_checkpoints_model(data_dir,
+                                                                               tmp_path):
+    """cb.fit resumed where its epochs were all done (epochs * steps_per_epoch
+    below total_steps: the guide's epochs=steps // 15) called no model.fit,
+    so nothing restored the model: the script saved, and DVC recorded, the
+    fresh initial weights (found by a sweep)."""
+    cfg = {"mode": "keras", "fit": "cb", "epochs": 2, "steps_per_epoch": 3, "every": 3}
+    trained, _ = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "a.npz")
+    again, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "b.npz")
+    assert "trained to step 6" in proc.stdout, proc.stdout
+    assert sorted(again) == sorted(trained)
+    for key in trained:
+        assert np.array_equal(again[key], trained[key]), f"{key}: not the checkpoint's"
