@@ -28,6 +28,12 @@ from ..dali import dali_tf
 from ..core.errors import ConfigError
 
 
+# Per Checkpointer, the callback that began the batch Keras is at: a second
+# callback of the same Checkpointer in one fit would take every checkpoint
+# again, each a row of its own. Weakly: it must not keep the Checkpointer.
+_BEGUN: weakref.WeakKeyDictionary[Any, DaliCheckpoint] = weakref.WeakKeyDictionary()
+
+
 class DaliCheckpoint(keras.callbacks.Callback):
     """The Keras 3 callback `dvc_dali.Checkpointer.keras_callback` returns
     (its arguments are documented there).
@@ -130,6 +136,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
                 "model.fit(..., steps_per_epoch=N) is needed with keras_callback(): a "
                 "DALIDataset never ends, so Keras cannot tell where an epoch ends.")
         self._open = None
+        _BEGUN.pop(self._ck, None)  # what an earlier fit that failed left
         if not self._restored:
             self._restore()
         self._typed_train_function()
@@ -152,13 +159,20 @@ class DaliCheckpoint(keras.callbacks.Callback):
         """Keras hook: notes where the batch count starts.
 
         Raises:
-            ConfigError: the callback is in fit's callbacks twice.
+            ConfigError: the callback is in fit's callbacks twice, or another
+                callback of its Checkpointer is.
         """
         if self._open is not None:  # Keras calls each listed callback: steps counted twice
             raise ConfigError(
                 "keras_callback(): the callback is in fit's callbacks twice, so each step "
                 "would be counted twice (rows and resumes at the wrong steps). Give it once: "
                 "cb.fit(model, ds, ...) adds it itself, so do not list it in callbacks=.")
+        other = _BEGUN.get(self._ck)
+        if other is not None and other is not self and other._open is not None:
+            raise ConfigError(
+                "keras_callback(): fit has two callbacks of one Checkpointer, which would "
+                "record each checkpoint twice; give it one (make one ck.keras_callback()).")
+        _BEGUN[self._ck] = self
         self._open = self._begin = batch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

@@ -12,7 +12,8 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "steps_per_epoch": S, "every": N, "signal_at": K (SIGTERM to itself after step K),
 "kill_at": K (SIGKILL after step K's checkpoint), "map_outside": bool,
 "val": bool (validation_data: a tf_dataset "val", 2 steps an epoch),
-"twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it)}
+"twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it),
+"another": bool (a second ck.keras_callback() in fit's callbacks)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -132,7 +133,8 @@ def keras_fit(cfg, data, ckpt) -> dict:
     if cfg.get("val"):  # a validation dataset of its own, 2 batches an epoch
         fit.update(validation_data=dataset(ck, {**cfg, "seed": 9}, data, "val"),
                    validation_steps=2)
-    extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else [])]
+    extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else []),
+             *([ck.keras_callback(cfg.get("every", 5))] if cfg.get("another") else [])]
     if cfg["fit"] == "cb":
         cb.fit(model, ds, callbacks=extra, **fit)
     else:

@@ -86,17 +86,22 @@ def test_the_last_checkpoint_off_the_every_grid_holds_its_own_loss(data_dir, tmp
     assert saved.step == 5 and "loss" in saved.metadata["keras"], saved.metadata
 
 
-@pytest.mark.parametrize("fit", ["cb", "model"])
-def test_the_callback_given_twice_is_refused_not_counted_twice(data_dir, tmp_path, fit):
+@pytest.mark.parametrize("fit,how,said", [
+    ("cb", "twice", "the callback is in fit's callbacks twice"),
+    ("model", "twice", "the callback is in fit's callbacks twice"),
+    ("cb", "another", "fit has two callbacks of one Checkpointer"),
+])
+def test_the_callback_given_twice_is_refused_not_counted_twice(data_dir, tmp_path, fit, how,
+                                                               said):
     """cb.fit(model, ds, callbacks=[cb]) counted each step twice: rows at
     steps 2, 4... of batches 1, 2..., and a resume trained too few steps,
-    silently (found by a sweep)."""
+    silently; a second ck.keras_callback() recorded each checkpoint twice
+    (found by a sweep)."""
     cfg = {"mode": "keras", "fit": fit, "epochs": 1, "steps_per_epoch": 4, "every": 2,
-           "twice": True}
+           how: True}
     _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz", ok=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "ConfigError: keras_callback(): the callback is in fit's callbacks twice" \
-        in proc.stderr, proc.stderr[-3000:]
+    assert f"ConfigError: keras_callback(): {said}" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("step-*"))
 
 
