@@ -13,8 +13,8 @@ import shutil
 from typing import Sequence
 
 from ..core.context import parse_keep_best, parse_keep_last
+from ..reading.metrics_source import DEFAULT_METRICS
 
-DEFAULT_METRICS = "dvclive/metrics.json"
 COMMAND = "the training command after --"
 
 

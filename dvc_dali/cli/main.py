@@ -26,9 +26,9 @@ from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answe
 from ..reading.best import parse_spec
 from ..reading.row_queries import best_row, newest_row, rows as recorded_rows
 from . import inputs
+from ..reading.metrics_source import DEFAULT_METRICS
 
 TEMPLATES = ("dvc.yaml", "train.py", "params.yaml")
-DEFAULT_METRICS = "dvclive/metrics.json"
 
 
 def _plural(count: int, noun: str) -> str:
