@@ -127,12 +127,27 @@ def _push_data(root: str, shas: list[str], dvc_remote: str | None
 
 def rejected_rows(porcelain: str) -> list[str]:
     """The row names of the refs ``git push --porcelain`` says it rejected
-    (a line ``!<TAB><src>:<dst><TAB>[rejected] ...``), but those an atomic
-    push left out only because another was rejected."""
+    because the remote holds another commit there (a line ``!<TAB><src>:<dst>
+    <TAB>[rejected] ...``), but those an atomic push left out only because
+    another was rejected. A ``[remote rejected]`` one (a hook, a full disk, a
+    permission) is no such row: it was said to be one, and the advice was to
+    delete the remote's refs (found by a sweep)."""
     return [line.split("\t")[1].rsplit(":", 1)[-1].rsplit("/", 1)[-1]
             for line in porcelain.splitlines()
             if line.startswith("!\t") and line.count("\t") >= 2
+            and line.split("\t")[2].startswith("[rejected]")
             and "atomic push failed" not in line]
+
+
+def remote_refusal(porcelain: str) -> str:
+    """Why the remote refused a ref (``[remote rejected] (pre-receive hook
+    declined)``: "pre-receive hook declined"); "" when it refused none."""
+    for line in porcelain.splitlines():
+        status = line.split("\t")[2] if line.startswith("!\t") and line.count("\t") >= 2 \
+            else ""
+        if status.startswith("[remote rejected]"):
+            return status.removeprefix("[remote rejected]").strip(" ()")
+    return ""
 
 
 def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> None:
@@ -157,6 +172,8 @@ def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> No
             f"delete those refs there first (`git push {git_remote} --delete <ref>`). The data "
             "is on the DVC remote.")
     said = gitcmd.reason(proc.stderr or proc.stdout)
+    refusal = remote_refusal(proc.stdout)
+    said += f" ({refusal})" if refusal and refusal not in said else ""
     raise DvcDaliError(f"git push of {runs} to {git_remote} failed: {said}. The data is on "
                        f"the DVC remote; check the git remote (`git ls-remote {git_remote}`), "
                        "then run the command again.")

@@ -163,6 +163,14 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     bare, store = with_remotes(project, tmp_path, auto_push=False)
     run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
     assert remote_rows(bare) == {}
+    hook = bare / "hooks" / "pre-receive"  # the remote refuses: said, not "held otherwise"
+    hook.write_text("#!/bin/sh\necho 'refs/exps is read-only here' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    refused = run(["dvc-dali", "push", "origin", "a"], project, check=False)
+    assert refused.returncode == 1 and remote_rows(bare) == {}, refused.stderr
+    assert "git push of a to origin failed: remote: refs/exps is read-only here (pre-receive " \
+        "hook declined)" in refused.stderr and "--delete" not in refused.stderr, refused.stderr
+    hook.unlink()
     run(["dvc-dali", "push", "origin", "a"], project)
     fresh = tmp_path / "fresh"
     run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)

@@ -215,3 +215,18 @@ def test_a_rejected_push_names_the_rows_the_remote_holds_otherwise():
            "Done\n")
     assert rejected_rows(out) == ["x-step6"]
     assert rejected_rows("") == []
+
+
+def test_a_push_the_remote_refused_names_no_row_as_held_otherwise():
+    """A pre-receive hook's refusal was said to be rows recorded elsewhere,
+    with the advice to delete the remote's refs (found by a sweep)."""
+    from dvc_dali.recording.share import rejected_rows, remote_refusal
+
+    out = ("To ../r.git\n"
+           "!\t62ea:refs/exps/ab/cd/x-step6\t[remote rejected] (pre-receive hook declined)\n"
+           "!\t62ea:refs/exps/ab/cd/x-step10\t[rejected] (fetch first)\n"
+           "Done\n")
+    assert rejected_rows(out) == ["x-step10"]
+    assert remote_refusal(out) == "pre-receive hook declined"
+    assert remote_refusal("!\t62ea:refs/exps/ab/cd/x-step6\t[rejected] (non-fast-forward)\n") \
+        == ""
