@@ -19,6 +19,7 @@ from . import dvc_door
 from .remove import select_refs
 
 _PULLED = "refs/dvc-dali-pull"  # fetched here first, to read the rows' lineage
+_THEIRS = "refs/dvc-dali-push-check"  # the remote's rows a push compares lineage with
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,82 @@ def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> No
                        "then run the command again.")
 
 
+def _lineage_root(row: Row, by_sha: dict[str, Row]) -> str | None:
+    """The sha of the first row of ``row``'s lineage; None where a parent is
+    not among ``by_sha`` (a row pruned or removed above it: unknown)."""
+    node, seen = row, set()
+    while node["parent"] is not None:
+        if node["parent"] not in by_sha or node["sha"] in seen:
+            return None
+        seen.add(node["sha"])
+        node = by_sha[node["parent"]]
+    return node["sha"]
+
+
+def foreign_rows(ours: Sequence[Row], theirs: Sequence[Row]) -> list[Row]:
+    """The rows of ``theirs`` (another repository's) that are not in ``ours``
+    and belong to a run ``ours`` has (name and baseline) but to another
+    recording of it: their lineage starts at no row ours starts at (another
+    clone's `dvc exp run -n NAME` on the same commit). Moved beside ours they
+    read as one run: `dvc-dali show` lists both under the name, and the
+    next run's retention pruned the other's rows, on the remote too (found
+    by a sweep). A lineage cut on either side (a row pruned above) is unknown:
+    never said foreign."""
+    by_sha = {r["sha"]: r for r in [*ours, *theirs]}
+    starts: dict[tuple[str, str], set] = {}
+    for r in ours:
+        starts.setdefault((r["exp"], r["baseline"]), set()).add(_lineage_root(r, by_sha))
+    have = {r["sha"] for r in ours}
+    found = []
+    for r in theirs:
+        mine = starts.get((r["exp"], r["baseline"]))
+        if r["sha"] in have or not mine or None in mine:
+            continue
+        start = _lineage_root(r, by_sha)
+        if start is not None and start not in mine:
+            found.append(r)
+    return found
+
+
+def _refuse_mixing(foreign: Sequence[Row], git_remote: str, verb: str, fix: str) -> None:
+    if not foreign:
+        return
+    runs = ", ".join(dict.fromkeys(r["exp"] for r in foreign))
+    rows = _files([r["name"] for r in foreign], most=5)
+    raise DvcDaliError(
+        f"{git_remote} holds another recording of run {runs} ({rows}: "
+        f"started elsewhere, by another clone or machine, not resumed from this run's rows): "
+        f"nothing {verb}; beside this run's rows they would read as one run, and retention "
+        f"of either would prune the other's rows. {fix}")
+
+
+def _remote_rows(root: str, git_remote: str, listed: Sequence[Row], targets) -> list[Row]:
+    """The rows ``git_remote`` holds of the targets' runs that this clone
+    has no ref of, read from their commits (fetched under _THEIRS, then
+    dropped); [] when there are none, or the remote cannot be asked (the
+    push then says why)."""
+    proc = gitcmd.run(["ls-remote", git_remote, "refs/exps/*"], root, check=False,
+                      unrunnable=DvcDaliError)
+    here = {r["sha"] for r in listed}
+    baselines = {t.baseline for t in targets if t.row}
+    unknown = [line.split("\t")[1] for line in proc.stdout.splitlines()
+               if "\t" in line and line.split("\t")[0] not in here]
+    wanted = {b for b in baselines if any(ref.startswith(f"refs/exps/{b[:2]}/{b[2:]}/")
+                                          for ref in unknown)}
+    if proc.returncode != 0 or not wanted:
+        return []
+    try:
+        gitcmd.run(["fetch", "--quiet", "--no-tags", git_remote,
+                    *(f"+refs/exps/{b[:2]}/{b[2:]}/*:{_THEIRS}/{b[:2]}/{b[2:]}/*"
+                      for b in sorted(wanted))], root, check=False, unrunnable=DvcDaliError)
+        names = {t.exp for t in targets}
+        return [r for r in list_rows(root, namespace=_THEIRS) if r["exp"] in names]
+    finally:
+        for ref, sha in _refs_under(root, _THEIRS):
+            gitcmd.run(["update-ref", "-d", ref, sha], root, check=False,
+                       unrunnable=DvcDaliError)
+
+
 def push_runs(root: str, git_remote: str, names: Sequence[str],
               dvc_remote: str | None = None) -> list[Moved]:
     """Push every row of the runs ``names``: their data to the DVC remote,
@@ -188,6 +265,10 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     targets = select_refs(listed, names, exp_refs(root))
     _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here",
              listed)
+    _refuse_mixing(foreign_rows(listed, _remote_rows(root, git_remote, listed, targets)),
+                   git_remote, "pushed", f"Push to another git remote, or remove those rows "
+                   f"from {git_remote} if they are not wanted (`git push {git_remote} --delete "
+                   "<ref>`; `dvc-dali pull` into a fresh clone shows them first).")
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
@@ -250,6 +331,9 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         _unknown(targets, names, f"on {git_remote}",
                  f"`dvc exp list {git_remote}` lists the experiments there (a run's rows are "
                  "<run>-step<N>)", fetched)
+        _refuse_mixing(foreign_rows(list_rows(root), [r for r in fetched if r["exp"] in names]),
+                       git_remote, "pulled", "Pull into a fresh clone to look at them "
+                       f"(`git clone`, then `dvc-dali pull {git_remote} <run>`).")
         missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
         complete = [t for t in targets if t.sha not in missing]
         done = gitcmd.run(["update-ref", "--stdin"], root, check=False,

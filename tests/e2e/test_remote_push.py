@@ -329,3 +329,33 @@ def test_the_row_pusher_never_pushes_a_row_whose_data_is_gone(tmp_path, monkeypa
     assert "a-step5 NOT pushed to origin" in said and "dvc-dali push origin a" in said, said
     assert set(remote_rows(bare)) == {"a-step10"}, said
     assert missing_data(bare, store, refs["a-step10"][1]) == []
+
+
+def test_another_clones_recording_of_a_run_is_neither_pushed_beside_nor_pulled_into_ours(
+        tmp_path):
+    """Two clones each `dvc exp run -n a` on one commit; one is killed (no
+    DVC experiment ref `a`), so no ref name collides. Its push went in beside
+    the other's rows, a pull mixed them into the other's run, and that run's
+    next retention pruned them (found by a sweep). Both are refused now."""
+    project = template_project(tmp_path, steps=4)
+    bare, _ = with_remotes(project, tmp_path, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project)
+    run(["dvc-dali", "push", "origin", "a"], project)
+    other = tmp_path / "other"
+    run(["git", "clone", "-q", str(bare), str(other)], tmp_path)
+    git_init(other)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.steps=3", "-S", "train.checkpoint_every=3"],
+        other)
+    dvc_ref = next(ref for _, ref in exp_refs(other) if ref.endswith("/a"))
+    run(["git", "update-ref", "-d", dvc_ref], other)  # as a killed run leaves it
+    pushed = run(["dvc-dali", "push", "origin", "a"], other, check=False)
+    assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    assert "origin holds another recording of run a (a-step2, a-step4: started elsewhere" \
+        in pushed.stderr and "nothing pushed" in pushed.stderr, pushed.stderr
+    assert set(remote_rows(bare)) == {"a-step2", "a-step4"}
+    ref = row_refs(other)["a-step3"][0]
+    run(["git", "push", "-q", "origin", f"{ref}:{ref}"], other)  # as `dvc exp push` would
+    pulled = run(["dvc-dali", "pull", "origin", "a"], project, check=False)
+    assert pulled.returncode == 1 and "another recording of run a (a-step3: " in (
+        pulled.stderr), pulled.stdout + pulled.stderr
+    assert set(row_refs(project)) == {"a-step2", "a-step4"}

@@ -230,3 +230,27 @@ def test_a_push_the_remote_refused_names_no_row_as_held_otherwise():
     assert remote_refusal(out) == "pre-receive hook declined"
     assert remote_refusal("!\t62ea:refs/exps/ab/cd/x-step6\t[rejected] (non-fast-forward)\n") \
         == ""
+
+
+def _row(name: str, sha: str, parent: str | None, exp: str = "a", baseline: str = "b0") -> dict:
+    return {"name": name, "sha": sha, "parent": parent, "exp": exp, "baseline": baseline,
+            "ref": f"refs/exps/b0/{name}"}
+
+
+@pytest.mark.parametrize("theirs,foreign", [
+    ([_row("a-step3", "t3", None), _row("a-step6", "t6", "t3")], ["a-step3", "a-step6"]),
+    ([_row("a-step15", "s15", "s10")], []),  # resumed from our row elsewhere: one run
+    ([_row("a-step10", "s10", "s5")], []),  # ours
+    ([_row("a-step7", "t7", "gone")], []),  # its lineage cut: unknown, not foreign
+    ([_row("b-step3", "u3", None, exp="b")], []),  # a run we have none of
+    ([_row("a-step3", "t3", None, baseline="b1")], []),  # the name on another commit
+])
+def test_rows_of_another_recording_of_a_run_are_told_apart(theirs, foreign):
+    """Two clones' `dvc exp run -n a` on one commit: moved together, they
+    read as one run and the next run's retention pruned the other's rows."""
+    from dvc_dali.recording.share import foreign_rows
+
+    ours = [_row("a-step5", "s5", None), _row("a-step10", "s10", "s5")]
+    assert [r["name"] for r in foreign_rows(ours, theirs)] == foreign
+    # our own lineage cut (a row pruned above): where it starts is unknown
+    assert foreign_rows([_row("a-step10", "s10", "s5")], theirs) == []
