@@ -118,6 +118,7 @@ class Pusher:
         self._caught_up = False
         self._mine: set[str] = set()  # the refs of the rows this process recorded
         self._waiting = 0  # callers of wait(): no spacing while someone waits
+        self._apart = False  # the remote holds another recording of this run: none go
         self.stats = {"rows": 0, "pushes": 0, "cpu_s": 0.0}  # this thread + git's CPU
         self._thread = threading.Thread(target=self._run, name="dvc-dali-push", daemon=True)
         self._thread.start()
@@ -132,8 +133,11 @@ class Pusher:
     def push(self, name: str, ref: str, sha: str, objs: list[Any], run_name: str = "") -> None:
         with self._cond:
             self.run_name = run_name or self.run_name  # a resumed run's rows keep its name
-            self._todo.append(Job(ref, name, sha, list(objs)))
             self._mine.add(ref)
+            if self._apart:  # said once (_keep_apart); listed at exit
+                self._dropped.append(name)
+                return
+            self._todo.append(Job(ref, name, sha, list(objs)))
             self._cond.notify_all()
 
     def forget(self, ref: str, name: str) -> None:
@@ -144,7 +148,8 @@ class Pusher:
                       and not any(j is k for k in self._inflight)]
             for job in queued:
                 self._todo.remove(job)
-            if not queued:
+            # never the remote's refs when they are another recording's rows
+            if not queued and not self._apart:
                 self._todo.append(Job(ref, "", ""))
             for done in (self._pushed, self._dropped):
                 if name in done:
@@ -256,8 +261,10 @@ class Pusher:
 
         with self._cond:
             queued, name = {j.ref for j in self._todo}, self.run_name
-        rows = [r for r in list_rows(self.dvc_root, name)
-                if r["ref"] not in queued and r["name"] not in self._pushed]
+        listed = list_rows(self.dvc_root, name)
+        if self._keep_apart(listed):
+            return
+        rows = [r for r in listed if r["ref"] not in queued and r["name"] not in self._pushed]
         there = remote_refs(self.dvc_root, self.git_remote, [r["ref"] for r in rows])
         other = [r["name"] for r in rows if there.get(r["ref"], r["sha"]) != r["sha"]]
         rows = [r for r in rows if r["ref"] not in there]
@@ -278,6 +285,29 @@ class Pusher:
         if jobs:
             logger.info("%s of %s recorded before this process, not on %s: pushed first",
                         ", ".join(j.name for j in jobs), name, self.git_remote)
+
+    def _keep_apart(self, listed: list) -> bool:
+        """True when the git remote holds another recording of this run (rows
+        of its name and baseline another clone started): then none of this
+        run's rows go, and that is said once; they went in beside the
+        other's, and the next run's retention pruned the other's rows there
+        (found by a sweep). `dvc-dali push` refuses them likewise."""
+        from ..reading.exp_refs import list_rows
+        from .share import foreign_rows, mixing, remote_rows
+
+        theirs = remote_rows(self.dvc_root, self.git_remote, list_rows(self.dvc_root),
+                             {self.run_name}, {r["baseline"] for r in listed}, _git_env())
+        foreign = foreign_rows(listed, theirs)
+        if not foreign:
+            return False
+        with self._cond:
+            self._apart = self._caught_up = True
+            self._dropped += [j.name for j in self._todo if j.sha]
+            self._todo = [j for j in self._todo if not j.sha]
+            self._cond.notify_all()
+        logger.warning("rows of %s NOT pushed: %s", self.run_name,
+                       mixing(foreign, self.git_remote, "pushed"))
+        return True
 
     def _next_batch(self) -> list[Job]:
         """The jobs queued (rows and deletions), up to a second one of a ref."""

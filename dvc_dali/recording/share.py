@@ -217,27 +217,30 @@ def foreign_rows(ours: Sequence[Row], theirs: Sequence[Row]) -> list[Row]:
     return found
 
 
-def _refuse_mixing(foreign: Sequence[Row], git_remote: str, verb: str, fix: str) -> None:
-    if not foreign:
-        return
+def mixing(foreign: Sequence[Row], git_remote: str, verb: str) -> str:
+    """Why ``foreign`` rows (foreign_rows) keep this run's from moving."""
     runs = ", ".join(dict.fromkeys(r["exp"] for r in foreign))
     rows = _files([r["name"] for r in foreign], most=5)
-    raise DvcDaliError(
-        f"{git_remote} holds another recording of run {runs} ({rows}: "
-        f"started elsewhere, by another clone or machine, not resumed from this run's rows): "
-        f"nothing {verb}; beside this run's rows they would read as one run, and retention "
-        f"of either would prune the other's rows. {fix}")
+    return (f"{git_remote} holds another recording of run {runs} ({rows}: started "
+            f"elsewhere, by another clone or machine, not resumed from this run's rows): "
+            f"nothing {verb}; beside this run's rows they would read as one run, and "
+            "retention of either would prune the other's rows")
 
 
-def _remote_rows(root: str, git_remote: str, listed: Sequence[Row], targets) -> list[Row]:
-    """The rows ``git_remote`` holds of the targets' runs that this clone
-    has no ref of, read from their commits (fetched under _THEIRS, then
-    dropped); [] when there are none, or the remote cannot be asked (the
-    push then says why)."""
-    proc = gitcmd.run(["ls-remote", git_remote, "refs/exps/*"], root, check=False,
+def _refuse_mixing(foreign: Sequence[Row], git_remote: str, verb: str, fix: str) -> None:
+    if foreign:
+        raise DvcDaliError(f"{mixing(foreign, git_remote, verb)}. {fix}")
+
+
+def remote_rows(root: str, git_remote: str, listed: Sequence[Row], names: set[str],
+                baselines: set[str], env: dict[str, str] | None = None) -> list[Row]:
+    """The rows of the runs ``names`` on ``baselines`` that ``git_remote``
+    holds and ``listed`` (this clone's) lacks, read from their commits
+    (fetched under _THEIRS, then dropped); [] when there are none, or the
+    remote cannot be asked (the push then says why)."""
+    proc = gitcmd.run(["ls-remote", git_remote, "refs/exps/*"], root, env=env, check=False,
                       unrunnable=DvcDaliError)
     here = {r["sha"] for r in listed}
-    baselines = {t.baseline for t in targets if t.row}
     unknown = [line.split("\t")[1] for line in proc.stdout.splitlines()
                if "\t" in line and line.split("\t")[0] not in here]
     wanted = {b for b in baselines if any(ref.startswith(f"refs/exps/{b[:2]}/{b[2:]}/")
@@ -247,8 +250,8 @@ def _remote_rows(root: str, git_remote: str, listed: Sequence[Row], targets) -> 
     try:
         gitcmd.run(["fetch", "--quiet", "--no-tags", git_remote,
                     *(f"+refs/exps/{b[:2]}/{b[2:]}/*:{_THEIRS}/{b[:2]}/{b[2:]}/*"
-                      for b in sorted(wanted))], root, check=False, unrunnable=DvcDaliError)
-        names = {t.exp for t in targets}
+                      for b in sorted(wanted))], root, env=env, check=False,
+                   unrunnable=DvcDaliError)
         return [r for r in list_rows(root, namespace=_THEIRS) if r["exp"] in names]
     finally:
         for ref, sha in _refs_under(root, _THEIRS):
@@ -265,9 +268,11 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
     targets = select_refs(listed, names, exp_refs(root))
     _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here",
              listed)
-    _refuse_mixing(foreign_rows(listed, _remote_rows(root, git_remote, listed, targets)),
-                   git_remote, "pushed", f"Push to another git remote, or remove those rows "
-                   f"from {git_remote} if they are not wanted (`git push {git_remote} --delete "
+    theirs = remote_rows(root, git_remote, listed, {t.exp for t in targets},
+                         {t.baseline for t in targets if t.row})
+    _refuse_mixing(foreign_rows(listed, theirs), git_remote, "pushed",
+                   f"Push to another git remote, or remove those rows from {git_remote} if "
+                   f"they are not wanted (`git push {git_remote} --delete "
                    "<ref>`; `dvc-dali pull` into a fresh clone shows them first).")
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]

@@ -334,9 +334,10 @@ def test_the_row_pusher_never_pushes_a_row_whose_data_is_gone(tmp_path, monkeypa
 def test_another_clones_recording_of_a_run_is_neither_pushed_beside_nor_pulled_into_ours(
         tmp_path):
     """Two clones each `dvc exp run -n a` on one commit; one is killed (no
-    DVC experiment ref `a`), so no ref name collides. Its push went in beside
-    the other's rows, a pull mixed them into the other's run, and that run's
-    next retention pruned them (found by a sweep). Both are refused now."""
+    DVC experiment ref `a`), so no ref name collides. Its rows went in beside
+    the other's (auto-push, `dvc-dali push`), a pull mixed them into the
+    other's run, and that run's next retention pruned them (found by a
+    sweep). All three are refused now."""
     project = template_project(tmp_path, steps=4)
     bare, _ = with_remotes(project, tmp_path, auto_push=False)
     run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project)
@@ -344,8 +345,11 @@ def test_another_clones_recording_of_a_run_is_neither_pushed_beside_nor_pulled_i
     other = tmp_path / "other"
     run(["git", "clone", "-q", str(bare), str(other)], tmp_path)
     git_init(other)
-    run(["dvc", "exp", "run", "-n", "a", "-S", "train.steps=3", "-S", "train.checkpoint_every=3"],
-        other)
+    auto = run(["dvc", "exp", "run", "-n", "a", "-S", "train.steps=3", "-S",
+                "train.checkpoint_every=3"], other, env={"DVC_EXP_AUTO_PUSH": "true"})
+    assert "rows of a NOT pushed: origin holds another recording of run a (a-step2, a-step4: " \
+        in auto.stderr and "push them with `dvc-dali push origin a`" in auto.stderr, auto.stderr
+    assert set(remote_rows(bare)) == {"a-step2", "a-step4"}
     dvc_ref = next(ref for _, ref in exp_refs(other) if ref.endswith("/a"))
     run(["git", "update-ref", "-d", dvc_ref], other)  # as a killed run leaves it
     pushed = run(["dvc-dali", "push", "origin", "a"], other, check=False)
