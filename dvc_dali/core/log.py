@@ -15,12 +15,45 @@ import sys
 logger = logging.getLogger("dvc_dali")
 
 
+def rank_prefix(initialized: tuple[int, int] | None, environ: dict | os._Environ) -> str:
+    """"[rank N] " on a rank other than 0 (torchrun mixes every rank's output
+    in one stream, and a line alone never said whose it was), else "".
+    ``initialized``: torch.distributed's (rank, world size) where it is
+    initialized; else the launcher's variables (still set after
+    destroy_process_group(), for the lines said at exit)."""
+    if initialized is not None:
+        rank, size = initialized
+    else:
+        try:
+            rank = int(environ.get("RANK", environ.get("LOCAL_RANK", "0")))
+            size = int(environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            return ""
+    return f"[rank {rank}] " if size > 1 and rank != 0 else ""
+
+
+def _initialized() -> tuple[int, int] | None:
+    torch = sys.modules.get("torch")  # never imported here: a process without it has no ranks
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except (AttributeError, RuntimeError):  # a torch being imported or torn down
+        pass
+    return None
+
+
+class _RankFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return rank_prefix(_initialized(), os.environ) + super().format(record)
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to the current ``sys.stderr`` (tests and tools swap it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.setFormatter(logging.Formatter("dvc-dali: %(message)s"))
+        self.setFormatter(_RankFormatter("dvc-dali: %(message)s"))
 
     @property  # type: ignore[override]
     def stream(self):
