@@ -17,6 +17,11 @@ dirlock.holder) is noticed while waiting, and its checkpoint fails with a
 message naming the rank and the step, never a partial row; so is a rank
 that checkpoints into another directory or synchronously (rank_setup); a
 long wait for a live rank is said (_Waiting).
+
+Synchronous ranks use the same keys to meet before each checkpoint's
+collectives (:meth:`AsyncRanks.meet`): a rank that never comes to it (its
+loop ended, it was killed) is named on every rank waiting, not waited for
+in a collective until the process group's timeout.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ ALIVE, DEAD, LEFT = "alive", "dead", "left"
 class AsyncRanks:
     """One Checkpointer's side of the protocol (one per rank)."""
 
-    def __init__(self, path: Path, rank: int, world_size: int, recording: bool = True) -> None:
+    def __init__(self, path: Path, rank: int, world_size: int, recording: bool = True,
+                 asynchronous: bool = True) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
+        self.asynchronous = asynchronous  # False: a synchronous rank meets the others (meet)
         self.recording = recording  # under `dvc exp run`: rank 0 records a row (for the log)
         self.directory = os.path.realpath(path)
         self.kv = distributed.KeyValue(f"dvc_dali/{self.directory}/")
@@ -73,22 +80,81 @@ class AsyncRanks:
 
     def exited(self) -> None:
         """At this process's exit: closed, and the process gone
-        (``exited/<rank>``, read for a Checkpointer of it that never checkpointed)."""
+        (``exited/<rank>``, read for a Checkpointer of it that never checkpointed).
+        A rank another waits for at a checkpoint this one never starts says
+        so too: its own output names what the others refuse."""
         self.close()
         self.kv.set(f"exited/{self.rank}", str(os.getpid()))
+        number = self.announced.number if self.announced else rank_setup.next_number()
+        seq = f"{number}.{self.seq + 1}"
+        for r in range(self.world_size):
+            found = self.kv.get_now(f"{seq}/at/{r}") or rank_commit.parse_durable(
+                self.kv.get_now(f"{seq}/durable/{r}"))
+            if found is not None:
+                step = int(found) if isinstance(found, str) else found.step
+                logger.error("%s", rank_commit.left_message(step, [self.rank], self.world_size,
+                                                            str(self.path)))
+                return
+
+    def _announce(self) -> None:
+        """At the first checkpoint, on the training thread: in the order of every rank's."""
+        if self.announced is not None:
+            return
+        number = rank_setup.next_number()
+        # here, under this Checkpointer's number (the directory lock is held):
+        # the lock of one that closed must not read as this rank ended
+        self.kv.set(f"{number}/pid/{self.rank}", str(os.getpid()))
+        self.announced = Announced(self.rank, Setup(self.directory, self.asynchronous),
+                                   self.kv.sibling("dvc_dali/built/"), number)
+
+    def meet(self, step: int) -> None:
+        """A synchronous rank, before it writes its files of checkpoint
+        ``step``: says it is there (``<n>.<seq>/at/<rank>``) and waits until
+        every rank is (then the collectives that write it cannot wait for a
+        rank that never comes), or refuses (rank_commit.meet) as soon as a
+        rank it waits for ended, checkpoints elsewhere or asynchronously, or
+        said another step. Through the store: no collective."""
+        self._announce()
+        self.seq += 1
+        seq = f"{self.announced.number}.{self.seq}"
+        self.kv.set(f"{seq}/at/{self.rank}", str(step))
+        steps, waiting = {self.rank: step}, _Waiting()
+        while True:
+            decision = self._met(seq, steps)
+            if decision.action == rank_commit.FAIL:
+                raise CheckpointWriteError(decision.message)
+            if decision.action != rank_commit.WAIT:
+                return
+            waiting.say(lambda s: rank_commit.waiting_at_message(
+                step, self.rank, decision.waiting_for, self.world_size, s))
+            self.kv.wait(f"{seq}/at/{decision.waiting_for[0]}", LIVENESS_S)
+
+    def _met(self, seq: str, steps: dict[int, int]) -> rank_commit.Decision:
+        """One look at who is at checkpoint ``seq`` (into ``steps``), and who lives."""
+        self._read_steps(seq, steps)
+        # the ended first, then their word: a rank that said it, then ended, is there
+        seen = {r: self._seen(r) for r in range(self.world_size) if r not in steps}
+        self._read_steps(seq, steps)
+        dead = {r for r, (state, _) in seen.items() if state == DEAD}
+        left = {r for r, (state, _) in seen.items() if state == LEFT}
+        unlike = {r: s for r, (_, s) in seen.items() if s is not None and r not in steps}
+        if unlike:
+            unlike[self.rank] = self.announced.setup
+        return rank_commit.meet(self.world_size, steps, dead, left, str(self.path), unlike)
+
+    def _read_steps(self, seq: str, steps: dict[int, int]) -> None:
+        for r in range(self.world_size):
+            if r not in steps:
+                found = self.kv.get_now(f"{seq}/at/{r}")
+                if found is not None:
+                    steps[r] = int(found)
 
     def job(self, captured: store.Capture, record: Callable[[int, str], None],
             recorded: Callable[[int], None] = lambda step: None) -> Callable[[], None]:
         """The background work for the next checkpoint: ``record(step, LATEST
         text)`` records the row (called on rank 0 only); ``recorded(step)``
         once rank 0 recorded it (called on the other ranks)."""
-        if self.announced is None:  # on the training thread: in the order of every rank's
-            number = rank_setup.next_number()
-            # here, under this Checkpointer's number (the directory lock is held):
-            # the lock of one that closed must not read as this rank ended
-            self.kv.set(f"{number}/pid/{self.rank}", str(os.getpid()))
-            self.announced = Announced(self.rank, Setup(self.directory, True),
-                                       self.kv.sibling("dvc_dali/built/"), number)
+        self._announce()
         self.seq += 1
         seq = f"{self.announced.number}.{self.seq}"
         return lambda: self._run(seq, captured, record, recorded)
@@ -119,15 +185,17 @@ class AsyncRanks:
         has not started yet, or it checkpoints elsewhere or synchronously
         (its setup, said in the store)."""
         number = self.announced.number
+        unlike = self.announced.unlike(rank)  # first: synchronous ranks say their pid too
+        if unlike is not None:
+            return ALIVE, unlike
         if self.kv.get_now(f"{number}/pid/{rank}") is not None:
             closed = self.kv.get_now(f"{number}/closed/{rank}")
             if closed is not None and int(closed) < self.seq:
                 return LEFT, None
             return (DEAD if dirlock.holder(self.path, rank) is None else ALIVE), None
-        unlike = self.announced.unlike(rank)
-        if unlike is None and self.kv.get_now(f"exited/{rank}") is not None:
+        if self.kv.get_now(f"exited/{rank}") is not None:
             return LEFT, None
-        return ALIVE, unlike
+        return ALIVE, None
 
     def _commit(self, seq: str, mark: rank_commit.Durable,
                 record: Callable[[int, str], None]) -> None:

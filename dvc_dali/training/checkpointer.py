@@ -195,10 +195,9 @@ class Checkpointer:
         if self._ctx.mode == "record":
             self._start_recorded_run(params, total_steps)
         self._lock = dirlock.acquire(self.path, self.rank)  # one writer per directory
-        # asynchronous across ranks: agreed through torch.distributed's store (async_ranks)
-        self._ranks = (async_ranks.AsyncRanks(self.path, self.rank, self.world_size,
-                                              self._ctx.mode != "off")
-                       if self.asynchronous and self.world_size > 1 else None)
+        # across ranks, through torch.distributed's store: asynchronous checkpoints
+        # (async_ranks), or synchronous ones meeting there before their collectives
+        self._ranks, self._meeting = self._store_ranks()
         self._agreed_signal: int | None = None  # the preemption signal all ranks agreed on
         # should_save's agreement on it, one step late (distributed.LateMax)
         self._late_max = distributed.LateMax() if self.world_size > 1 else None
@@ -221,6 +220,21 @@ class Checkpointer:
         if self._ctx.rng if rng is None else rng:
             self._generators = restorable.RandomGenerators()
             self._register(self._generators, announce=False)
+
+    def _store_ranks(self) -> tuple[async_ranks.AsyncRanks | None,
+                                    async_ranks.AsyncRanks | None]:
+        """(asynchronous ranks' protocol, synchronous ranks' meeting): a
+        synchronous rank that never comes to a checkpoint is then named as
+        it ends (AsyncRanks.meet), not waited for in a collective."""
+        if self.world_size == 1:
+            return None, None
+        ranks = functools.partial(async_ranks.AsyncRanks, self.path, self.rank, self.world_size)
+        if self.asynchronous:
+            return ranks(self._ctx.mode != "off"), None
+        try:
+            return None, ranks(asynchronous=False)
+        except ConfigError:  # a torch that gives no store: the collectives alone, as before
+            return None, None
 
     def _start_proof(self) -> batch_digests.Recorder:
         """The proof at runtime: the batches after each checkpoint (batch_digests.py)."""
@@ -394,8 +408,9 @@ class Checkpointer:
         self.wait()
         self._closed = True
         self._batches.close()  # the last batch's digest appended, its file closed
-        if self._ranks is not None:
-            self._ranks.close()  # a rank waiting for a checkpoint it never starts is told
+        for ranks in (self._ranks, self._meeting):
+            if ranks is not None:  # a rank waiting for a checkpoint it never starts is told
+                ranks.close()
         self._lock.release()
 
     def __del__(self) -> None:
@@ -1140,6 +1155,9 @@ class Checkpointer:
         if self.world_size == 1:
             written = _publish_one(self.path, captured)
         else:
+            if self._meeting is not None:  # every rank's setup compared there too
+                self._meeting.meet(captured.step)
+                self._setups_checked = True
             written = _publish_ranks(self.path, captured, self.rank, self.world_size,
                                      check=not self._setups_checked)
             self._setups_checked = True

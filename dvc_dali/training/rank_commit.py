@@ -82,6 +82,37 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
     return Decision(WAIT, waiting_for=tuple(missing))
 
 
+def meet(world_size: int, steps: Mapping[int, int], dead: frozenset[int] | set[int] = frozenset(),
+         left: frozenset[int] | set[int] = frozenset(), checkpoint: str = "checkpoint",
+         unlike: Mapping[int, Setup] | None = None) -> Decision:
+    """What a synchronous rank does before it writes its files of a checkpoint,
+    from the steps every rank said it checkpoints there (``steps``, by rank,
+    this rank's among them): go on (RECORD) once all said the same step, wait
+    for a live rank, fail once a missing rank ended (``dead``: killed;
+    ``left``: it ended normally) or checkpoints unlike the others
+    (``unlike``, with this rank's own Setup). Every rank then fails alike
+    instead of waiting in a collective until the process group's timeout."""
+    message = mismatch_message(unlike or {}, min(steps.values()))
+    if message:
+        return Decision(FAIL, message=message)
+    missing = [r for r in range(world_size) if r not in steps]
+    if not missing:
+        return Decision(FAIL, message=different_steps(checkpoint, dict(steps), steps[0])
+                        ) if len(set(steps.values())) > 1 else Decision(RECORD)
+    step = steps[min(steps)]
+    gone = [r for r in missing if r in dead and r not in left]
+    if gone:
+        return Decision(FAIL, message=(
+            f"{checkpoint}: rank {', '.join(map(str, gone))} of {world_size} ended before it "
+            f"checkpointed step {step}; step {step} is not recorded (no row holds part of it) "
+            "and LATEST still names the last complete checkpoint. See why that rank ended (its "
+            "output above), then run again to resume from the last complete checkpoint."))
+    ended = [r for r in missing if r in left]
+    if ended:
+        return Decision(FAIL, message=left_message(step, ended, world_size, checkpoint))
+    return Decision(WAIT, waiting_for=tuple(missing))
+
+
 def left_message(step: int, ranks: list[int], world_size: int,
                  checkpoint: str = "checkpoint") -> str:
     """What is said when ``ranks`` ended normally without checkpointing ``step``."""
@@ -110,6 +141,17 @@ def waiting_for_files_message(step: int, ranks: tuple[int, ...], world_size: int
             f"from rank {which}, alive: a rank writing a large state is still being waited "
             "for; one that does not call make_checkpoint at this step (saving on rank 0 "
             "only) is waited for until it does. Call make_checkpoint() at the same step on "
+            "every rank.")
+
+
+def waiting_at_message(step: int, rank: int, ranks: tuple[int, ...], world_size: int,
+                       waited: float) -> str:
+    """What a synchronous rank says while it waits long for live ranks to
+    reach checkpoint ``step``."""
+    return (f"rank {rank} of {world_size} has waited {waited:.0f} s for rank "
+            f"{', '.join(map(str, ranks))}, alive, to reach the checkpoint of step {step}: "
+            "one that does not call make_checkpoint at this step (saving on one rank only) "
+            "is waited for until it does, or ends. Call make_checkpoint() at the same step on "
             "every rank.")
 
 

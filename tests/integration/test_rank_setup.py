@@ -248,3 +248,50 @@ def test_ranks_agree_on_each_restore_and_a_reader_is_not_counted(tmp_path):
                 f"{tmp_path / 'ck'}/rank-00001/step-000000020-") in said, said[-3000:]
     latest = (tmp_path / "ck" / "LATEST").read_text()
     assert latest.count("step-000000020") == 2, latest
+
+
+SKIPS = """
+import sys
+from datetime import timedelta
+import os
+import numpy as np
+import torch.distributed as dist
+import dvc_dali
+from dvc_dali.training.distributed import KeyValue
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a hang fails, not waits
+rank, skipped = dist.get_rank(), int(sys.argv[2])
+ck = dvc_dali.Checkpointer(sys.argv[1], asynchronous=False)
+for n, step in enumerate((10, 20), 1):
+    if rank == 1 and step == skipped:  # rank 1's loop ends a checkpoint early
+        # once rank 0 is at that checkpoint (else it may not be yet when rank 1 exits)
+        KeyValue(f"dvc_dali/{os.path.realpath(sys.argv[1])}/").get(f"1.{n}/at/0")
+        break
+    ck.make_checkpoint(step, arrays={"w": np.arange(3) + rank + step})
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("skipped", [10, 20])
+def test_a_rank_that_ends_without_a_synchronous_checkpoint_is_named(tmp_path, skipped):
+    """Synchronous checkpoints: rank 1 ends its loop before a checkpoint rank
+    0 makes. Rank 0 waited in the store (the first checkpoint) or in a gloo
+    collective until the process group's timeout (30 min by default), then
+    died with a traceback; it now refuses as soon as rank 1 exits, naming
+    rank 1 and the step, and rank 1, which finds rank 0 waiting for it as it
+    exits, says the same line."""
+    pytest.importorskip("torch")
+    script = tmp_path / "skips.py"
+    script.write_text(SKIPS)
+    ranks = run_ranks([sys.executable, str(script), str(tmp_path / "ck"), str(skipped)],
+                      tmp_path)
+    line = (f"{tmp_path / 'ck'}: rank 1 of 2 ended (its Checkpointer closed or its process "
+            f"exited) without calling make_checkpoint() for step {skipped}; step {skipped} is "
+            "not recorded")
+    said = [proc.stdout + proc.stderr for proc in ranks]
+    assert ranks[0].returncode == 1 and "done" not in ranks[0].stdout, said[0][-3000:]
+    assert f"dvc-dali: CheckpointWriteError: {line}" in said[0], said[0][-3000:]
+    assert "Traceback" not in said[0], said[0][-3000:]
+    assert f"[rank 1] dvc-dali: {line}" in said[1], said[1][-3000:]
+    latest = tmp_path / "ck" / "LATEST"
+    assert (latest.read_text().count("step-000000010") == 2 if skipped == 20
+            else not latest.exists())

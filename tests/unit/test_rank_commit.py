@@ -16,6 +16,7 @@ from dvc_dali.training.rank_commit import (
     different_steps,
     format_durable,
     format_setup,
+    meet,
     mismatch_message,
     parse_durable,
     parse_setup,
@@ -166,3 +167,37 @@ def test_ranks_at_different_steps_are_named(steps, step, want):
     message = different_steps("ck", steps, step)
     assert (want in message and message.startswith("ck: the ranks checkpointed different "
                                                   "steps")) if want else message == ""
+
+
+# synchronous ranks before their files (meet): (world, {rank: step said}, dead, left,
+# unlike) -> (action, waiting for / part of the message)
+MEET = [
+    (2, {0: 20}, set(), set(), {}, WAIT, (1,)),
+    (2, {1: 20}, set(), set(), {}, WAIT, (0,)),  # rank 1 waits for rank 0 alike
+    (2, {0: 20, 1: 20}, set(), set(), {}, RECORD, None),
+    (2, {0: 20, 1: 20}, {1}, {1}, {}, RECORD, None),  # said it, then ended: it is there
+    # rank 1's loop ended first (uneven data, a branch on rank 0): named, with the step
+    (2, {0: 20}, {1}, {1}, {}, FAIL,
+     "rank 1 of 2 ended (its Checkpointer closed or its process exited) without calling "
+     "make_checkpoint() for step 20"),
+    (2, {1: 30}, {0}, {0}, {}, FAIL, "rank 0 of 2 ended (its Checkpointer closed"),
+    (2, {0: 20}, {1}, set(), {}, FAIL, "rank 1 of 2 ended before it checkpointed step 20"),
+    (4, {0: 20, 2: 20}, {3}, set(), {}, FAIL, "rank 3 of 4 ended before it checkpointed"),
+    (4, {0: 20, 2: 20}, set(), set(), {}, WAIT, (1, 3)),
+    (2, {0: 20, 1: 30}, set(), set(), {}, FAIL,
+     "the ranks checkpointed different steps (rank 0 step 20, rank 1 step 30)"),
+    (2, {0: 20}, set(), set(), {0: Setup("/c", False), 1: Setup("/c", True)}, FAIL,
+     "the ranks checkpoint in different modes"),
+]
+
+
+@pytest.mark.parametrize("world, steps, dead, left, unlike, action, detail", MEET)
+def test_synchronous_ranks_meet_or_name_the_rank_that_never_comes(world, steps, dead, left,
+                                                                  unlike, action, detail):
+    decision = meet(world, steps, dead, left, "ck", unlike)
+    assert decision.action == action
+    if action == WAIT:
+        assert decision.waiting_for == detail
+    elif action == FAIL:
+        assert detail in decision.message and decision.message.startswith(
+            ("ck: ", "the ranks")), decision.message
