@@ -27,10 +27,12 @@ in a collective until the process group's timeout.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..format import dirlock, store
 from . import distributed, rank_commit, rank_setup
@@ -78,11 +80,11 @@ class AsyncRanks:
         if self.announced is not None:
             self.kv.set(f"{self.announced.number}/closed/{self.rank}", str(self.seq))
 
-    def exited(self) -> None:
+    def exited(self) -> str:
         """At this process's exit: closed, and the process gone
         (``exited/<rank>``, read for a Checkpointer of it that never checkpointed).
-        A rank another waits for at a checkpoint this one never starts says
-        so too: its own output names what the others refuse."""
+        A rank another waits for at a checkpoint this one never starts: what
+        the others refuse, for this rank to say too ("" where none waits)."""
         self.close()
         self.kv.set(f"exited/{self.rank}", str(os.getpid()))
         number = self.announced.number if self.announced else rank_setup.next_number()
@@ -92,9 +94,9 @@ class AsyncRanks:
                 self.kv.get_now(f"{seq}/durable/{r}"))
             if found is not None:
                 step = int(found) if isinstance(found, str) else found.step
-                logger.error("%s", rank_commit.left_message(step, [self.rank], self.world_size,
-                                                            str(self.path)))
-                return
+                return rank_commit.left_message(step, [self.rank], self.world_size,
+                                                str(self.path))
+        return ""
 
     def _announce(self) -> None:
         """At the first checkpoint, on the training thread: in the order of every rank's."""
@@ -309,10 +311,34 @@ class _Waiting:
 def _say_exited() -> None:
     """At exit (after the saves in flight finished): each AsyncRanks of this
     process says it ended, so no rank waits for ever for one that never
-    checkpoints again. The store may be gone already (its host ended)."""
-    for ranks in list(STATE.live_ranks):
-        try:
-            ranks.exited()
-        except Exception:  # noqa: BLE001 (nobody left to tell)
-            pass
+    checkpoints again. The store may be gone already (its host ended: rank
+    0, where no launcher holds it), which torch says in C++ frames on stderr:
+    silenced, as there is nobody left to tell."""
+    said = []
+    with _stderr_silenced():
+        for ranks in list(STATE.live_ranks):
+            try:
+                said.append(ranks.exited())
+            except Exception:  # noqa: BLE001 (nobody left to tell)
+                pass
+    for message in filter(None, said):
+        logger.error("%s", message)
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 on /dev/null (at exit: the saves in flight are done)."""
+    try:
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
