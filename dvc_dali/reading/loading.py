@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..format import manifest_schema, store
-from ..core.arguments import check_path, kind_of, shown
+from ..core.arguments import check_path, checked_call, kind_of, shown
 from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointCorruptError,
                            ConfigError, DvcDaliError)
 
@@ -127,6 +127,7 @@ def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> Non
         _fetch(fs, f"{path}/{rel}/{member}", dest / rel / member)
 
 
+@checked_call
 def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any] | None = None,
          repo: str | os.PathLike | None = None, names: list[str] | None = None) -> Loaded:
     """Read a checkpoint without resuming it.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .best import best_row as _best_row, parse_spec
-from ..core.arguments import check_path, check_str, kind_of, shown as _shown
+from ..core.arguments import check_path, checked_call, check_str, kind_of, shown as _shown
 from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
 from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
@@ -34,6 +34,7 @@ def _params(blob: bytes | None) -> dict[str, Any]:
     return flat_keys(_safe_yaml(blob))
 
 
+@checked_call
 def rows(exp: str | None = None, repo: str | Path | None = None,
          metrics_file: str | None = None, params: bool = True, *,
          run: Row | str | None = None) -> list[Row]:
@@ -299,6 +300,7 @@ def run_rows(found: list[Row], row: Row) -> list[Row]:
     return [r for r in same if r["baseline"] in seen]
 
 
+@checked_call
 def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike | None = None
                 ) -> Row | None:
     """The recorded row the checkpoint output at ``path`` holds.
@@ -448,6 +450,7 @@ def mark_dvc_duplicates(root: str, found: list[Row],
         row["dvc_experiments"] = sorted(set(matched.get(row["sha"], [])))
 
 
+@checked_call
 def best_row(found: list[Row], spec: str) -> Row | None:
     """The best row by a metric.
 

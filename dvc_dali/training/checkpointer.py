@@ -43,7 +43,7 @@ from ..core.context import RunContext
 from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointLockedError,
                            CheckpointWriteError, ConfigError, DvcDaliError, RecordError,
                            UnchangedCheckpointError)
-from ..core.arguments import kind_of
+from ..core.arguments import checked_methods, kind_of
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
@@ -63,6 +63,7 @@ def _array_module():
         return None
 
 
+@checked_methods
 class Checkpointer:
     """Saves and restores the exact state of a training run.
 

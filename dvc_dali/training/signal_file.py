@@ -20,6 +20,7 @@ from pathlib import Path
 from . import distributed
 from ..core import ancestry, exit_hooks
 from ..core.context import SIGNAL_NAME, RunContext, repo_root
+from ..core.arguments import checked_call
 from ..core.errors import ConfigError, SignalError
 from ..core.log import logger
 from ..core.process_state import STATE
@@ -119,6 +120,7 @@ def _say_not_recording(ctx: RunContext) -> None:
         STATE.said_not_recording = True
 
 
+@checked_call
 def make_checkpoint(step: int | None = None, *, out: str | None = None,
                     keep_last: int | None = None, keep_best: str | None = None) -> None:
     """Signal DVC that the checkpoint output is complete, and wait until it is recorded.

@@ -167,6 +167,25 @@ CASES = {
                       "path"),
     "current_row_int": ("dvc_dali.current_row(5)", "ArgumentTypeError: current_row(path=5): "),
     "load_path_int": ("dvc_dali.load(5)", "ArgumentTypeError: load(path=5): must be a path"),
+    # were Python's own TypeError for arguments the call does not take, a traceback
+    "ck_keyword_typo": ("C('ck', reume=False)", "ArgumentTypeError: Checkpointer(): got an "
+                        "unexpected keyword argument 'reume' (did you mean 'resume'?); it takes "
+                        "Checkpointer(path='checkpoint', *, resume=True"),
+    "bare_too_many": ("dvc_dali.make_checkpoint(1, 2, 3)", "ArgumentTypeError: "
+                      "make_checkpoint(): too many positional arguments; it takes "
+                      "make_checkpoint(step=None, *, out=None"),
+    "rows_unknown": ("dvc_dali.rows(foo=1)", "ArgumentTypeError: rows(): got an unexpected "
+                     "keyword argument 'foo'; it takes rows(exp=None"),
+    "best_row_missing": ("dvc_dali.best_row([])", "ArgumentTypeError: best_row(): missing a "
+                         "required argument: 'spec'"),
+    "save_no_step": ("C('ck').save()", "ArgumentTypeError: Checkpointer.save(): missing a "
+                     "required argument: 'step'; it takes Checkpointer.save(step, arrays=None, "
+                     "metadata=None)"),
+    "tf_dataset_no_source": ("C('ck').tf_dataset('t')", "ArgumentTypeError: "
+                             "Checkpointer.tf_dataset(): missing a required argument: 'source'"),
+    "keras_callback_unknown": ("C('ck').keras_callback(10, x=1)", "ArgumentTypeError: "
+                               "Checkpointer.keras_callback(): got an unexpected keyword "
+                               "argument 'x'; it takes Checkpointer.keras_callback(every, "),
 }
 
 

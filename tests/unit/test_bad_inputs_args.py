@@ -6,6 +6,7 @@ before any file, repository or pipeline is touched."""
 
 from __future__ import annotations
 
+import inspect
 from collections import namedtuple
 
 import pytest
@@ -13,6 +14,7 @@ from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
 from dvc_dali import ArgumentError, ArgumentTypeError
+from dvc_dali.core.arguments import checked_call
 from dvc_dali.dali import dali_state
 from dvc_dali.format import arrays
 from dvc_dali.training import rng_state
@@ -86,6 +88,29 @@ CASES = {
                   "load(repo=5): must be a path"),
     "load names": (lambda: dvc_dali.load(names="w"), ArgumentTypeError,
                    "load(names='w'): names is a list of array names"),
+    # were Python's own TypeError, a traceback (checked_call)
+    "Checkpointer keyword typo": (lambda: dvc_dali.Checkpointer(reume=False), ArgumentTypeError,
+                                  "Checkpointer(): got an unexpected keyword argument 'reume' "
+                                  "(did you mean 'resume'?); it takes Checkpointer(path="
+                                  "'checkpoint', *, resume=True, params=None"),
+    "Checkpointer unknown keyword": (lambda: dvc_dali.Checkpointer(foo=1), ArgumentTypeError,
+                                     "Checkpointer(): got an unexpected keyword argument "
+                                     "'foo'; it takes"),
+    "make_checkpoint positional": (lambda: dvc_dali.make_checkpoint(1, 2, 3), ArgumentTypeError,
+                                   "make_checkpoint(): too many positional arguments; it takes "
+                                   "make_checkpoint(step=None, *, out=None, keep_last=None, "
+                                   "keep_best=None)"),
+    "load positional": (lambda: dvc_dali.load("ck", "HEAD"), ArgumentTypeError,
+                        "load(): too many positional arguments; it takes load(path="),
+    "rows unknown keyword": (lambda: dvc_dali.rows(foo=1), ArgumentTypeError,
+                             "rows(): got an unexpected keyword argument 'foo'; it takes rows("
+                             "exp=None, repo=None, metrics_file=None, params=True, *, run=None)"),
+    "best_row missing": (lambda: dvc_dali.best_row(), ArgumentTypeError,
+                         "best_row(): missing a required argument: 'found'; it takes "
+                         "best_row(found, spec)"),
+    "current_row typo": (lambda: dvc_dali.current_row(pth="ck"), ArgumentTypeError,
+                         "current_row(): got an unexpected keyword argument 'pth' (did you mean "
+                         "'path'?)"),
 }
 
 
@@ -115,3 +140,47 @@ def test_good_values_are_still_taken():
     assert dvc_dali.best_row([], "acc:min") is None
     assert dali_state.prepare(uniform, {"low": 0.5, "batch_size": 1, "num_threads": 1,
                                         "device_id": None}, "t") is not None
+
+
+def test_a_method_called_with_arguments_it_does_not_take_is_refused_naming_it(tmp_path):
+    ck = dvc_dali.Checkpointer(tmp_path / "ck", rng=False)
+    try:
+        calls = {"Checkpointer.save(): missing a required argument: 'step'; it takes "
+                 "Checkpointer.save(step, arrays=None, metadata=None)": lambda: ck.save(),
+                 "Checkpointer.tf_dataset(): missing a required argument: 'source'":
+                     lambda: ck.tf_dataset("t"),
+                 "Checkpointer.keras_callback(): got an unexpected keyword argument 'x'":
+                     lambda: ck.keras_callback(10, x=1),
+                 "Checkpointer.should_save(): got an unexpected keyword argument 'evry' "
+                 "(did you mean 'every'?)": lambda: ck.should_save(1, evry=2)}
+        for says, call in calls.items():
+            with pytest.raises(ArgumentTypeError) as err:
+                call()
+            assert str(err.value).startswith(says), str(err.value)
+        assert not (tmp_path / "ck" / "LATEST").exists()
+    finally:
+        ck.close()
+
+
+def test_a_type_error_from_inside_the_call_is_not_taken_for_a_bad_argument():
+    @checked_call
+    def inner(step):
+        return step + "x"  # Python's TypeError from inside: the arguments bound
+
+    with pytest.raises(TypeError) as err:
+        inner(1)
+    assert not isinstance(err.value, ArgumentTypeError)
+    with pytest.raises(dvc_dali.ConfigError) as err:  # a bad value: its own refusal
+        dvc_dali.make_checkpoint("1")
+    assert "step='1'" in str(err.value)
+
+
+def test_the_checked_entry_points_keep_their_signatures_and_docstrings():
+    for func in (dvc_dali.Checkpointer.__init__, dvc_dali.Checkpointer.save,
+                 dvc_dali.make_checkpoint, dvc_dali.load, dvc_dali.rows, dvc_dali.best_row,
+                 dvc_dali.current_row):
+        assert hasattr(func, "__wrapped__") and func.__doc__ == func.__wrapped__.__doc__
+    assert list(inspect.signature(dvc_dali.Checkpointer).parameters)[:2] == ["path", "resume"]
+    assert list(inspect.signature(dvc_dali.make_checkpoint).parameters) == [
+        "step", "out", "keep_last", "keep_best"]
+    assert not hasattr(dvc_dali.Checkpointer.step.fget, "__wrapped__")  # read each step
