@@ -431,6 +431,10 @@ OTHER_ALGORITHM = "recorded by another digest algorithm"
 UNREADABLE = "a recorded digest is unreadable"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")
 _HEX = set("0123456789abcdef")
+# The hex digits each algorithm's value is written with (a hand-edited one of
+# another width is unreadable, not "other bytes"); the shapes field: 8.
+_WIDTHS = {HOST: 8, DEVICE: 16, GWSUM1: 16}
+_SHAPES_WIDTH = 8
 
 
 @dataclass(frozen=True)
@@ -465,7 +469,8 @@ def parse_output(output: str) -> tuple[str, str, str, str] | None:
     named form ``<dtype>/<8 hex>/<algorithm>:<hex>``, or the unnamed one
     dvc-dali wrote before digests named their algorithm (``c<hex>``: CRC-32,
     ``g<hex>``: the device sum; LEGACY). None when it is neither (``-``,
-    anything forged): nothing can be told from it."""
+    anything forged, a value or shapes field of a width no run wrote):
+    nothing can be told from it."""
     parts = output.split("/") if isinstance(output, str) else []
     if len(parts) != 3:
         return None
@@ -474,6 +479,9 @@ def parse_output(output: str) -> tuple[str, str, str, str] | None:
     if not sep:
         name, value = LEGACY.get(data[:1], ""), data[1:]
     if not name or set(name) - _NAME_CHARS or not value or set(value) - _HEX:
+        return None
+    if len(shapes) != _SHAPES_WIDTH or set(shapes) - _HEX \
+            or len(value) != _WIDTHS.get(name, len(value)):
         return None
     return dtype, shapes, name, value
 

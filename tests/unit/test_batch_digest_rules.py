@@ -25,7 +25,7 @@ ID1, ID2 = "1" * 32, "2" * 32
     ([A], ["float/0000aaaa/c11111111"], ["output 0: dtype uint8 -> float"]),
     ([A], ["uint8/0000bbbb/c11111111"], ["output 0: sample shapes differ"]),
     ([A], ["uint8/0000aaaa/c22222222"], ["output 0: same dtype and shapes, other bytes"]),
-    ([A, A], [A, "uint8/0000aaaa/c2"], ["output 1: same dtype and shapes, other bytes"]),
+    ([A, A], [A, "uint8/0000aaaa/c22222222"], ["output 1: same dtype and shapes, other bytes"]),
     ([A], [A, A], ["2 outputs where 1 were produced"]),
     # a host CRC and a device sum are not comparable: no difference shown (nor a
     # match: test_each_check_ends_matched_differs_or_not_verified)
@@ -38,6 +38,7 @@ def test_differences(want, got, said):
 C32 = "uint8/0000aaaa/crc32:11111111"  # a host CRC-32, named
 G = "uint8/0000aaaa/gwsum1:" + "1" * 16  # the device sum, named
 OTHER = "recorded by another digest algorithm"
+UNREADABLE = "a recorded digest is unreadable"
 MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's outcomes
 
 
@@ -56,7 +57,7 @@ MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's ou
     (["float/0000bbbb/g" + "0" * 16], ["float32/0000aaaa/crc32:11111111"], NOT_VERIFIED,
      (OTHER,)),
     # another (a later, an unknown) algorithm, even with the same value
-    (["uint8/0000aaaa/mix64:11111111"], [C32], NOT_VERIFIED, (OTHER,)),
+    (["uint8/0000aaaa/mix64:" + "1" * 16], [C32], NOT_VERIFIED, (OTHER,)),
     ([C32, G], [C32, C32], NOT_VERIFIED, (OTHER,)),  # one output matched is no proof
     # a difference shown by one output is one, whatever another cannot tell
     ([G, C32], [C32, "uint8/0000aaaa/crc32:22222222"], DIFFERS,
@@ -76,6 +77,16 @@ MATCHED, DIFFERS, NOT_VERIFIED = "matched", "differs", "not verified"  # bd's ou
      ("a recorded digest is unreadable",)),
     (["uint8/0000aaaa/crc32:"], ["uint8/0000aaaa/crc32:"], NOT_VERIFIED,
      ("a recorded digest is unreadable",)),
+    # a hand-edited value or shapes field of a width no run wrote: unreadable, not
+    # "other bytes" (found by a sweep: a false refusal)
+    (["uint8/0000aaaa/crc32:111111111"], [C32], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaaa/crc32:1111111"], [C32], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaaa/c111111111"], [C32], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaaa/gwsum1:" + "1" * 15], [G], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaaa/g" + "1" * 17], [G], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaa/crc32:11111111"], [C32], NOT_VERIFIED, (UNREADABLE,)),
+    (["uint8/0000aaaax/crc32:11111111"], [C32], NOT_VERIFIED, (UNREADABLE,)),
+    ([C32, "uint8/0000aaaa/crc32:0011111111"], [C32, C32], NOT_VERIFIED, (UNREADABLE,)),
     # a record of no output, or of another number with one unreadable: no run wrote
     # it, so it shows no difference (it was refused: "1 outputs where 0 were produced")
     ([], [C32], NOT_VERIFIED, ("a recorded digest is unreadable",)),
@@ -86,6 +97,18 @@ def test_each_check_ends_matched_differs_or_not_verified(want, got, outcome, sai
     assert (found.outcome, found.lines) == (outcome, said)
     if want is not None:
         assert bd.differences(want, got) == (list(said) if outcome == DIFFERS else [])
+
+
+def test_a_manifest_digest_of_another_width_is_unreadable_not_other_bytes():
+    """The manifest's schema takes 8 to 64 hex digits of any algorithm; a
+    hand-edited crc32 of 9 (or mix64 of 8) was compared as other bytes: a
+    false refusal of the resume."""
+    got = bd.digest_arrays([np.arange(6, dtype=np.uint8)])
+    for wide in (got[0] + "0", got[0].replace(f"{bd.HOST}:", f"{bd.DEVICE}:")):
+        record = {"log": ID2, "previous": ID1, "digests": [[wide]]}
+        want = bd.from_manifest({"pipelines": {"train": {bd.KEY: record}}}, ID1)["train"][0]
+        assert (bd.check(want, got).outcome, bd.check(want, got).reason) == (
+            NOT_VERIFIED, UNREADABLE), wide
 
 
 def test_what_is_stored_names_the_algorithm():
@@ -532,11 +555,16 @@ PROOF = "the run it resumes produced (batch digests)"
     pytest.param(_line(1), ["out of order (the first: line 1)", "digests read: none"],
                  id="the second batch only"),
     # another algorithm's digests, a record of no output: not verified, never a refusal
-    pytest.param(_line(0, digest=[d.replace("crc32:", "mix64:") for d in _EDGE_DIGESTS[0]]),
+    pytest.param(_line(0, digest=[d.replace("crc32:", "mix64:00000000")
+                                  for d in _EDGE_DIGESTS[0]]),
                  ["batch 1 not verified (recorded by another digest algorithm)"],
                  id="another algorithm"),
     pytest.param(_line(0, digest=[]), ["batch 1 not verified (a recorded digest is "
                                        "unreadable)"], id="no output"),
+    # a hand-edited value one digit wider: unreadable, not "other bytes" (a false refusal)
+    pytest.param(_line(0, digest=[d + "0" for d in _EDGE_DIGESTS[0]]),
+                 ["batch 1 not verified (a recorded digest is unreadable)"],
+                 id="a value of another width"),
 ])
 def test_a_companion_file_at_its_edges_is_said_never_a_proof_it_does_not_hold(
         tmp_path, capsys, content, said):
