@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import shlex
@@ -17,7 +18,7 @@ from typing import Callable
 
 from .._version import __version__
 from ..core.context import SIGNAL_NAME
-from ..core.errors import ConfigError, DvcDaliError
+from ..core.errors import ConfigError, DvcDaliError, readable
 from ..core.log import logger
 from ..reading.exp_refs import Row
 from ..reading.gitcmd import (  # noqa: F401 (the `show` tests parse git's answers through it)
@@ -36,8 +37,13 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _message(exc: BaseException) -> str:
-    """The error's text without a prefix of its own: main adds "dvc-dali CMD: "."""
-    text = str(exc)
+    """The error's text without a prefix of its own: main adds "dvc-dali CMD: ".
+    An OSError's as people read it: the path and the reason, not ``[Errno 2]
+    ... 'x\\udcff'``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        names = [os.fsdecode(n) for n in (exc.filename, exc.filename2) if n is not None]
+        return readable(": ".join(names + [exc.strerror]))
+    text = readable(str(exc))
     for prefix in ("dvc_dali: ", "dvc-dali: "):
         if text.startswith(prefix):
             return text[len(prefix):]
@@ -63,7 +69,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     source = Path(__file__).parent.parent / "templates"  # dvc_dali/templates
     # `init` then `init --digits` (as init's last line says): the untouched
     # templates are no obstacle, only the samples are written
-    existing = [name for name in TEMPLATES if (dest / name).exists()
+    existing = [name for name in TEMPLATES if os.path.lexists(dest / name)  # a link too
                 and not (args.digits and _same_file(dest / name, source / name))]
     if args.digits and (dest / "data" / "images").exists():
         existing.append("data/images")  # the user's own images are never mixed with samples
@@ -212,6 +218,22 @@ def _fit_output() -> None:
         reconfigure = getattr(sys.stdout, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
+    # a path that is not UTF-8 in a line on stderr: its bytes as \\xNN, not \\udcNN
+    codecs.register_error("dvc_dali.readable", _readable_chars)
+    reconfigure = getattr(sys.stderr, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="dvc_dali.readable")
+
+
+def _readable_chars(err: UnicodeError) -> tuple[str, int]:
+    """An error handler: a byte of a name that is not UTF-8 (a lone
+    surrogate) as \\xNN, any other character stderr cannot encode as
+    backslashreplace writes it."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    chunk = err.object[err.start:err.end]
+    return "".join(readable(c) if "\udc80" <= c <= "\udcff" else
+                   c.encode("ascii", "backslashreplace").decode() for c in chunk), err.end
 
 
 def draw_tree(rows: list[Row]) -> list[str]:

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
+# A name that is not UTF-8 (a directory named with byte 0xff) comes from the
+# file system as str with each such byte a lone surrogate (os.fsdecode), which
+# stderr printed as \udcff, and repr() as '\udcff'; people read \xff.
+_RAW_BYTE = re.compile("[\udc80-\udcff]")
+_SHOWN_BYTE = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def readable(text: str) -> str:
+    """``text`` with each byte of a name that is not UTF-8 as ``\\xNN``, its
+    raw form or as repr() showed it: every message naming a path passes here
+    (a DvcDaliError's message, the log's lines, the CLI's errors)."""
+    text = _RAW_BYTE.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", text)
+    return _SHOWN_BYTE.sub(r"\\x\1", text) if "\\udc" in text else text
+
 
 class DvcDaliError(Exception):
     """Base class of every error dvc-dali raises on purpose."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(readable(a) if isinstance(a, str) else a for a in args))
 
 
 class CheckpointCorruptError(DvcDaliError):

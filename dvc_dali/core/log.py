@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from .errors import readable
+
 logger = logging.getLogger("dvc_dali")
 
 
@@ -44,8 +46,11 @@ def _initialized() -> tuple[int, int] | None:
 
 
 class _RankFormatter(logging.Formatter):
+    """A line from a rank other than 0 names its rank; one naming a path
+    that is not UTF-8 shows its bytes as \\xNN."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return rank_prefix(_initialized(), os.environ) + super().format(record)
+        return rank_prefix(_initialized(), os.environ) + readable(super().format(record))
 
 
 class _StderrHandler(logging.StreamHandler):

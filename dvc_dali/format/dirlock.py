@@ -33,7 +33,7 @@ def _lock_path(path: Path, rank: int) -> Path:
     from ..core.context import repo_root
 
     real = os.path.realpath(path)
-    key = hashlib.sha1(f"{real}\0{rank}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(os.fsencode(f"{real}\0{rank}")).hexdigest()[:12]  # any name's bytes
     root = repo_root(Path(real).parent)
     if root is not None:  # in DVC's scratch space, out of git's and DVC's way
         return root / ".dvc" / "tmp" / "dvc-dali" / f"{short_name(Path(real).name)}-{key}.lock"

@@ -922,6 +922,21 @@ def test_init_into_a_directory_it_cannot_make_says_so(tmp_path):
                     "directory; give one you can write; nothing written.\n"), said
 
 
+def test_init_names_a_path_that_is_not_utf8_and_an_os_error_as_people_read_them(tmp_path):
+    """A directory named with byte 0xff showed as w\\udcff, and a template's
+    name that is a dangling link was Python's "[Errno 2] No such file or
+    directory: ..." (found by a sweep); --force follows the link."""
+    project = tmp_path / os.fsdecode(b"w\xff")
+    project.mkdir()
+    (project / "dvc.yaml").symlink_to("nowhere/x")
+    said = _refused(tmp_path, "init", project.name)
+    assert said == ("dvc-dali init: w\\xff/dvc.yaml already exists; nothing written. Use "
+                    "--force to overwrite them.\n"), said
+    said = _refused(tmp_path, "init", "--force", project.name)
+    assert said == "dvc-dali init: w\\xff/dvc.yaml: No such file or directory\n", said
+    assert [p.name for p in project.iterdir()] == ["dvc.yaml"]
+
+
 @pytest.mark.parametrize("command", ["pull", "push"])
 def test_push_and_pull_say_what_git_could_not_do_in_one_line(odd_files, command):
     """A git remote that does not exist, or is no git repository: git's

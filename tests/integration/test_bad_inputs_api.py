@@ -167,6 +167,12 @@ CASES = {
                       "path"),
     "current_row_int": ("dvc_dali.current_row(5)", "ArgumentTypeError: current_row(path=5): "),
     "load_path_int": ("dvc_dali.load(5)", "ArgumentTypeError: load(path=5): must be a path"),
+    # found by a sweep: a name that is not UTF-8 showed as \udcff (raw and in repr)
+    "path_file_not_utf8": ("import os; f = os.fsdecode(b'f\\xff'); open(f, 'w').close(); C(f)",
+                           "ConfigError: Checkpointer('f\\xff'): f\\xff is a file, not a "
+                           "directory"),
+    "load_not_utf8": ("import os; dvc_dali.load(os.fsdecode(b'ck\\xff'))",
+                      "CheckpointCorruptError: ck\\xff: holds no dvc-dali checkpoint"),
     # were Python's own TypeError for arguments the call does not take, a traceback
     "ck_keyword_typo": ("C('ck', reume=False)", "ArgumentTypeError: Checkpointer(): got an "
                         "unexpected keyword argument 'reume' (did you mean 'resume'?); it takes "
@@ -232,3 +238,20 @@ def test_the_good_values_are_still_taken(tmp_path):
     back = dvc_dali.Checkpointer(str(tmp_path / "ck"), rng=True, asynchronous=False)
     assert back.step == 3 and back.params == {}
     back.close()
+
+
+def test_a_checkpoint_directory_named_in_bytes_that_are_not_utf8_is_kept_and_named(tmp_path):
+    """Its lock's name was a UnicodeEncodeError traceback (found by a sweep);
+    a refusal naming it showed ck\\udcff."""
+    path = tmp_path / os.fsdecode(b"ck\xff")
+    ck = dvc_dali.Checkpointer(path, rng=False)
+    ck.save(1, arrays={"w": np.ones(2)})
+    ck.close()
+    back = dvc_dali.Checkpointer(path, rng=False)
+    assert back.step == 1 and back.arrays["w"].tolist() == [1.0, 1.0]
+    back.close()
+    (path / "LATEST").write_text("garbage")
+    with pytest.raises(dvc_dali.CheckpointCorruptError) as err:
+        dvc_dali.Checkpointer(path, rng=False)
+    assert "ck\\xff/LATEST: does not hold" in str(err.value), str(err.value)
+    assert "\\udc" not in str(err.value) and "\udcff" not in str(err.value)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from dvc_dali.cli.main import _message, draw_tree, group_runs, parse_batch, render
-from dvc_dali.core.errors import DvcDaliError
+from dvc_dali.core.errors import DvcDaliError, readable
 from dvc_dali.recording.remove import Removed, continued, select_refs, summarize
 
 B1, B2 = "a" * 40, "b" * 40
@@ -254,3 +254,19 @@ def test_rows_of_another_recording_of_a_run_are_told_apart(theirs, foreign):
     assert [r["name"] for r in foreign_rows(ours, theirs)] == foreign
     # our own lineage cut (a row pruned above): where it starts is unknown
     assert foreign_rows([_row("a-step10", "s10", "s5")], theirs) == []
+
+
+@pytest.mark.parametrize("text, shown", [
+    (os.fsdecode(b"ck\xff") + "/LATEST", "ck\\xff/LATEST"),  # as str() and stderr had it
+    (repr(os.fsdecode(b"ck\xfe\x80")), "'ck\\xfe\\x80'"),  # as repr() had it
+    ("caf\u00e9 \\u00e9 \\udcxx", "caf\u00e9 \\u00e9 \\udcxx"),  # nothing else changes
+])
+def test_a_name_that_is_not_utf8_reads_as_its_bytes(text, shown):
+    assert readable(text) == shown
+    assert str(DvcDaliError(f"{text}: bad")) == f"{shown}: bad"
+
+
+def test_an_os_error_reads_as_its_path_and_reason():
+    exc = FileNotFoundError(2, "No such file or directory", os.fsdecode(b"w\xff/dvc.yaml"))
+    assert _message(exc) == "w\\xff/dvc.yaml: No such file or directory"
+    assert _message(OSError(5, "Input/output error")) == "Input/output error"
