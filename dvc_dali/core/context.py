@@ -135,8 +135,9 @@ def parse_seconds(value: str | None, name: str, default: float = DEFAULT_WAIT_S)
     text = _given(value)
     if text is None:
         return default
-    try:  # float() also takes '٣' and '1_0'
-        seconds = float(text) if text.isascii() and "_" not in text else math.nan
+    try:  # float() also takes '٣', '1_0' and a sign ('-0', '+1')
+        plain = text.isascii() and "_" not in text and text[:1] not in "+-"
+        seconds = float(text) if plain else math.nan
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:

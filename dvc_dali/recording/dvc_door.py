@@ -393,10 +393,25 @@ def check_push_remotes(repo: Any, git_remote: str) -> str:
         return odb.fs.unstrip_protocol(odb.path)
     except Exception as exc:
         raise RecordError(
-            f"experiment auto-push is on (exp.auto_push / DVC_EXP_AUTO_PUSH) but cannot "
-            f"push rows: {exc}. Fix the git remote '{git_remote}' (`git remote -v`, "
-            "`dvc config exp.git_remote`) and the default DVC remote (`dvc remote list`), "
-            "or turn auto-push off (`dvc config exp.auto_push false`).") from None
+            f"experiment auto-push is on ({_set_by('DVC_EXP_AUTO_PUSH', 'exp.auto_push')}) but "
+            f"cannot push rows: {exc}. Fix the git remote '{git_remote}' ("
+            f"{_set_by('DVC_EXP_GIT_REMOTE', 'exp.git_remote')}; `git remote -v`) and the "
+            "default DVC remote (`dvc remote list`), or turn auto-push off ("
+            f"{_off()}).") from None
+
+
+def _set_by(variable: str, option: str) -> str:
+    """Where a setting came from, for the refusal: the environment variable
+    (which wins over the config, and which the config's fix would not
+    change), else the config option (found by a sweep)."""
+    value = os.environ.get(variable)
+    return f"{variable}={value!r}" if value is not None else f"`dvc config {option}`"
+
+
+def _off() -> str:
+    if os.environ.get("DVC_EXP_AUTO_PUSH") is not None:  # DVC reads 1, y or true in it as on
+        return "unset DVC_EXP_AUTO_PUSH or set it to 0"
+    return "`dvc config exp.auto_push false`"
 
 
 def _cached(outs: Any) -> list[Any]:

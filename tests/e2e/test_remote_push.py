@@ -150,6 +150,23 @@ def test_a_misconfigured_remote_is_refused_before_the_first_step(tmp_path, break
     assert not [r for r in exp_rows(project) if "-step" in r]
 
 
+def test_a_remote_set_by_dvcs_variables_is_refused_naming_them(tmp_path):
+    """DVC's variables win over the config, but the refusal sent people to
+    `dvc config exp.git_remote` and `exp.auto_push false`, which change
+    nothing (found by a sweep of the variables)."""
+    project = template_project(tmp_path)
+    with_remotes(project, tmp_path)
+    out = run(["dvc", "exp", "run", "-n", "a"], project, check=False,
+              env={"DVC_EXP_AUTO_PUSH": "yes", "DVC_EXP_GIT_REMOTE": "nosuch"})
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Traceback" not in text, text
+    assert ("RecordError: experiment auto-push is on (DVC_EXP_AUTO_PUSH='yes') but cannot push "
+            "rows: 'nosuch' is not a valid Git remote or URL. Fix the git remote 'nosuch' "
+            "(DVC_EXP_GIT_REMOTE='nosuch'; `git remote -v`)") in text, text
+    assert "turn auto-push off (unset DVC_EXP_AUTO_PUSH or set it to 0)" in text, text
+    assert not [r for r in exp_rows(project) if "-step" in r]
+
+
 def test_retention_prunes_the_remote_rows_too(tmp_path):
     project = template_project(tmp_path)
     bare, _ = with_remotes(project, tmp_path)

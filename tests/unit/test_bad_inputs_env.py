@@ -125,3 +125,19 @@ def test_a_huge_value_is_quoted_short(name):
     message = str(err.value)
     assert message.startswith(f"{name}='999") and "(5000 characters)" in message, message
     assert len(message) < 600 and "\n" not in message, message
+
+
+@pytest.mark.parametrize("name", SECONDS)
+@pytest.mark.parametrize("value", ["+1", "-0", "-0.0", "+1e3"])
+def test_seconds_with_a_sign_are_refused_as_other_numbers_are(name, value):
+    """float() took '+1' and '-0' (found by a sweep): digits 0-9, a fraction
+    and an exponent only, as the docs say; '1e-3' keeps its exponent's sign."""
+    refused(name, value)
+    assert getattr(RunContext.from_environ({name: "1e-3"}), GOOD[name][1]) == 0.001
+
+
+@pytest.mark.parametrize("name", INTEGERS)
+def test_a_huge_count_is_taken_as_documented(name):
+    """A count or number of bytes beyond any run's is all of it (the docs say so)."""
+    huge = "9" * 40
+    assert getattr(RunContext.from_environ({name: huge}), GOOD[name][1]) == int(huge)
