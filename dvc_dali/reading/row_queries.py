@@ -19,6 +19,7 @@ from ..core.arguments import check_path, checked_call, check_str, kind_of, shown
 from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
 from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys
+from ..core.log import logger
 from .gitcmd import read_blobs
 from .metrics_source import (DEFAULT_METRICS, metrics_file as declared_metrics_file,
                              safe_yaml as _safe_yaml, split_stage, wdir_dvcyaml)
@@ -82,16 +83,41 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
     theirs = _dvc_experiments(every, refs)
     # one git process for the rows' files and the dvc.lock of DVC's own experiments
     lock = tree_path(root, "dvc.lock")
+    bad: list[tuple[Row, str]] = []
     locks = _read_row_files(root, found, metrics_file, params,
-                            [f"{sha}:{lock}" for _, sha in theirs])
+                            [f"{sha}:{lock}" for _, sha in theirs], bad)
+    if bad and metrics_file is None:  # one given by hand: `show` says it its own way
+        say_unread_metrics(bad, "the row is listed without metrics")
     mark_dvc_duplicates(root, found, refs, locks, every)
     return found
 
 
+def read_metrics(root: str, found: list[Row]) -> list[tuple[Row, str]]:
+    """Each row's ``metrics_file`` and ``metrics`` into it, by the one rule
+    `rows`, `dvc-dali show`, `best_row` and retention's ``keep_best`` follow
+    (metrics_source.py); returns (row, why) for each row whose file is
+    there but holds no metrics object (JSON of a list, a number; not JSON):
+    its metrics are unknown, not absent."""
+    bad: list[tuple[Row, str]] = []
+    _read_row_files(root, found, None, False, [], bad)
+    return bad
+
+
+def say_unread_metrics(bad: list[tuple[Row, str]], then: str) -> None:
+    """One line for rows whose metrics file holds no metrics object (they
+    were listed without metrics and nothing said it: found by a sweep)."""
+    row, why = bad[0]
+    more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+    logger.warning("%s of row %s%s %s, not a DVCLive metrics object: %s; fix what writes it "
+                   "(dvc.yaml's metrics: declares it)", row["metrics_file"], row["name"], more,
+                   why, then)
+
+
 def _read_row_files(root: str, found: list[Row], metrics_file: str | None, params: bool,
-                    extra: list[str]) -> list[bytes | None]:
+                    extra: list[str], bad: list[tuple[Row, str]]) -> list[bytes | None]:
     """Each row's metrics (and params) into it; returns the blobs ``extra``
-    names. One git process: the rows' dvc.yaml files are read with
+    names, and adds to ``bad`` the rows whose metrics file holds no metrics
+    object. One git process: the rows' dvc.yaml files are read with
     DVCLive's default metrics file; another only for rows whose dvc.yaml
     declares a metrics file elsewhere (a third where it is the wdir's)."""
     got: dict[tuple[str, str], bytes | None] = {}
@@ -117,17 +143,33 @@ def _read_row_files(root: str, found: list[Row], metrics_file: str | None, param
     ask([(r["sha"], f) for r, f in zip(found, files, strict=True)])
     for row, file in zip(found, files, strict=True):
         row["metrics_file"] = file
-        row["metrics"] = _metrics(got[(row["sha"], file)])
+        row["metrics"], why = _metrics(got[(row["sha"], file)])
+        if why:
+            bad.append((row, why))
         if params:
             row["params"] = _params(got[(row["sha"], "params.yaml")])
     return extra_blobs
 
 
-def _metrics(blob: bytes | None) -> dict[str, float]:
+def _metrics(blob: bytes | None) -> tuple[dict[str, float], str]:
+    """The metrics of a row's file, flattened, and why it holds none where
+    it is there but no JSON object (the row is listed anyway)."""
+    if blob is None:
+        return {}, ""
     try:
-        return flatten_metrics(json.loads(blob)) if blob is not None else {}
-    except ValueError:  # a metrics file cut short or not JSON: list the row anyway
-        return {}
+        data = json.loads(blob)
+    except ValueError:  # cut short, or not JSON (UnicodeDecodeError too)
+        return {}, "is not JSON"
+    if not isinstance(data, dict):
+        return {}, f"is JSON, but {_json_kind(data)}"
+    return flatten_metrics(data), ""
+
+
+def _json_kind(data: object) -> str:
+    """'a list', 'a number': JSON's name of a value that is no object."""
+    if data is None or isinstance(data, bool):
+        return json.dumps(data)
+    return {list: "a list", str: "a string"}.get(type(data), "a number")
 
 
 def _declared_files(found: list[Row], got: dict[tuple[str, str], bytes | None],

@@ -104,13 +104,6 @@ def stage_files(repo: Any, stage: Any) -> list[str]:
     return paths
 
 
-def metrics_files(stage: Any, root: str) -> list[str]:
-    """The stage's JSON metrics outputs (`metrics:` in dvc.yaml), relative to
-    the DVC project at ``root``, in their order."""
-    return [os.path.relpath(o.fs_path, root) for o in stage.outs
-            if getattr(o, "metric", None) and o.fs_path.endswith(".json")]
-
-
 def row_held_paths(repo: Any, stage: Any, checkpoint: Any) -> list[str]:
     """Absolute paths of what a row holds besides the checkpoint output
     ``checkpoint``: the stage's other outputs, metrics and plots, and

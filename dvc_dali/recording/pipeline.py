@@ -193,7 +193,6 @@ class RecordResult:
     duration_s: float
     phases: dict[str, float]  # seconds per step, for benchmarks
     objects: tuple[Any, ...] = ()  # DVC's hash infos of the cached outputs, for the pusher
-    metrics_files: tuple[str, ...] = ()  # the stage's metrics outputs (keep_best reads them)
 
 
 @dataclasses.dataclass
@@ -423,8 +422,7 @@ def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordR
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
-                        tuple(dvc_door.row_cached_out_hashes(stg)),
-                        tuple(dvc_door.metrics_files(stg, where.repo.root_dir)))
+                        tuple(dvc_door.row_cached_out_hashes(stg)))
 
 
 def _refuse_files_written_since(request: RecordRequest, lock_before: lockfile.Before) -> None:
@@ -539,8 +537,7 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
     for name in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
-                                result.ref, keep.keep_last, keep.keep_best,
-                                result.metrics_files):
+                                result.ref, keep.keep_last, keep.keep_best):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
     return result

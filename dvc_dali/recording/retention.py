@@ -2,8 +2,10 @@
 
 Only the rows of the run that just recorded are candidates: the same
 experiment name on the same baseline. The row just recorded is always kept,
-and so is the best by a DVCLive metric when one is named (dvc_dali/reading/best.py:
-the rule `dvc-dali show --best` follows too); while no row has that metric
+and so is the best by a DVCLive metric when one is named, each row's metrics
+read from the file `dvc-dali show` reads (reading/metrics_source.py) and
+compared by the rule `show --best` follows (reading/best.py); a row whose
+file holds no metrics object is kept too. While no row has that metric
 (misspelt, or not logged yet), nothing is pruned: the best is unknown, and
 what is recorded is not lost on a guess. Only refs go: the data stays in
 the cache until `dvc gc`.
@@ -11,13 +13,12 @@ the cache until `dvc gc`.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 from ..reading import gitcmd
 from ..reading.best import best_row
-from ..reading.exp_refs import Row, git_dirs, list_rows, tree_path
-from ..reading.row_queries import DEFAULT_METRICS
+from ..reading.exp_refs import Row, git_dirs, list_rows
+from ..reading.row_queries import read_metrics, say_unread_metrics
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -35,46 +36,45 @@ def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[s
     return [r for r in ordered if r["ref"] not in kept]
 
 
-def _metrics_at(git_dir: str, cwd: str, sha: str, metrics_file: str) -> Optional[Any]:
-    """The row's DVCLive metrics file, parsed; None when it has none."""
-    proc = gitcmd.run(["--git-dir", git_dir, "show", f"{sha}:{tree_path(cwd, metrics_file)}"],
-                      cwd=cwd, check=False)
-    if proc.returncode != 0:
-        return None
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        return None
-
-
-def _say_no_best(spec: str, run_name: str, metrics_file: str, rows: int) -> None:
+def _say_no_best(spec: str, run_name: str, rows: list[Row]) -> None:
     if spec in STATE.said_no_best:
         return
     STATE.said_no_best.add(spec)
+    files = " or ".join(dict.fromkeys(r["metrics_file"] for r in rows))
     logger.warning("keep_best %r (DVC_DALI_KEEP_BEST or keep_best=): none of the %d rows of run "
                    "%r has that metric in %s, so the best row is unknown and no row is "
                    "pruned until one has it; check the name against `dvc-dali show`", spec,
-                   rows, run_name, metrics_file)
+                   len(rows), run_name, files)
+
+
+def _unscored(rows: list[Row], spec: str, dvc_root: str) -> set[str]:
+    """The rows keep_best cannot score: each one's metrics, read by the rule
+    `dvc-dali show --best` and ``best_row`` read them with (it read only the
+    stage's ``metrics:`` outputs, so with a dvc.yaml's top-level ``metrics:``,
+    DVCLive's own layout, it pruned the row `show --best` named: found by a
+    sweep), into the rows; the refs of rows whose file holds no metrics
+    object: their metric is unknown, so they are kept, said once a run."""
+    bad = read_metrics(dvc_root, rows)
+    fresh = [(r, why) for r, why in bad if f"{spec}\0{r['ref']}" not in STATE.said_no_best]
+    STATE.said_no_best.update(f"{spec}\0{r['ref']}" for r, _ in bad)  # specs, (spec, row)s
+    if fresh:
+        say_unread_metrics(fresh, f"keep_best {spec!r} cannot score it, so retention keeps it")
+    return {r["ref"] for r, _ in bad}
 
 
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
-          keep_last: Optional[int], keep_best: Optional[str],
-          metrics_files: Sequence[str] = ()) -> list[str]:
-    """Delete the run's rows retention does not keep; their names.
-    ``metrics_files``: where keep_best's metric is looked for, in order (the
-    stage's metrics outputs), then DVCLive's default."""
+          keep_last: Optional[int], keep_best: Optional[str]) -> list[str]:
+    """Delete the run's rows retention does not keep; their names."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
     rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline]
     keep = {just_recorded}
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
-        files = list(dict.fromkeys([*metrics_files, DEFAULT_METRICS]))
-        best = next((found for found in (
-            best_row(rows, keep_best, lambda r, f=f: _metrics_at(git_dir, dvc_root, r["sha"], f))
-            for f in files) if found is not None), None)
+        keep |= _unscored(rows, keep_best, dvc_root)
+        best = best_row(rows, keep_best)
         if best is None:  # a misspelt metric, or one not logged yet: the best is unknown
-            _say_no_best(keep_best, run_name, " or ".join(files), len(rows))
+            _say_no_best(keep_best, run_name, rows)
             return []
         keep.add(best["ref"])
     removed, kept = [], []

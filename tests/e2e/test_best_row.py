@@ -5,6 +5,8 @@ run` of the template over real images."""
 
 from __future__ import annotations
 
+import pytest
+
 import dvc_dali
 
 from tests.helpers.dvc_project import run, template_project
@@ -90,3 +92,79 @@ def test_keep_best_show_and_rows_read_the_stages_own_metrics_file(tmp_path):
     assert f"best by train/loss:min: {best['name']} (step {best['step']}," in shown, shown
     assert "metrics read from logs/metrics.json, as dvc.yaml declares them (--metrics-file " \
         "reads another)" in shown, shown
+
+
+_STAGE_METRICS = """    metrics:
+      - dvclive/metrics.json:
+          cache: false
+          persist: true      # the history survives a resume
+"""
+
+
+@pytest.mark.parametrize("layout", ["stage", "top-level", "default"])
+def test_keep_best_keeps_the_row_show_best_names_wherever_dvc_yaml_declares_the_metrics(
+        tmp_path, layout):
+    """keep_best read only the stage's own ``metrics:`` (then
+    dvclive/metrics.json), `show --best` and best_row the file dvc.yaml
+    declares, its top-level ``metrics:`` too (what ``Live(dvcyaml=True)``
+    writes): with another dvclive/metrics.json in the commit, retention
+    deleted the row `show --best` named best (found by a sweep). Step 5 is
+    the best; keep_last=1 keeps step 15 and it, whatever the layout."""
+    project = template_project(tmp_path, steps=15)
+    train, yaml = project / "train.py", project / "dvc.yaml"
+    text = train.read_text().replace(
+        '        live.log_metric("train/loss", loss)\n',
+        '        live.log_metric("train/loss", loss)\n'
+        '        live.log_metric("train/acc", 0.9 if step == 5 else 0.1)\n')
+    if layout == "stage":  # DVCLive in logs/, the stage's metrics output
+        text = text.replace("live = ck.live()", 'live = ck.live("logs")')
+        yaml.write_text(yaml.read_text().replace("dvclive/", "logs/"))
+    elif layout == "top-level":  # DVCLive writes dvc.yaml's top-level metrics: itself
+        text = text.replace("live = ck.live()", 'live = ck.live("logs", dvcyaml=True)')
+        yaml.write_text(yaml.read_text().replace(_STAGE_METRICS, "").replace("dvclive/", "logs/"))
+    else:  # declared nowhere: DVCLive's default file
+        yaml.write_text(yaml.read_text().replace(_STAGE_METRICS, ""))
+    train.write_text(text)
+    # undeclared, it is in a row where git tracks it; else a file of an earlier layout
+    (project / "dvclive").mkdir()
+    (project / "dvclive" / "metrics.json").write_text('{"train": {"acc": 5.0}}')
+    run(["git", "add", "-f", "dvclive/metrics.json"], project)
+    run(["git", "commit", "-qam", f"metrics: {layout}"], project)
+    said = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/acc:max"})
+    text = said.stdout + said.stderr
+    assert "none of the" not in text, text
+    rows = dvc_dali.rows("a", repo=project)
+    want = "dvclive/metrics.json" if layout == "default" else "logs/metrics.json"
+    assert {r["metrics_file"] for r in rows} == {want}, rows
+    assert dvc_dali.best_row(rows, "train/acc:max")["name"] == "a-step5", rows
+    assert sorted(r["name"] for r in rows) == ["a-step15", "a-step5"], rows
+    shown = run(["dvc-dali", "show", "a", "--best", "train/acc:max"], project).stdout
+    assert "best by train/acc:max: a-step5 (step 5, train/acc=0.9)" in shown, shown
+
+
+def test_a_metrics_file_that_is_no_json_object_is_said_and_keep_best_keeps_its_row(tmp_path):
+    """Step 5's dvclive/metrics.json is JSON, but a list: show and rows
+    listed the row without metrics and said nothing, and keep_best, unable
+    to score it, pruned it as if it had no metric (found by a sweep)."""
+    project = template_project(tmp_path, steps=15)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        "        live.next_step()\n",
+        "        live.next_step()\n"
+        "        if step == 5:\n"
+        "            open('dvclive/metrics.json', 'w').write('[0.5]')\n"))
+    run(["git", "commit", "-qam", "a list at step 5"], project)
+    said = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_LAST": "1", "DVC_DALI_KEEP_BEST": "train/loss:min"})
+    line = ("dvc-dali: dvclive/metrics.json of row a-step5 is JSON, but a list, not a DVCLive "
+            "metrics object: keep_best 'train/loss:min' cannot score it, so retention keeps it")
+    assert (said.stdout + said.stderr).count(line) == 1, said.stdout + said.stderr
+    rows = dvc_dali.rows("a", repo=project)
+    best = dvc_dali.best_row(rows, "train/loss:min")["name"]  # of steps 10 and 15
+    assert {r["name"] for r in rows} == {"a-step5", "a-step15", best}, rows
+    shown = run(["dvc-dali", "show", "a"], project)
+    assert shown.stderr.count("dvclive/metrics.json of row a-step5 is JSON, but a list, not a "
+                              "DVCLive metrics object: the row is listed without metrics") == 1, \
+        shown.stderr
+    assert "a-step5" in shown.stdout

@@ -31,3 +31,21 @@ CASES = [
 @pytest.mark.parametrize("node,kwargs,flat", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_flat_keys(node, kwargs, flat):
     assert flat_keys(node, **kwargs) == flat
+
+
+@pytest.mark.parametrize("blob, metrics, why", [
+    (None, {}, ""),  # no file in the row: nothing to say
+    (b'{"train": {"acc": 0.5}, "step": 3}', {"train/acc": 0.5}, ""),
+    (b"{}", {}, ""),
+    (b"[0.5]", {}, "is JSON, but a list"),
+    (b"0.5", {}, "is JSON, but a number"),
+    (b'"acc"', {}, "is JSON, but a string"),
+    (b"null", {}, "is JSON, but null"),
+    (b"true", {}, "is JSON, but true"),
+    (b'{"acc": 0.', {}, "is not JSON"),
+    (b"\xff\xfe", {}, "is not JSON"),
+])
+def test_a_rows_metrics_and_why_its_file_holds_none(blob, metrics, why):
+    from dvc_dali.reading.row_queries import _metrics
+
+    assert _metrics(blob) == (metrics, why)
