@@ -6,6 +6,7 @@ ValueError), not a traceback from deep inside."""
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import types
 from typing import Any, Callable
@@ -148,3 +149,17 @@ def _shown_param(param: Any) -> str:
     if param.default is param.empty:
         return param.name
     return f"{param.name}={shown(param.default)}"
+
+
+def check_count(value: Any, where: str, what: str) -> None:
+    """``value`` is None or a positive int (a NumPy integer too; not a bool,
+    a float or a str such as '3', which read as a count hid a typo);
+    ``what`` says what it counts."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"{given(where, value)}: must be a positive int, {what}, not "
+                                f"{kind_of(value)}; None keeps the default")
+    if value < 1:
+        raise ArgumentError(f"{given(where, value)}: must be a positive int, {what}; None "
+                            "keeps the default")

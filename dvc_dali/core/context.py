@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from .errors import ConfigError
+from .arguments import check_count, check_str
+from .errors import ArgumentError, ConfigError
 from .record_request import Retention
 
 SIGNAL_NAME = "DVC_CHECKPOINT"
@@ -118,14 +119,15 @@ def parse_keep_last(value: object, source: str) -> int | None:
     return number
 
 
-def parse_keep_best(value: object, source: str) -> str | None:
-    """'<metric>:max' or '<metric>:min', or None."""
-    if value is None or value == "":
+def parse_keep_best(value: object, source: str,
+                    error: type[ConfigError] = ConfigError) -> str | None:
+    """'<metric>:max' or '<metric>:min', or None (unset or empty: a variable)."""
+    if value is None or (value == "" and error is ConfigError):
         return None
     text = value.strip() if isinstance(value, str) else ""
     metric, sep, mode = text.rpartition(":")
     if not sep or not metric.strip() or mode not in ("max", "min"):
-        raise ConfigError(f"{source}={_shown(value)}: must be '<metric>:max' or '<metric>:min', a "
+        raise error(f"{source}={_shown(value)}: must be '<metric>:max' or '<metric>:min', a "
                           "DVCLive metric path such as 'train/acc:max' or 'loss:min'")
     return text
 
@@ -284,9 +286,12 @@ class RunContext:
         return bool(self.dvc_root and self.baseline_rev)
 
     def retention(self, keep_last: object = None, keep_best: object = None) -> Retention:
-        """Arguments win over the environment; both are checked."""
-        last = parse_keep_last(keep_last, "keep_last") if keep_last is not None else None
-        best = parse_keep_best(keep_best, "keep_best") if keep_best is not None else None
+        """Arguments win over the environment; both are checked, an argument
+        by its type too (keep_last='3' or True, keep_best='' were taken)."""
+        check_count(keep_last, "keep_last", "the number of a run's latest checkpoint rows to keep")
+        check_str(keep_best, "keep_best", "'train/acc:max'")
+        last = None if keep_last is None else int(keep_last)  # type: ignore[call-overload]
+        best = parse_keep_best(keep_best, "keep_best", ArgumentError)
         return Retention(last if last is not None else self.keep_last,
                          best if best is not None else self.keep_best)
 

@@ -95,8 +95,8 @@ class Checkpointer:
             `dvc exp run` (without it a rerun after the end cannot tell a
             changed parameter from more steps).
         keep_last: keep only the run's last N checkpoint rows after each
-            recording (default: env ``DVC_DALI_KEEP_LAST``; unset keeps every
-            row). See the guide "Recording on DVC 3".
+            recording, an int (default: env ``DVC_DALI_KEEP_LAST``; unset
+            keeps every row). See the guide "Recording on DVC 3".
         keep_best: with ``keep_last``, also keep the best row by a DVCLive
             metric, ``"train/acc:max"`` or ``"loss:min"`` (default: env
             ``DVC_DALI_KEEP_BEST``), the rule `best_row` follows.

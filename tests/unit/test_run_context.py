@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dvc_dali.core.context import VARIABLES, RunContext
-from dvc_dali.core.errors import ConfigError
+from dvc_dali.core.errors import ArgumentError, ArgumentTypeError, ConfigError
 
 RUN = {"DVC_ROOT": "/r", "DVC_EXP_BASELINE_REV": "a" * 40}
 
@@ -94,6 +95,33 @@ def test_retention_arguments_win_and_are_checked(env_last, env_best, last, best,
             ctx.retention(last, best)
     else:
         assert ctx.retention(last, best) == result
+
+
+@pytest.mark.parametrize("last,best,error,said", [
+    ("3", None, ArgumentTypeError, "keep_last='3': must be a positive int, the number of a "
+     "run's latest checkpoint rows to keep, not a str"),
+    ("", None, ArgumentTypeError, "keep_last='': must be a positive int"),
+    (True, None, ArgumentTypeError, "keep_last=True: must be a positive int"),
+    (3.0, None, ArgumentTypeError, "keep_last=3.0: must be a positive int"),
+    (-1, None, ArgumentError, "keep_last=-1: must be a positive int"),
+    (2, "", ArgumentError, "keep_best='': must be '<metric>:max' or '<metric>:min'"),
+    (2, "acc:maxx", ArgumentError, "keep_best='acc:maxx': must be '<metric>:max'"),
+    (2, ["acc:max"], ArgumentTypeError, "keep_best=['acc:max']: must be a str such as "
+     "'train/acc:max', or None, not a list"),
+])
+def test_retention_arguments_of_another_type_are_refused(last, best, error, said):
+    """keep_last='3' (or True, or '') was taken as a count (or as unset), and
+    keep_best='' as no metric: a typo trained a run that pruned, or kept,
+    other rows than asked (found by a sweep). The environment's strings stay
+    strings (DVC_DALI_KEEP_LAST='3')."""
+    ctx = RunContext.from_environ({"DVC_DALI_KEEP_LAST": "3", "DVC_DALI_KEEP_BEST": "a:max"})
+    with pytest.raises(error) as caught:
+        ctx.retention(last, best)
+    assert str(caught.value).startswith(said), caught.value
+
+
+def test_retention_takes_a_numpy_count():
+    assert RunContext.from_environ({}).retention(np.int64(3), None) == (3, None)
 
 
 def test_every_variable_read_is_documented():
