@@ -790,7 +790,12 @@ def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
     from ..proof import replay
     from ..recording import maintenance
 
-    for path, wdir in maintenance.replay_targets(str(root)):
+    targets = maintenance.replay_targets(str(root))
+    if not targets:  # said nothing of the row asked for (found by a sweep)
+        what = row or "the workspace's checkpoint"
+        report(False, f"--verify: {what} not verified: no stage declares a checkpoint output, "
+                      "so there is no checkpoint to replay (see above)")
+    for path, wdir in targets:
         replay.verify(root, os.path.relpath(path, root), row, report, Path(wdir))
 
 

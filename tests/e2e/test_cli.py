@@ -681,6 +681,12 @@ def test_doctor_says_when_no_stage_has_a_checkpoint_output(bare_project):
     out = run([*DVC_DALI, "doctor"], bare_project, check=False)
     assert out.returncode == 1
     assert "BAD  no stage in " in out.stdout and "has a checkpoint output" in out.stdout
+    # --verify ROW said nothing of ROW (found by a sweep): it is named, with why
+    for asked, named in ((["a-step10"], "a-step10"), ([], "the workspace's checkpoint")):
+        out = run([*DVC_DALI, "doctor", "--verify", *asked], bare_project, check=False)
+        assert out.returncode == 1, out
+        assert f"BAD  --verify: {named} not verified: no stage declares a checkpoint " \
+            "output, so there is no checkpoint to replay" in out.stdout, out.stdout
 
 
 def test_init_refuses_what_it_cannot_write_before_writing_anything(tmp_path):
