@@ -790,9 +790,13 @@ def _doctor_verify(report: _Report, root: Path, row: str | None) -> None:
     from ..proof import replay
     from ..recording import maintenance
 
-    targets = maintenance.replay_targets(str(root))
+    what = row or "the workspace's checkpoint"
+    try:  # a dvc.yaml or dvc.lock DVC cannot read ended doctor without a word of the row
+        targets = maintenance.replay_targets(str(root))
+    except DvcDaliError as exc:
+        report(False, f"--verify: {what} not verified: {_message(exc)}")
+        return
     if not targets:  # said nothing of the row asked for (found by a sweep)
-        what = row or "the workspace's checkpoint"
         report(False, f"--verify: {what} not verified: no stage declares a checkpoint output, "
                       "so there is no checkpoint to replay (see above)")
     for path, wdir in targets:

@@ -687,6 +687,11 @@ def test_doctor_says_when_no_stage_has_a_checkpoint_output(bare_project):
         assert out.returncode == 1, out
         assert f"BAD  --verify: {named} not verified: no stage declares a checkpoint " \
             "output, so there is no checkpoint to replay" in out.stdout, out.stdout
+    (bare_project / "dvc.lock").write_text("schema: '2.0'\nstages: [cut\n")  # a kill's
+    out = run([*DVC_DALI, "doctor", "--verify", "a-step10"], bare_project, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    assert "BAD  --verify: a-step10 not verified: cannot load the stages of the DVC repo " \
+        in out.stdout, out.stdout
 
 
 def test_init_refuses_what_it_cannot_write_before_writing_anything(tmp_path):
