@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..format import manifest_schema, store
-from ..core.arguments import check_path, checked_call, kind_of, shown
+from ..core.arguments import check_path, kind_of, shown
+from ..core.checked_calls import checked_call
 from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointCorruptError,
                            ConfigError, DvcDaliError)
 

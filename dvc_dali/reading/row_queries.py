@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .best import best_row as _best_row, parse_spec
-from ..core.arguments import check_path, checked_call, check_str, kind_of, shown as _shown
+from ..core.arguments import check_path, check_str, kind_of, shown as _shown
+from ..core.checked_calls import checked_call
 from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
 from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
 from ..core.flat_keys import flat_keys

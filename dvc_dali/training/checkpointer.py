@@ -43,7 +43,8 @@ from ..core.context import RunContext
 from ..core.errors import (ArgumentError, ArgumentTypeError, CheckpointLockedError,
                            CheckpointWriteError, ConfigError, DvcDaliError, RecordError,
                            UnchangedCheckpointError)
-from ..core.arguments import checked_methods, kind_of
+from ..core.arguments import kind_of
+from ..core.checked_calls import checked_methods
 from ..core.log import logger
 from ..core.process_state import STATE
 from ..core.record_request import RecordRequest

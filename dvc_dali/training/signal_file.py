@@ -20,7 +20,7 @@ from pathlib import Path
 from . import distributed
 from ..core import ancestry, exit_hooks
 from ..core.context import SIGNAL_NAME, RunContext, repo_root
-from ..core.arguments import checked_call
+from ..core.checked_calls import checked_call
 from ..core.errors import ConfigError, SignalError
 from ..core.log import logger
 from ..core.process_state import STATE

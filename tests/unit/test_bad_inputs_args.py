@@ -14,7 +14,7 @@ from nvidia.dali import fn, pipeline_def
 
 import dvc_dali
 from dvc_dali import ArgumentError, ArgumentTypeError
-from dvc_dali.core.arguments import checked_call
+from dvc_dali.core.checked_calls import checked_call
 from dvc_dali.dali import dali_state
 from dvc_dali.format import arrays
 from dvc_dali.training import rng_state
