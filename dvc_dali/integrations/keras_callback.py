@@ -26,6 +26,8 @@ import numpy as np
 
 from ..dali import dali_tf
 from ..core.errors import ConfigError
+from ..core.log import logger
+from .fit_end import unfinished_line
 
 
 # Per Checkpointer, the callback that began the batch Keras is at: a second
@@ -113,6 +115,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         finally:
             self._plan = None
         self._save_last()
+        self._say_if_unfinished("cb.fit")
         return history
 
     # -- Keras hooks --------------------------------------------------------
@@ -209,6 +212,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         if self._plan is None:
             self.model._initial_epoch = None  # it would hold for the model's next fit too
             self._save_last()
+            self._say_if_unfinished("model.fit")
 
     def _typed_train_function(self) -> None:
         """A batch that differs from the recorded one is refused inside the
@@ -235,6 +239,15 @@ class DaliCheckpoint(keras.callbacks.Callback):
         """The run's end is a row too (DVC 2 recorded the last checkpoint)."""
         if self.step != self._saved_step:
             self._checkpoint(self._last_logs)
+
+    def _say_if_unfinished(self, fit: str) -> None:
+        """A fit whose epochs * steps_per_epoch ended before total_steps left
+        the run unfinished, its last row looking like a finished run's: said
+        (a second fit, a later phase, is legitimate: it continues)."""
+        line = unfinished_line(str(self._ck.path), self.step, self._ck.total_steps, fit,
+                               f"give fit epochs * steps_per_epoch = {self._ck.total_steps}")
+        if line is not None:
+            logger.warning("%s", line)
 
     def _checkpoint(self, logs: dict[str, Any]) -> None:
         metrics = {key: float(value) for key, value in logs.items()

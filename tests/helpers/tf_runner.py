@@ -13,7 +13,8 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "kill_at": K (SIGKILL after step K's checkpoint), "map_outside": bool,
 "val": bool (validation_data: a tf_dataset "val", 2 steps an epoch),
 "twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it),
-"another": bool (a second ck.keras_callback() in fit's callbacks)}
+"another": bool (a second ck.keras_callback() in fit's callbacks),
+"total_steps": T (the Checkpointer's)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -119,7 +120,7 @@ class _Signals(keras.callbacks.Callback):
 def keras_fit(cfg, data, ckpt) -> dict:
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(3)
-    ck = dvc_dali.Checkpointer(ckpt)
+    ck = dvc_dali.Checkpointer(ckpt, total_steps=cfg.get("total_steps"))
     ds = dataset(ck, cfg, data)
     if cfg.get("map_outside"):
         ds = ds.map(to_float)

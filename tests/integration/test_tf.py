@@ -118,3 +118,19 @@ def test_a_resumed_fit_with_nothing_left_to_train_holds_the_checkpoints_model(da
     assert sorted(again) == sorted(trained)
     for key in trained:
         assert np.array_equal(again[key], trained[key]), f"{key}: not the checkpoint's"
+
+
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_a_fit_that_ends_before_total_steps_says_the_run_is_unfinished(data_dir, tmp_path, fit):
+    """epochs * steps_per_epoch below total_steps ended the run unfinished at
+    step 3 of 5 without a word: its row looked like a finished run's (found by
+    a sweep). One line says it; a fit that reaches total_steps says nothing."""
+    cfg = {"mode": "keras", "fit": fit, "epochs": 1, "steps_per_epoch": 3, "every": 3,
+           "total_steps": 5}
+    _, short = runner(cfg, data_dir, tmp_path / "a", tmp_path / "a.npz")
+    said = [line for line in short.stderr.splitlines() if "total_steps=5" in line]
+    assert said == [f"dvc-dali: {fit}.fit ended at step 3 of total_steps=5 ({tmp_path / 'a'}): "
+                    "the run is unfinished. A later fit continues it from step 3; to finish "
+                    "it, give fit epochs * steps_per_epoch = 5."], short.stderr[-3000:]
+    _, whole = runner({**cfg, "total_steps": 3}, data_dir, tmp_path / "b", tmp_path / "b.npz")
+    assert "unfinished" not in whole.stderr, whole.stderr[-3000:]
