@@ -26,6 +26,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.plugins import CheckpointIO
 
 from ..core.errors import ConfigError
+from ..core.log import logger
+from .fit_end import unfinished_line
 
 #: What ckpt_path names a dvc-dali checkpoint by (followed by its directory).
 SCHEME = "dvc-dali:"
@@ -44,6 +46,11 @@ class DaliLoader:
         except TypeError:
             raise ConfigError("the DALI iterator has no length: give it reader_name= (or "
                               "size=), so Lightning knows where an epoch ends") from None
+        if getattr(iterator, "_auto_reset", "yes") == "no":  # DALI's own spelling of False
+            # refused now, not at the second epoch's first batch, after an epoch of training
+            raise ConfigError("the DALI iterator was made without auto_reset=True, so it would "
+                              "end after its first epoch and not start the next one: make it "
+                              "with ck.iterator(..., auto_reset=True)")
         self._it, self._owner = iterator, owner
         self.batches = 0  # handed to Lightning over the run, resumes included
 
@@ -214,7 +221,7 @@ class DaliCheckpoint(pl.Callback):
             The loader (``iterator`` itself when it is one already).
 
         Raises:
-            ConfigError: the iterator has no length.
+            ConfigError: the iterator has no length, or no auto_reset=True.
         """
         return iterator if isinstance(iterator, DaliLoader) else DaliLoader(iterator, self)
 
@@ -336,6 +343,10 @@ class DaliCheckpoint(pl.Callback):
         if trainer.global_step != self._saved_step:  # the run's end is a row too
             self.step = trainer.global_step
             self._checkpoint(trainer)
+        line = unfinished_line(str(self._ck.path), trainer.global_step, self._ck.total_steps,
+                               "trainer.fit", f"give the Trainer max_steps={self._ck.total_steps}")
+        if line is not None:  # its last row would look like a finished run's
+            logger.warning("%s", line)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Lightning's own SIGTERM handling ends fit at an epoch's end (exit status

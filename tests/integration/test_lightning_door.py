@@ -251,3 +251,41 @@ def test_a_second_dvc_dali_callback_in_the_trainer_is_refused(data_dir, tmp_path
         cb.fit(two, Tiny(), it)
     assert two.global_step == 0
     ck.close()
+
+
+def test_an_iterator_without_auto_reset_is_refused_before_it_trains(data_dir, tmp_path):
+    """Without auto_reset=True the refusal came at the second epoch's first
+    batch, after a whole epoch of training (found by a sweep): now at
+    cb.loader / cb.fit, before any step."""
+    ck = dvc_dali.Checkpointer(tmp_path / "n")
+    fn, kw = pipelines.make("rotate", str(data_dir))["train"]
+    it = ck.iterator(DALIGenericIterator, [ck.pipeline("train", fn, **kw)],
+                     ["images", "labels", "angle"], reader_name="reader")
+    cb = ck.lightning_callback(2)
+    trainer = _trainer(cb, 20)
+    with pytest.raises(dvc_dali.ConfigError, match="made without auto_reset=True"):
+        cb.fit(trainer, Tiny(), it)
+    assert trainer.global_step == 0
+    ck.close()
+
+
+def test_a_fit_that_ends_before_total_steps_says_the_run_is_unfinished(data_dir, tmp_path,
+                                                                       capsys):
+    """Trainer(max_steps=2) under a Checkpointer of total_steps=3 ended the
+    run unfinished without a word (found by a sweep); one line says it."""
+    ck = dvc_dali.Checkpointer(tmp_path / "u", total_steps=3)
+    fn, kw = pipelines.make("rotate", str(data_dir))["train"]
+    it = ck.iterator(DALIGenericIterator, [ck.pipeline("train", fn, **kw)],
+                     ["images", "labels", "angle"], reader_name="reader", auto_reset=True)
+    cb = ck.lightning_callback(2)
+    trainer = _trainer(cb, 2)
+    cb.fit(trainer, Tiny(), it)
+    said = [line for line in capsys.readouterr().err.splitlines() if "unfinished" in line]
+    assert said == [f"dvc-dali: trainer.fit ended at step 2 of total_steps=3 ({tmp_path / 'u'}):"
+                    " the run is unfinished. A later fit continues it from step 2; to finish "
+                    "it, give the Trainer max_steps=3."]
+    trainer.fit_loop.epoch_loop.max_steps = 3  # a later fit of the same Trainer finishes it, silently
+    cb.fit(trainer, Tiny(), it)
+    assert "unfinished" not in capsys.readouterr().err
+    ck.close()
+    assert dvc_dali.load(tmp_path / "u").step == 3
