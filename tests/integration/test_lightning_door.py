@@ -284,7 +284,7 @@ def test_a_fit_that_ends_before_total_steps_says_the_run_is_unfinished(data_dir,
     assert said == [f"dvc-dali: trainer.fit ended at step 2 of total_steps=3 ({tmp_path / 'u'}):"
                     " the run is unfinished. A later fit continues it from step 2; to finish "
                     "it, give the Trainer max_steps=3."]
-    trainer.fit_loop.epoch_loop.max_steps = 3  # a later fit of the same Trainer finishes it, silently
+    trainer.fit_loop.epoch_loop.max_steps = 3  # a later fit of this Trainer finishes it: silent
     cb.fit(trainer, Tiny(), it)
     assert "unfinished" not in capsys.readouterr().err
     ck.close()
