@@ -33,6 +33,7 @@ import contextlib
 import re
 import struct
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -143,6 +144,7 @@ class Stream:
             _restore_iterator(iterator, self._pending, self._where)
             self._pending = None
         self._current = iterator
+        iterator._dvc_dali_stream = weakref.ref(self)  # for superseded()
 
     @property
     def iterated(self) -> bool:
@@ -153,6 +155,16 @@ class Stream:
         if self._current is not None:
             return _save_iterator(self._current)
         return self._pending if self._pending is not None else pack({})
+
+
+def superseded(iterator: Any) -> bool:
+    """Whether ``iterator``'s stream has started another iterator since: the
+    stream's position, which a checkpoint saves, is then that one's, while
+    whoever reads ``iterator`` goes on from its own (Keras validating, or a
+    callback evaluating, on the dataset fit trains from)."""
+    ref = getattr(iterator, "_dvc_dali_stream", None)
+    stream = ref() if ref is not None else None
+    return stream is not None and stream._current is not iterator
 
 
 def dataset(pipe: Any, on_iter: Callable[[Any], None], output_dtypes: Any,

@@ -228,10 +228,13 @@ class DaliCheckpoint(keras.callbacks.Callback):
         ck = weakref.ref(self._ck)
 
         def train_function(iterator: Any) -> Any:
+            train_function._dvc_dali_iterator = weakref.ref(iterator)
+            _refuse_superseded(iterator)
             with dali_tf.typed_errors(lambda: getattr(ck(), "batch_failure", None)):
                 return step(iterator)
 
         train_function._dvc_dali_typed = True
+        train_function._dvc_dali_iterator = lambda: None
         self.model.train_function = train_function
 
     # -- saving and restoring ----------------------------------------------
@@ -250,6 +253,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
             logger.warning("%s", line)
 
     def _checkpoint(self, logs: dict[str, Any]) -> None:
+        # the training data's position: refused where another iterator took it over
+        _refuse_superseded(getattr(self.model.train_function, "_dvc_dali_iterator",
+                                   lambda: None)())
         metrics = {key: float(value) for key, value in logs.items()
                    if np.ndim(value) == 0}
         # an asynchronous checkpoint in flight is recorded first: its row holds
@@ -311,6 +317,19 @@ class DaliCheckpoint(keras.callbacks.Callback):
                         "`dvc-dali reset`.")
                 variable.assign(np.asarray(value).astype(variable.dtype, copy=False))
         self._restored = True
+
+
+def _refuse_superseded(iterator: Any) -> None:
+    """Refuses training data whose stream another iterator took over in this
+    fit: the checkpoint would save that one's position, and a resumed fit
+    train on other batches than an uninterrupted one (found by a sweep)."""
+    if iterator is not None and dali_tf.superseded(iterator):
+        raise ConfigError(
+            "keras_callback(): the tf_dataset fit trains from was read by another iterator "
+            "during the fit (validation_data= or model.evaluate/predict given the training "
+            "dataset), so a checkpoint would save that iterator's position and a resumed fit "
+            "would train on other batches. Validate on a dataset of its own: "
+            "ck.tf_dataset(\"val\", ...).")
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "val": bool (validation_data: a tf_dataset "val", 2 steps an epoch),
 "twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it),
 "another": bool (a second ck.keras_callback() in fit's callbacks),
-"total_steps": T (the Checkpointer's)}
+"total_steps": T (the Checkpointer's),
+"val_same": bool (validation_data: the training dataset itself, 2 steps)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -134,6 +135,8 @@ def keras_fit(cfg, data, ckpt) -> dict:
     if cfg.get("val"):  # a validation dataset of its own, 2 batches an epoch
         fit.update(validation_data=dataset(ck, {**cfg, "seed": 9}, data, "val"),
                    validation_steps=2)
+    if cfg.get("val_same"):
+        fit.update(validation_data=ds, validation_steps=2)
     extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else []),
              *([ck.keras_callback(cfg.get("every", 5))] if cfg.get("another") else [])]
     if cfg["fit"] == "cb":

@@ -134,3 +134,21 @@ def test_a_fit_that_ends_before_total_steps_says_the_run_is_unfinished(data_dir,
                     "it, give fit epochs * steps_per_epoch = 5."], short.stderr[-3000:]
     _, whole = runner({**cfg, "total_steps": 3}, data_dir, tmp_path / "b", tmp_path / "b.npz")
     assert "unfinished" not in whole.stderr, whole.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_validating_on_the_training_dataset_is_refused_before_its_checkpoint(data_dir,
+                                                                            tmp_path, fit):
+    """validation_data= the training tf_dataset made a second iterator of its
+    stream: the epoch's checkpoint saved the validation's position, and the
+    resumed fit trained and validated on other batches, silently (val_loss at
+    epoch 2: 1.1135 uninterrupted, 1.1108 resumed; found by a sweep)."""
+    import dvc_dali
+
+    cfg = {"mode": "keras", "fit": fit, "epochs": 2, "steps_per_epoch": 4, "every": 2,
+           "val_same": True}
+    _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz", ok=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ("ConfigError: keras_callback(): the tf_dataset fit trains from was read by another "
+            "iterator during the fit") in proc.stderr, proc.stderr[-3000:]
+    assert dvc_dali.load(tmp_path / "ck").step == 2  # step 4's, after the validation: refused
