@@ -30,6 +30,13 @@ from ..core.log import logger
 from .fit_end import unfinished_line
 
 
+# A fit given its own initial_epoch trained other epochs than the saved step
+# says, and a resume started at the checkpoint's: more or fewer steps in all.
+_INITIAL_EPOCH = (
+    "keras_callback(): fit was given initial_epoch={}, but the callback starts fit at its "
+    "checkpoint's epoch (epoch = step // steps_per_epoch), so a resumed run would train "
+    "other epochs than an uninterrupted one. Leave initial_epoch out.")
+
 # Per Checkpointer, the callback that began the batch Keras is at: a second
 # callback of the same Checkpointer in one fit would take every checkpoint
 # again, each a row of its own. Weakly: it must not keep the Checkpointer.
@@ -62,6 +69,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._plan: int | None = None  # steps per epoch, while fit() drives model.fit
         self._begin = 0
         self._open: int | None = None  # the batch begun and not yet ended
+        self._first_epoch: int | None = None  # the epoch a fit must start at
 
     # -- what fit() does for a run resumed mid-epoch ------------------------
     def fit(self, model: Any, x: Any, *, epochs: int, steps_per_epoch: int,
@@ -94,6 +102,8 @@ class DaliCheckpoint(keras.callbacks.Callback):
             BatchMismatchError: a batch differs from the one the resumed run
                 produced (a `dvc_dali.PipelineMismatchError`).
         """
+        if "initial_epoch" in kwargs:
+            raise ConfigError(_INITIAL_EPOCH.format(kwargs["initial_epoch"]))
         epoch, done = divmod(self.step, steps_per_epoch)
         history = None
         if epoch >= epochs and not self._restored:  # no model.fit below restores it
@@ -144,6 +154,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self._restore()
         self._typed_train_function()
         epoch, done = divmod(self.step, steps)
+        self._first_epoch = epoch
         if self._plan is None:
             if done:
                 raise ConfigError(
@@ -155,8 +166,16 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self.model._initial_epoch = epoch or None  # as keras.callbacks.BackupAndRestore
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        """Keras hook: a batch a finite dataset ran out in is not open any more."""
+        """Keras hook: a batch a finite dataset ran out in is not open any more.
+
+        Raises:
+            ConfigError: fit starts at another epoch than the checkpoint's
+                (``model.fit(initial_epoch=...)``).
+        """
         self._open = None
+        first, self._first_epoch = self._first_epoch, None
+        if first is not None and epoch != first:
+            raise ConfigError(_INITIAL_EPOCH.format(epoch))
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Keras hook: notes where the batch count starts.

@@ -15,7 +15,8 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "twice": bool (the callback listed in fit's callbacks twice: once more than fit gives it),
 "another": bool (a second ck.keras_callback() in fit's callbacks),
 "total_steps": T (the Checkpointer's),
-"val_same": bool (validation_data: the training dataset itself, 2 steps)}
+"val_same": bool (validation_data: the training dataset itself, 2 steps),
+"initial_epoch": E (given to fit)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -135,6 +136,8 @@ def keras_fit(cfg, data, ckpt) -> dict:
     if cfg.get("val"):  # a validation dataset of its own, 2 batches an epoch
         fit.update(validation_data=dataset(ck, {**cfg, "seed": 9}, data, "val"),
                    validation_steps=2)
+    if "initial_epoch" in cfg:
+        fit.update(initial_epoch=cfg["initial_epoch"])
     if cfg.get("val_same"):
         fit.update(validation_data=ds, validation_steps=2)
     extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else []),

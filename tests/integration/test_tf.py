@@ -152,3 +152,18 @@ def test_validating_on_the_training_dataset_is_refused_before_its_checkpoint(dat
     assert ("ConfigError: keras_callback(): the tf_dataset fit trains from was read by another "
             "iterator during the fit") in proc.stderr, proc.stderr[-3000:]
     assert dvc_dali.load(tmp_path / "ck").step == 2  # step 4's, after the validation: refused
+
+
+@pytest.mark.parametrize("fit", ["cb", "model"])
+def test_a_fit_given_its_own_initial_epoch_is_refused_before_it_trains(data_dir, tmp_path, fit):
+    """model.fit(initial_epoch=1, epochs=3) trained 2 epochs; killed after
+    the first, the resume started at the checkpoint's epoch (1) and trained
+    2 more: 3 epochs in all, silently (found by a sweep). cb.fit failed with
+    Python's TypeError traceback."""
+    cfg = {"mode": "keras", "fit": fit, "epochs": 3, "steps_per_epoch": 2, "every": 2,
+           "initial_epoch": 1}
+    _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz", ok=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "ConfigError: keras_callback(): fit was given initial_epoch=1" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("step-*"))
