@@ -70,6 +70,9 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._begin = 0
         self._open: int | None = None  # the batch begun and not yet ended
         self._first_epoch: int | None = None  # the epoch a fit must start at
+        self._fit_end: int | None = None  # the step the current fit ends at
+        # a resume from inside a fit: no dataset may be read before it trains again
+        self._replay_checked = not ck.resumed
 
     # -- what fit() does for a run resumed mid-epoch ------------------------
     def fit(self, model: Any, x: Any, *, epochs: int, steps_per_epoch: int,
@@ -110,7 +113,7 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self.set_model(model)  # the script saves this model: the checkpoint's, not a fresh one
             self._restore()
         kwargs.setdefault("shuffle", False)  # a dataset is not shuffled by fit; Keras warns
-        self._plan = steps_per_epoch
+        self._plan, self._fit_end = steps_per_epoch, epochs * steps_per_epoch
         try:
             if done and epoch < epochs:  # the rest of the interrupted epoch
                 with _not_finalized(model.optimizer, epoch + 1 < epochs):
@@ -155,6 +158,10 @@ class DaliCheckpoint(keras.callbacks.Callback):
         self._typed_train_function()
         epoch, done = divmod(self.step, steps)
         self._first_epoch = epoch
+        if self._plan is None:
+            self._fit_end = self.params.get("epochs", 0) * steps
+        if self.step < self._fit_end:  # a fit with nothing to train reads nothing
+            self._refuse_replayed_reads()
         if self._plan is None:
             if done:
                 raise ConfigError(
@@ -233,6 +240,26 @@ class DaliCheckpoint(keras.callbacks.Callback):
             self._save_last()
             self._say_if_unfinished("model.fit")
 
+    def _refuse_replayed_reads(self) -> None:
+        """A run resumed from a checkpoint taken inside a fit (not at its end)
+        went on, uninterrupted, reading its datasets in that fit: a dataset
+        the resumed script read before its fit (a model.evaluate between
+        two fits, a peek at a batch) took batches the fit read, and the later
+        validations or steps read others, silently (found by a sweep). A
+        checkpoint at a fit's end cannot tell: the script's next lines ran
+        after it uninterrupted too."""
+        if self._replay_checked:
+            return
+        self._replay_checked = True
+        saved = self._ck.metadata.get("keras")
+        read = sorted(name for name, iterated in self._ck.tf_datasets.items() if iterated)
+        if read and isinstance(saved, dict) and saved.get("fit_end") is False:
+            raise ConfigError(
+                f"{self._ck.path}: the script read tf_dataset {', '.join(map(repr, read))} "
+                f"before the resumed fit, but step {self._ck.step} was saved inside a fit, "
+                "where an uninterrupted run read those batches: the resumed fit would read "
+                "others. Read the datasets only in fit (validation_data=), or after the run.")
+
     def _typed_train_function(self) -> None:
         """A batch that differs from the recorded one is refused inside the
         dataset, in a thread of TensorFlow's, which fails the train function
@@ -295,7 +322,8 @@ class DaliCheckpoint(keras.callbacks.Callback):
             arrays={"keras": {"model": [np.asarray(v) for _, v in model],
                               "optimizer": [np.asarray(v) for _, v in optimizer]}},
             metadata={"keras": {"model": [p for p, _ in model],
-                                "optimizer": [p for p, _ in optimizer], **metrics}})
+                                "optimizer": [p for p, _ in optimizer], **metrics,
+                                "fit_end": self.step == self._fit_end}})
 
     def _variables(self) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         """(path, variable) of the model and of its optimizer, in a fixed order."""

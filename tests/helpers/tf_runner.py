@@ -16,7 +16,9 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "another": bool (a second ck.keras_callback() in fit's callbacks),
 "total_steps": T (the Checkpointer's),
 "val_same": bool (validation_data: the training dataset itself, 2 steps),
-"initial_epoch": E (given to fit)}
+"initial_epoch": E (given to fit),
+"phases": bool (with val and fit "cb": a cb.fit of one epoch, then model.evaluate on
+"val", before the fit)}
 -> the final model variables, and each epoch's val_loss (val_loss_<epoch>).
 """
 
@@ -142,6 +144,9 @@ def keras_fit(cfg, data, ckpt) -> dict:
         fit.update(validation_data=ds, validation_steps=2)
     extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else []),
              *([ck.keras_callback(cfg.get("every", 5))] if cfg.get("another") else [])]
+    if cfg.get("phases"):
+        cb.fit(model, ds, callbacks=extra, **{**fit, "epochs": 1})
+        model.evaluate(fit["validation_data"], steps=2, verbose=0)
     if cfg["fit"] == "cb":
         cb.fit(model, ds, callbacks=extra, **fit)
     else:
