@@ -16,6 +16,7 @@ CONFIG, keras mode: {"mode": "keras", "fit": "cb"|"model", "epochs": E,
 "another": bool (a second ck.keras_callback() in fit's callbacks),
 "total_steps": T (the Checkpointer's),
 "val_same": bool (validation_data: the training dataset itself, 2 steps),
+"evaluate_same": bool (a callback's model.evaluate on the training dataset at each epoch's end),
 "initial_epoch": E (given to fit),
 "phases": bool (with val and fit "cb": a cb.fit of one epoch, then model.evaluate on
 "val", before the fit)}
@@ -142,7 +143,12 @@ def keras_fit(cfg, data, ckpt) -> dict:
         fit.update(initial_epoch=cfg["initial_epoch"])
     if cfg.get("val_same"):
         fit.update(validation_data=ds, validation_steps=2)
-    extra = [_Signals(cb, cfg), *([cb] if cfg.get("twice") else []),
+    if cfg.get("evaluate_same"):
+        class _Evaluate(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None) -> None:
+                self.model.evaluate(ds, steps=2, verbose=0)
+    extra = [_Signals(cb, cfg), *([_Evaluate()] if cfg.get("evaluate_same") else []),
+             *([cb] if cfg.get("twice") else []),
              *([ck.keras_callback(cfg.get("every", 5))] if cfg.get("another") else [])]
     if cfg.get("phases"):
         cb.fit(model, ds, callbacks=extra, **{**fit, "epochs": 1})

@@ -136,22 +136,27 @@ def test_a_fit_that_ends_before_total_steps_says_the_run_is_unfinished(data_dir,
     assert "unfinished" not in whole.stderr, whole.stderr[-3000:]
 
 
-@pytest.mark.parametrize("fit", ["cb", "model"])
+@pytest.mark.parametrize("fit,how", [("cb", "val_same"), ("model", "val_same"),
+                                     ("cb", "evaluate_same")])
 def test_validating_on_the_training_dataset_is_refused_before_its_checkpoint(data_dir,
-                                                                            tmp_path, fit):
+                                                                            tmp_path, fit,
+                                                                            how):
     """validation_data= the training tf_dataset made a second iterator of its
     stream: the epoch's checkpoint saved the validation's position, and the
     resumed fit trained and validated on other batches, silently (val_loss at
-    epoch 2: 1.1135 uninterrupted, 1.1108 resumed; found by a sweep)."""
+    epoch 2: 1.1135 uninterrupted, 1.1108 resumed; found by a sweep); so did
+    a callback's model.evaluate on it."""
     import dvc_dali
 
     cfg = {"mode": "keras", "fit": fit, "epochs": 2, "steps_per_epoch": 4, "every": 2,
-           "val_same": True}
+           how: True}
     _, proc = runner(cfg, data_dir, tmp_path / "ck", tmp_path / "out.npz", ok=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert ("ConfigError: keras_callback(): the tf_dataset fit trains from was read by another "
             "iterator during the fit") in proc.stderr, proc.stderr[-3000:]
-    assert dvc_dali.load(tmp_path / "ck").step == 2  # step 4's, after the validation: refused
+    # val_same: step 4's checkpoint, after the validation, refused; evaluate_same: taken
+    # before the callback's evaluate, it holds the training's position; step 5 is refused
+    assert dvc_dali.load(tmp_path / "ck").step == (2 if how == "val_same" else 4)
 
 
 @pytest.mark.parametrize("fit", ["cb", "model"])
