@@ -25,7 +25,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..reading import gitcmd
 from ..core import exit_hooks
@@ -49,6 +49,7 @@ class Job:
     ref: str
     name: str  # row name; "" for a deletion
     sha: str = ""  # "" deletes the remote ref (retention pruned the row)
+    expect: str = ""  # a deletion's: the commit the remote must hold under the ref
     objs: list[Any] = dataclasses.field(default_factory=list)
     failures: int = 0
 
@@ -58,12 +59,15 @@ def _git_env() -> dict[str, str]:
     return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
 
 
-def push_refs(dvc_root: str, remote: str, refs: list[tuple[str, str]]) -> float:
+def push_refs(dvc_root: str, remote: str, refs: list[tuple[str, str]],
+              leases: Sequence[tuple[str, str]] = ()) -> float:
     """The refs [(sha, ref)] to the git remote in one `git push` (sha "":
-    delete the ref), never forced (a row is never overwritten). Returns git's
-    CPU seconds."""
+    delete the ref, only where the remote holds the commit ``leases``
+    [(ref, sha)] name for it), never forced (a row is never overwritten).
+    Returns git's CPU seconds."""
     code, err, cpu = gitcmd.run_counting_cpu(
-        ["push", "--quiet", "--no-verify", "--no-recurse-submodules", remote,
+        ["push", "--quiet", "--no-verify", "--no-recurse-submodules",
+         *(f"--force-with-lease={ref}:{sha}" for ref, sha in leases if sha), remote,
          *(f"{sha}:{ref}" for sha, ref in refs)], dvc_root, _git_env())
     if code != 0:
         raise OSError(err.strip() or f"git push exited {code}")
@@ -90,11 +94,9 @@ def push_ref(dvc_root: str, remote: str, sha: str, ref: str) -> None:
     push_refs(dvc_root, remote, [(sha, ref)])
 
 
-def delete_ref(dvc_root: str, remote: str, ref: str) -> None:
-    proc = gitcmd.run(["push", "--quiet", "--no-verify", remote, f":{ref}"], cwd=dvc_root,
-                      env=_git_env(), check=False)
-    if proc.returncode != 0 and "remote ref does not exist" not in proc.stderr:
-        raise OSError(proc.stderr.strip() or f"git push exited {proc.returncode}")
+def _held_otherwise(ref: str, remote: str) -> str:
+    name = ref.rsplit("/", 1)[-1]
+    return f"{name} on {remote} holds another commit than this repository's {name}"
 
 
 class Pusher:
@@ -140,9 +142,10 @@ class Pusher:
             self._todo.append(Job(ref, name, sha, list(objs)))
             self._cond.notify_all()
 
-    def forget(self, ref: str, name: str) -> None:
-        """Retention pruned a row: drop it from the queue, or delete it on the
-        remote if it went there (its data stays until `dvc gc`)."""
+    def forget(self, ref: str, name: str, sha: str) -> None:
+        """Retention pruned a row (commit ``sha``): drop it from the queue, or
+        delete it on the remote if it went there (its data stays until `dvc
+        gc`), only where the remote still holds that commit under its name."""
         with self._cond:
             queued = [j for j in self._todo if j.ref == ref and j.sha
                       and not any(j is k for k in self._inflight)]
@@ -150,7 +153,7 @@ class Pusher:
                 self._todo.remove(job)
             # never the remote's refs when they are another recording's rows
             if not queued and not self._apart:
-                self._todo.append(Job(ref, "", ""))
+                self._todo.append(Job(ref, "", "", expect=sha))
             for done in (self._pushed, self._dropped):
                 if name in done:
                     done.remove(name)
@@ -321,7 +324,7 @@ class Pusher:
     def _do(self, batch: list[Job]) -> tuple[list[Job], list[Job], float]:
         """(rows pushed, rows dropped: data gone, git's CPU seconds)."""
         t0 = time.perf_counter()
-        deletions = [j.ref for j in batch if not j.sha]
+        deletions = [(j.ref, j.expect) for j in batch if not j.sha]
         batch = [j for j in batch if j.sha]
         if not batch:
             return [], [], self._git(deletions, [])
@@ -350,20 +353,31 @@ class Pusher:
                     self.git_remote, (time.perf_counter() - t0) * 1000)
         return pushed, dropped, git_cpu
 
-    def _git(self, deletions: list[str], refs: list[tuple[str, str]]) -> float:
-        """One `git push` of the rows' refs and the deletions; git's CPU."""
+    def _git(self, deletions: list[tuple[str, str]], refs: list[tuple[str, str]]) -> float:
+        """One `git push` of the rows' refs and the deletions [(ref, the
+        commit it must hold)]; git's CPU."""
         if not (refs or deletions):
             return 0.0
         self.stats["pushes"] += 1
         try:
             return push_refs(self.dvc_root, self.git_remote,
-                             refs + [("", ref) for ref in deletions])
-        except OSError as exc:  # an older git refuses to delete a ref the remote lacks
-            if not deletions or "remote ref does not exist" not in str(exc):
+                             refs + [("", ref) for ref, _ in deletions], deletions)
+        except OSError:
+            if not deletions:
                 raise
-        for ref in deletions:
-            delete_ref(self.dvc_root, self.git_remote, ref)
-        return push_refs(self.dvc_root, self.git_remote, refs) if refs else 0.0
+        # a lease that failed (another commit under the name), or an older git
+        # refusing to delete a ref the remote lacks: see what the remote holds
+        held = remote_refs(self.dvc_root, self.git_remote, [ref for ref, _ in deletions])
+        other = [ref for ref, sha in deletions if held.get(ref) not in (None, sha)]
+        if other:
+            logger.warning("%s: retention left it there (another recording's row, or one "
+                           "recorded again elsewhere; `dvc-dali show` there lists it)",
+                           "; ".join(_held_otherwise(ref, self.git_remote) for ref in other))
+        left = [(ref, sha) for ref, sha in deletions if held.get(ref) == sha]
+        if not (refs or left):
+            return 0.0
+        return push_refs(self.dvc_root, self.git_remote,
+                         refs + [("", ref) for ref, _ in left], left)
 
     def _failed(self, job: Job, exc: Exception) -> None:
         with self._cond:

@@ -536,8 +536,8 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
     pusher = auto_push.pusher()
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
-    for name in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
-                                result.ref, keep.keep_last, keep.keep_best):
+    for name, sha in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
+                                     result.ref, keep.keep_last, keep.keep_best):
         if pusher is not None:
-            pusher.forget(dvc_door.exp_ref(result.baseline, name), name)
+            pusher.forget(dvc_door.exp_ref(result.baseline, name), name, sha)
     return result

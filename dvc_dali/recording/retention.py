@@ -63,8 +63,8 @@ def _unscored(rows: list[Row], spec: str, dvc_root: str) -> set[str]:
 
 
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
-          keep_last: Optional[int], keep_best: Optional[str]) -> list[str]:
-    """Delete the run's rows retention does not keep; their names."""
+          keep_last: Optional[int], keep_best: Optional[str]) -> list[tuple[str, str]]:
+    """Delete the run's rows retention does not keep; their (name, commit)s."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
@@ -82,7 +82,7 @@ def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
         proc = gitcmd.run(["--git-dir", git_dir, "update-ref", "-d", row["ref"], row["sha"]],
                           cwd=dvc_root, check=False)
         if proc.returncode == 0:
-            removed.append(row["name"])
+            removed.append((row["name"], row["sha"]))
         else:
             kept.append((row["name"], proc.stderr))
     if kept:

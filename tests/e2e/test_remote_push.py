@@ -380,3 +380,25 @@ def test_another_clones_recording_of_a_run_is_neither_pushed_beside_nor_pulled_i
     assert pulled.returncode == 1 and "another recording of run a (a-step3: " in (
         pulled.stderr), pulled.stdout + pulled.stderr
     assert set(row_refs(project)) == {"a-step2", "a-step4"}
+
+
+def test_retention_leaves_a_remote_row_that_holds_another_commit_under_its_name(tmp_path):
+    """Retention deleted the git remote's ref of each row it pruned here,
+    whatever commit the remote held under that name: another machine's row
+    of a run of the same name was deleted there (found by a sweep). A
+    deletion now holds only where the remote still has this row's commit."""
+    project = template_project(tmp_path)
+    bare, _ = with_remotes(project, tmp_path)
+    every = ["-S", "train.checkpoint_every=5"]
+    run(["dvc", "exp", "run", "-n", "a", *every, "-S", "train.steps=10"], project)
+    first = remote_rows(bare)
+    assert set(first) == {"a-step5", "a-step10"}, first
+    run(["git", "update-ref", row_refs(bare)["a-step5"][0], first["a-step10"]], bare)
+    out = run(["dvc", "exp", "run", *every, "-S", "train.steps=20"], project,
+              env={"DVC_DALI_KEEP_LAST": "1"})
+    text = out.stdout + out.stderr
+    assert set(exp_rows(project)) >= {"a-step20"} and "a-step5" not in exp_rows(project), text
+    after = remote_rows(bare)
+    assert after == {"a-step5": first["a-step10"], "a-step20": after["a-step20"]}, (after, text)
+    assert "a-step5 on origin holds another commit than this repository's a-step5: " \
+        "retention left it there" in text, text
