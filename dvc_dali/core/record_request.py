@@ -35,3 +35,8 @@ class RecordRequest:
     # an asynchronous checkpoint's (paths, row_files.Stamps) of the other files
     # its row holds, taken at the call; None: not compared
     held_files: Optional[tuple] = None
+    # when the run began (seconds since the epoch; None: not known, a bare
+    # script or an older release's checkpoint): rows of its name made before
+    # are another run's (a finished one restarted under it, `-n a -f`), which
+    # retention leaves alone
+    run_started: Optional[float] = None

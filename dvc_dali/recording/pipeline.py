@@ -537,7 +537,8 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
     for name, sha in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
-                                     result.ref, keep.keep_last, keep.keep_best):
+                                     result.ref, keep.keep_last, keep.keep_best,
+                                     request.run_started):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name, sha)
     return result

@@ -63,12 +63,16 @@ def _unscored(rows: list[Row], spec: str, dvc_root: str) -> set[str]:
 
 
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
-          keep_last: Optional[int], keep_best: Optional[str]) -> list[tuple[str, str]]:
+          keep_last: Optional[int], keep_best: Optional[str],
+          since: Optional[float] = None) -> list[tuple[str, str]]:
     """Delete the run's rows retention does not keep; their (name, commit)s."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
-    rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline]
+    # rows of its name from before the run began are another run's (a
+    # finished one restarted under its name), never this one's to prune
+    rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline
+            and (since is None or r["time"] >= int(since))]
     keep = {just_recorded}
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
         keep |= _unscored(rows, keep_best, dvc_root)

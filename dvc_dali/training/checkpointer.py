@@ -50,7 +50,7 @@ from ..core.process_state import STATE
 from ..core.record_request import RecordRequest
 from ..core.run import Run
 from .restorable import Restorable
-from .resume import NOTHING, RESUME, ResumeDecision, decide, name_steps_param
+from .resume import NOTHING, RESUME, ResumeDecision, decide, name_steps_param, run_started
 
 
 def _array_module():
@@ -177,6 +177,7 @@ class Checkpointer:
         # process only: torchrun's agent uses it to stop the other ranks)
         exit_hooks.install(self._ctx, sigterm=distributed.world()[1] == 1)
         self._retention = self._ctx.retention(keep_last, keep_best)
+        self._started: float | None = time.time()  # a resume takes its run's (_resume_from)
         self.asynchronous = self._ctx.asynchronous if asynchronous is None else asynchronous
         if self.asynchronous:
             exit_hooks.watch_unread_saves()
@@ -368,6 +369,7 @@ class Checkpointer:
         self._pending_message = decision.message if decision.action == RESUME else ""
         if decision.action != RESUME:
             return None
+        self._started = run_started(snapshot.manifest.get("run"))
         saved = restorable.SavedCheckpoint(snapshot, decision.changes, self._ctx.inexact)
         if self._ctx.mode == "record":
             ctx = self._ctx  # not self (a cycle would keep the directory lock)
@@ -1127,7 +1129,8 @@ class Checkpointer:
             arrays={**user_arrays, **parts[restorable.ARRAYS]},
             metadata=dict(metadata or {}),
             versions=_versions(),
-            run={"params": self.params, "total_steps": self.total_steps},
+            run={"params": self.params, "total_steps": self.total_steps,
+                 **({"started": self._started} if self._started is not None else {})},
             dynamic=parts[restorable.DYNAMIC],
             # md5 is what DVC caches by: computed while writing, it is handed to
             # DVC when this process records; elsewhere the cheaper crc32 serves
@@ -1179,7 +1182,8 @@ class Checkpointer:
             branched = self._branched or bool(self._saved and self._saved.param_changes)
             signal_file.signal_checkpoint(self._ctx, RecordRequest(
                 step, out=str(self.path), expect_latest=self._latest, resumed=self.resumed,
-                branched=branched, held_files=held), self._retention)
+                branched=branched, held_files=held, run_started=self._started),
+                self._retention)
         if barrier:
             distributed.barrier()
             self._rank0_recorded(step)

@@ -21,6 +21,7 @@ one row of a table test (tests/unit/test_resume_decision.py).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,16 @@ def _saved_run(saved_run: Any, manifest: str) -> tuple[dict[str, Any] | None, in
     if total is not None and not _is_count(total):
         raise _corrupt(manifest, "run.total_steps", total, "a non-negative integer or null")
     return params, total
+
+
+def run_started(saved_run: Any) -> float | None:
+    """When the run a checkpoint is of began (its manifest's ``run.started``);
+    None where it is not a number (an older release wrote none): retention
+    then reads every row of the run's name as the run's, as it did."""
+    started = saved_run.get("started") if isinstance(saved_run, dict) else None
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return None
+    return float(started) if math.isfinite(started) else None
 
 
 def _step_count_keys(old: Mapping[str, Any], new: Mapping[str, Any], saved_total: int | None,

@@ -119,6 +119,26 @@ def test_retention_prunes_only_its_own_runs_rows(tmp_path):
     assert {n for n in rows[second] if "-step" in n} == {"same-step7", "same-step8"}
 
 
+def test_a_finished_run_restarted_under_its_name_leaves_its_rows_to_retention(tmp_path):
+    """`dvc exp run -n a -f` with other params after run a finished: a new
+    run from step 0 under a's name, said with "the finished one stays
+    recorded", and DVC_DALI_KEEP_LAST=1 then deleted the finished run's rows
+    as if they were the new run's (found by a sweep). The new run prunes
+    only rows made since it began (the manifest's run.started)."""
+    project = template_project(tmp_path)
+    every = ["-S", "train.checkpoint_every=5", "-S", "train.steps=10"]
+    run(["dvc", "exp", "run", "-n", "a", *every], project)
+    before = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
+    assert len(before) == 2, before
+    out = run(["dvc", "exp", "run", "-n", "a", "-f", *every, "-S", "train.lr=0.05"], project,
+              env={"DVC_DALI_KEEP_LAST": "1"})
+    text = out.stdout + out.stderr
+    assert "starting a new run from step 0 (the finished one stays recorded)" in text, text
+    after = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 3, (after, text)  # and the new run's last row alone
+
+
 @pytest.mark.parametrize("name,value", [
     ("DVC_DALI_KEEP_LAST", "-1"), ("DVC_DALI_KEEP_LAST", "0"), ("DVC_DALI_KEEP_LAST", "abc"),
     ("DVC_DALI_KEEP_BEST", "nonsense"), ("DVC_DALI_LOCK_TIMEOUT", "soon")])

@@ -193,3 +193,18 @@ def test_the_hint_names_the_stages_steps_param(stage, total, count):
 
     assert name_steps_param(SAID, stage, total) == NOTHING_SAID.format(step=4, total=4,
                                                                        count=count)
+
+
+@pytest.mark.parametrize("saved_run,started", [
+    ({"params": {}, "started": 1764766800.5}, 1764766800.5),
+    ({"started": 1764766800}, 1764766800.0),
+    ({"params": {}}, None),  # an older release's checkpoint
+    (None, None), ("run", None), ({"started": "yesterday"}, None), ({"started": True}, None),
+    ({"started": float("nan")}, None), ({"started": float("inf")}, None),
+])
+def test_the_runs_start_is_read_where_it_is_a_number(saved_run, started):
+    """Retention prunes the rows made since the run began; where that is not
+    known, every row of the run's name, as before."""
+    from dvc_dali.training.resume import run_started
+
+    assert run_started(saved_run) == started
