@@ -68,18 +68,8 @@ def decide(step: int, world_size: int, durable: Mapping[int, Durable],
     if not missing:
         return Decision(RECORD, entries=tuple((durable[r].entry, durable[r].sha)
                                               for r in range(world_size)))
-    gone = [r for r in missing if r in dead and r not in left]
-    if gone:
-        ranks = ", ".join(str(r) for r in gone)
-        return Decision(FAIL, message=(
-            f"{checkpoint}: rank {ranks} of {world_size} ended before its files of step {step} "
-            f"were durable; step {step} is not recorded (no row holds part of it) and LATEST "
-            "still names the last complete checkpoint. See why that rank ended (its output "
-            "above), then run again to resume from the last complete checkpoint."))
-    ended = [r for r in missing if r in left]
-    if ended:
-        return Decision(FAIL, message=left_message(step, ended, world_size, checkpoint))
-    return Decision(WAIT, waiting_for=tuple(missing))
+    return _missing(missing, dead, left, step, world_size, checkpoint,
+                    f"before its files of step {step} were durable")
 
 
 def meet(world_size: int, steps: Mapping[int, int], dead: frozenset[int] | set[int] = frozenset(),
@@ -100,13 +90,21 @@ def meet(world_size: int, steps: Mapping[int, int], dead: frozenset[int] | set[i
         return Decision(FAIL, message=different_steps(checkpoint, dict(steps), steps[0])
                         ) if len(set(steps.values())) > 1 else Decision(RECORD)
     step = steps[min(steps)]
+    return _missing(missing, dead, left, step, world_size, checkpoint,
+                    f"before it checkpointed step {step}")
+
+
+def _missing(missing: list[int], dead: frozenset[int] | set[int], left: frozenset[int] | set[int],
+             step: int, world_size: int, checkpoint: str, before: str) -> Decision:
+    """Fail where a rank that ``missing`` names ended (killed: ``dead``; or
+    normally: ``left``), else wait for them."""
     gone = [r for r in missing if r in dead and r not in left]
     if gone:
         return Decision(FAIL, message=(
-            f"{checkpoint}: rank {', '.join(map(str, gone))} of {world_size} ended before it "
-            f"checkpointed step {step}; step {step} is not recorded (no row holds part of it) "
-            "and LATEST still names the last complete checkpoint. See why that rank ended (its "
-            "output above), then run again to resume from the last complete checkpoint."))
+            f"{checkpoint}: rank {', '.join(map(str, gone))} of {world_size} ended {before}; "
+            f"step {step} is not recorded (no row holds part of it) and LATEST still names the "
+            "last complete checkpoint. See why that rank ended (its output above), then run "
+            "again to resume from the last complete checkpoint."))
     ended = [r for r in missing if r in left]
     if ended:
         return Decision(FAIL, message=left_message(step, ended, world_size, checkpoint))
