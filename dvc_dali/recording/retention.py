@@ -1,7 +1,9 @@
 """Retention: which of a run's rows to keep (a pure choice), and pruning them.
 
 Only the rows of the run that just recorded are candidates: the same
-experiment name on the same baseline. The row just recorded is always kept,
+experiment name on the same baseline, under the names the recorder gave them:
+a row `dvc exp rename` named is the user's and never pruned. The row just
+recorded is always kept,
 and so is the best by a DVCLive metric when one is named, each row's metrics
 read from the file `dvc-dali show` reads (reading/metrics_source.py) and
 compared by the rule `show --best` follows (reading/best.py); a row whose
@@ -19,6 +21,7 @@ from ..reading import gitcmd
 from ..reading.best import best_row
 from ..reading.exp_refs import Row, git_dirs, list_rows
 from ..reading.row_queries import read_metrics, say_unread_metrics
+from .rows import row_name
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -26,12 +29,15 @@ from ..core.process_state import STATE
 def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[str] = ()
                   ) -> list[Row]:
     """The rows to delete: all but the last ``keep_last`` by step (then time)
-    and the refs in ``keep``. ``keep_last`` None keeps every row."""
+    and the refs in ``keep``. ``keep_last`` None keeps every row. A row
+    renamed (`dvc exp rename`: not ``<run>-step<N>``) is neither counted nor
+    deleted: a user who named it wants it kept (it was pruned without a word)."""
     if keep_last is None:
         return []
     if keep_last < 1:
         raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
-    ordered = sorted(rows, key=lambda r: (r["step"], r["time"]))
+    ordered = sorted((r for r in rows if r["name"] == row_name(r["exp"], r["step"])),
+                     key=lambda r: (r["step"], r["time"]))
     kept = {r["ref"] for r in ordered[-keep_last:]} | set(keep)
     return [r for r in ordered if r["ref"] not in kept]
 

@@ -12,8 +12,13 @@ from dvc_dali.recording.retention import select_pruned
 
 def rows(*steps: int, times=None) -> list[dict]:
     times = times or list(range(len(steps)))
-    return [{"ref": f"r{s}", "step": s, "time": t, "name": f"x-step{s}"}
+    return [{"ref": f"r{s}", "step": s, "time": t, "name": f"x-step{s}", "exp": "x"}
             for s, t in zip(steps, times)]
+
+
+def renamed(listed: list[dict], step: int, name: str) -> list[dict]:
+    """``listed`` with the row of ``step`` renamed, as `dvc exp rename` does."""
+    return [{**r, "name": name} if r["step"] == step else r for r in listed]
 
 
 TABLE = [
@@ -30,6 +35,10 @@ TABLE = [
     (rows(1, 2, 3), 1, {"r2"}, ["r1"]),  # the row just recorded, say
     (rows(), 2, set(), []),
     (rows(10, 20, 30, 40), 2, {"r10"}, ["r20"]),
+    # a row `dvc exp rename` named is the user's: neither counted nor deleted
+    (renamed(rows(1, 2, 3, 4), 2, "best"), 1, set(), ["r1", "r3"]),
+    (renamed(rows(1, 2, 3), 3, "x-step30"), 1, set(), ["r1"]),
+    (renamed(rows(1, 2, 3), 1, "y-step1"), 2, set(), []),
 ]
 
 
