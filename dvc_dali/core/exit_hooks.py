@@ -109,11 +109,30 @@ def _settled() -> None:
             pool.submit(lambda: None).result()
 
 
+def _again(_signum: int, _frame: Any) -> None:
+    """A Ctrl-C after the first one ended the run: said once, not raised."""
+    if not STATE.said_stopping:
+        STATE.said_stopping = True
+        logger.warning("Ctrl-C again: ignored, the run is stopping (what is kept is said "
+                       "above)")
+
+
+def _stopping() -> None:
+    """The run ends on a Ctrl-C: one more (a person pressing it twice) is not
+    raised while the process exits. It was a KeyboardInterrupt traceback from
+    wherever the exit was: this hook, DVCLive's repo closed at exit, DVC's
+    objects' ``__del__`` (found by a sweep)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _again)
+
+
 def _hook(previous):
-    def excepthook(kind: type[BaseException], exc: BaseException,
-                   tb: Optional[TracebackType]) -> None:
+    def report(kind: type[BaseException], exc: BaseException,
+               tb: Optional[TracebackType]) -> None:
         ours = issubclass(kind, DvcDaliError) or (
             STATE.exit_lines_installed and issubclass(kind, KeyboardInterrupt))
+        if ours and issubclass(kind, KeyboardInterrupt):
+            _stopping()
         # read now, not at install: the error may be the refusal of the environment
         if not ours or debug_requested():
             previous(kind, exc, tb)
@@ -122,6 +141,15 @@ def _hook(previous):
             logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()))
         elif ours:
             logger.error("%s: %s", kind.__name__, exc)
+
+    def excepthook(kind: type[BaseException], exc: BaseException,
+                   tb: Optional[TracebackType]) -> None:
+        try:
+            report(kind, exc, tb)
+        except KeyboardInterrupt:
+            if not issubclass(kind, KeyboardInterrupt):
+                raise
+            report(kind, exc, tb)  # the second Ctrl-C came before _stopping: once more
     return excepthook
 
 

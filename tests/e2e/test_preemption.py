@@ -11,10 +11,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.helpers.dvc_project import run, template_project
+from tests.helpers.dvc_project import run, sigint_default, template_project
 from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
 from tests.helpers.rows import exp_rows
 from tests.helpers import child_env
@@ -84,4 +85,47 @@ def test_outside_dvc_the_signal_saves_and_exits(tmp_path, uninterrupted):
     again = subprocess.run([sys.executable, "train.py"], cwd=project, text=True, env=env,
                            capture_output=True, check=True)
     assert "resuming at step 11" in again.stdout, again.stdout + again.stderr
+    assert weights(project) == uninterrupted
+
+
+# The user's own exit hook, registered before dvc-dali's (so it runs after
+# them): the test sends the second Ctrl-C while the run is stopping.
+AT_EXIT = '''
+import atexit
+def _wait_for_the_second_ctrl_c():
+    open("preempt-ready-at-exit", "w").close()
+    while not os.path.exists("preempt-ready-sent"):
+        time.sleep(0.01)
+atexit.register(_wait_for_the_second_ctrl_c)
+'''
+
+
+def test_ctrl_c_twice_stops_once_and_resumes_exactly(tmp_path, uninterrupted):
+    """Ctrl-C, then Ctrl-C again while the run stops (a person pressing it
+    twice): one line each, no traceback (it was a KeyboardInterrupt traceback
+    from wherever the exit was); the rerun resumes the row kept, exactly."""
+    project = preemptible_project(tmp_path)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        "import dvc_dali\n", "import dvc_dali\nimport time\n" + AT_EXIT, 1))
+    run(["git", "commit", "-qam", "an exit hook"], project)
+    proc = subprocess.Popen(
+        ["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], cwd=project,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=child_env({"PREEMPT_AT": "13"}, this_python=True), preexec_fn=sigint_default)
+    trainer_ready(project, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    while not (project / "preempt-ready-at-exit").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    (project / "preempt-ready-sent").touch()
+    out = proc.communicate()[0]
+    assert proc.returncode != 0, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert "dvc-dali: interrupted (Ctrl-C): step 10 is kept as row a-step10" in out, out
+    assert out.count("dvc-dali: Ctrl-C again: ignored, the run is stopping") == 1, out
+    assert {r["step"] for r in exp_rows(project).values()} == {5, 10}
+    again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], project)
+    assert "resuming at step 10" in again.stdout + again.stderr
     assert weights(project) == uninterrupted
