@@ -21,7 +21,7 @@ from ..reading import gitcmd
 from ..reading.best import best_row
 from ..reading.exp_refs import Row, git_dirs, list_rows
 from ..reading.row_queries import read_metrics, say_unread_metrics
-from .rows import row_name
+from .rows import named_by_recorder
 from ..core.log import logger
 from ..core.process_state import STATE
 
@@ -30,13 +30,13 @@ def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[s
                   ) -> list[Row]:
     """The rows to delete: all but the last ``keep_last`` by step (then time)
     and the refs in ``keep``. ``keep_last`` None keeps every row. A row
-    renamed (`dvc exp rename`: not ``<run>-step<N>``) is neither counted nor
+    renamed (`dvc exp rename`: see rows.named_by_recorder) is neither counted nor
     deleted: a user who named it wants it kept (it was pruned without a word)."""
     if keep_last is None:
         return []
     if keep_last < 1:
         raise ValueError(f"keep_last must be a positive integer, got {keep_last!r}")
-    ordered = sorted((r for r in rows if r["name"] == row_name(r["exp"], r["step"])),
+    ordered = sorted((r for r in rows if named_by_recorder(r)),
                      key=lambda r: (r["step"], r["time"]))
     kept = {r["ref"] for r in ordered[-keep_last:]} | set(keep)
     return [r for r in ordered if r["ref"] not in kept]

@@ -39,6 +39,14 @@ def row_name(run_name: str, step: int) -> str:
     return f"{run_name}-step{step}"
 
 
+def named_by_recorder(row: Row) -> bool:
+    """Whether the row has a name the recorder gives (``<run>-step<N>``, or
+    that with its commit's ``-<sha[:7]>`` where the name was taken: see
+    pipeline._publish), not one `dvc exp rename` gave it. Pure."""
+    name = row_name(row["exp"], row["step"])
+    return row["name"] in (name, f"{name}-{row['sha'][:7]}")
+
+
 # git makes a ref through "<name>.lock": a ref's last part of over 250 bytes
 # cannot be made on a file system whose names stop at 255
 ROW_NAME_MAX = 250

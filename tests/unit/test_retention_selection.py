@@ -12,7 +12,8 @@ from dvc_dali.recording.retention import select_pruned
 
 def rows(*steps: int, times=None) -> list[dict]:
     times = times or list(range(len(steps)))
-    return [{"ref": f"r{s}", "step": s, "time": t, "name": f"x-step{s}", "exp": "x"}
+    return [{"ref": f"r{s}", "step": s, "time": t, "name": f"x-step{s}", "exp": "x",
+             "sha": f"{s:07d}" + "f" * 33}
             for s, t in zip(steps, times)]
 
 
@@ -39,6 +40,9 @@ TABLE = [
     (renamed(rows(1, 2, 3, 4), 2, "best"), 1, set(), ["r1", "r3"]),
     (renamed(rows(1, 2, 3), 3, "x-step30"), 1, set(), ["r1"]),
     (renamed(rows(1, 2, 3), 1, "y-step1"), 2, set(), []),
+    # the recorder's own name where <run>-step<N> was taken: its sha's 7 digits
+    (renamed(rows(1, 2, 3), 1, "x-step1-0000001"), 1, set(), ["r1", "r2"]),
+    (renamed(rows(1, 2, 3), 1, "x-step1-0000002"), 1, set(), ["r2"]),
 ]
 
 
