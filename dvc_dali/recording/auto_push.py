@@ -49,9 +49,11 @@ class Job:
     ref: str
     name: str  # row name; "" for a deletion
     sha: str = ""  # "" deletes the remote ref (retention pruned the row)
-    expect: str = ""  # a deletion's: the commit the remote must hold under the ref
     objs: list[Any] = dataclasses.field(default_factory=list)
     failures: int = 0
+    # a deletion's: the commit the remote must hold under the ref (last: the
+    # rows' jobs are made positionally, Job(ref, name, sha, objs))
+    expect: str = ""
 
 
 def _git_env() -> dict[str, str]:
