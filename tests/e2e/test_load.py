@@ -226,7 +226,7 @@ def test_a_dvc_project_below_the_git_top_reads_its_rows(tmp_path):
     odd = subprocess.run([sys.executable, "-m", "dvc_dali.cli", "doctor", "--verify",
                           b"\xff"], cwd=project, capture_output=True, text=True,
                          env=child_env())  # a row name of non-UTF-8 bytes: codec text
-    assert "no row named '\\udcff': row names are UTF-8 text" in odd.stderr, odd.stderr
+    assert "no row named '\\xff': row names are UTF-8 text" in odd.stderr, odd.stderr
     (top / ".git" / "index.lock").write_text("")  # git's, at the top: doctor looks there
     doctor = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project / "data", check=False)
     assert doctor.returncode == 1
