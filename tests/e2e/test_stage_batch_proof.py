@@ -242,7 +242,8 @@ def as_left_by(output: str, how: str) -> str:
     release's algorithm, ``older`` an older release's unnamed host CRC-32."""
     head, data = output.rsplit("/", 1)
     value = data.split(":")[-1] if ":" in data else data[1:]
-    return head + "/" + {"device": "g" + value.rjust(16, "0"), "later": f"mix64:{value.rjust(16, '0')}",
+    wide = value.rjust(16, "0")
+    return head + "/" + {"device": "g" + wide, "later": f"mix64:{wide}",
                          "older": f"c{value}"}[how]
 
 
