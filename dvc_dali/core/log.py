@@ -11,38 +11,33 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Mapping
 
 from .errors import readable
+from .launcher import initialized_group, launcher_world
 
 logger = logging.getLogger("dvc_dali")
 
 
-def rank_prefix(initialized: tuple[int, int] | None, environ: dict | os._Environ) -> str:
+def rank_prefix(initialized: tuple[int, int] | None, environ: Mapping[str, str]) -> str:
     """"[rank N] " on a rank other than 0 (torchrun mixes every rank's output
     in one stream, and a line alone never said whose it was), else "".
     ``initialized``: torch.distributed's (rank, world size) where it is
     initialized; else the launcher's variables (still set after
     destroy_process_group(), for the lines said at exit)."""
-    if initialized is not None:
-        rank, size = initialized
-    else:
-        try:
-            rank = int(environ.get("RANK", environ.get("LOCAL_RANK", "0")))
-            size = int(environ.get("WORLD_SIZE", "1"))
-        except ValueError:
-            return ""
+    found = initialized if initialized is not None else launcher_world(environ)
+    if found is None:
+        return ""
+    rank, size = found
     return f"[rank {rank}] " if size > 1 and rank != 0 else ""
 
 
 def _initialized() -> tuple[int, int] | None:
-    torch = sys.modules.get("torch")  # never imported here: a process without it has no ranks
-    dist = getattr(torch, "distributed", None)
+    dist = initialized_group()
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except (AttributeError, RuntimeError):  # a torch being imported or torn down
-        pass
-    return None
+        return (dist.get_rank(), dist.get_world_size()) if dist is not None else None
+    except (AttributeError, RuntimeError):  # a group being torn down
+        return None
 
 
 class _RankFormatter(logging.Formatter):

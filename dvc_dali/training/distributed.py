@@ -7,20 +7,16 @@ not distributed)."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from typing import Any, Callable, Iterator, Mapping
 
 from ..core.errors import CheckpointWriteError, ConfigError, RankMismatchError
+from ..core.launcher import initialized_group, launcher_world
 from ..core.log import logger
 
 
 def _dist():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
+    return initialized_group()
 
 
 def world() -> tuple[int, int]:
@@ -34,12 +30,8 @@ def launched_rank(environ: Mapping[str, str], initialized: bool) -> tuple[int, i
     of several ranks (WORLD_SIZE > 1) and torch.distributed is not
     initialized; None otherwise (one process, or initialized, or not
     started by torchrun or a launcher like it)."""
-    try:  # Lightning's launcher sets LOCAL_RANK, not RANK, in the processes it starts
-        rank = int(environ.get("RANK", environ.get("LOCAL_RANK", "0")))
-        size = int(environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return None
-    return (rank, size) if size > 1 and not initialized else None
+    found = launcher_world(environ)
+    return found if found is not None and found[1] > 1 and not initialized else None
 
 
 def checked_world(environ: Mapping[str, str]) -> tuple[int, int]:
