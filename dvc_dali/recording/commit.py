@@ -127,11 +127,23 @@ def build_commit(toplevel: str, paths: list[str], parent: str, message: str,
                                  _signature(toplevel, "COMMITTER", when), message,
                                  tree, [pygit2.Oid(hex=parent)])
     except pygit2.GitError:
-        seen = STATE.start_changes.pop(toplevel, None)
-        if seen is not None:
-            seen.watcher.close()
+        _forget_changes(toplevel)
         return _build_with_git(repo.path, toplevel, paths, parent, message, pinned)
+    except OSError as exc:  # libgit2 could not write an object: a full disk, a size limit
+        _forget_changes(toplevel)
+        raise RecordError(
+            f"cannot write the row's commit into {repo.path}objects ({exc}); nothing was "
+            "recorded for this checkpoint. Free disk space there or fix its permissions or "
+            "mount, then `dvc exp run` again: it resumes from the last recorded row.") from exc
     return str(oid)
+
+
+def _forget_changes(toplevel: str) -> None:
+    """What the last rows' trees were built from, dropped: the next row's is
+    built from the index afresh."""
+    seen = STATE.start_changes.pop(toplevel, None)
+    if seen is not None:
+        seen.watcher.close()
 
 
 def _later_row_tree(repo: pygit2.Repository, toplevel: str, paths: list[str],

@@ -374,8 +374,7 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
         outputs.cache_outputs(stg)
     with phases.timed("lockfile"):
         entry = dvc_door.lock_entry(stg)
-        lock_before = (lockfile.before_write(lock_path, stg.name) if request.held_files
-                       else None)
+        lock_before = lockfile.before_write(lock_path, stg.name)
     lock = _LockWrite(lock_path, lock_data, old_entry, entry, lock_before)
     with exit_hooks.signals_held():  # dvc.lock to the ref: whole, or not begun
         return _write_row(where, stg, stage_paths, request, phases, lock, pinned, t0)
@@ -388,7 +387,28 @@ class _LockWrite(NamedTuple):
     data: Any  # the file's contents read before
     old_entry: Any  # the stage's entry in it
     entry: Any  # the row's
-    before: Any  # lockfile.before_write's, where the request holds files
+    before: Any  # lockfile.before_write's: the file as it was, to put back
+
+
+@contextmanager
+def _lock_put_back_on_failure(where: _Where, lock: _LockWrite,
+                              request: RecordRequest) -> Iterator[None]:
+    """dvc.lock written, its row not yet published: a failure puts the file
+    back, else it would name a checkpoint no row holds and the next run
+    would resume from it as a run of its own (its rows' lineage cut)."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            lockfile.put_back(lock.before)
+        except OSError as put_exc:
+            kept = where.run.kept
+            undo = (f"`dvc exp apply {kept[1]}`" if kept else "`dvc-dali reset`")
+            raise RecordError(
+                f"{exc} Also, {lock.path} could not be put back ({put_exc}): it names the "
+                f"checkpoint of step {request.step}, which no row holds; run {undo} before "
+                "the next `dvc exp run`.") from exc
+        raise
 
 
 def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
@@ -397,22 +417,9 @@ def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordR
     lock_path, entry = lock.path, lock.entry
     with phases.timed("lockfile"):
         lockfile.write_entry(lock_path, lock.data, stg.name, entry)
-    with phases.timed("commit"):
-        lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if request.resumed is False else lock.old_entry, entry, request,
-                           os.path.relpath(lock_path, where.toplevel), stg.name)
-        first = (request.message.strip()
-                 or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
-        paths = stage_paths + [os.path.join(os.getcwd(), p)
-                               for p in dvc_door.take_new_gitignores(where.repo)]
-        _say_ignored_outputs(where, stg)
-        sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
-                                  where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
-    if request.held_files:
-        _refuse_files_written_since(request, lock.before)
-    with phases.timed("publish"):
-        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
-                            bool(request.name))
+    with _lock_put_back_on_failure(where, lock, request):
+        lineage, sha, ref, row = _commit_and_publish(where, stg, stage_paths, request, phases,
+                                                     lock, pinned)
     if where.workspace:  # which row the workspace's checkpoint is, should DVC delete it
         held.write(where.repo.root_dir, os.path.relpath(lock_path, where.repo.root_dir),
                    stg.name, row, lineage.step, entry)
@@ -425,16 +432,39 @@ def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordR
                         tuple(dvc_door.row_cached_out_hashes(stg)))
 
 
-def _refuse_files_written_since(request: RecordRequest, lock_before: lockfile.Before) -> None:
+def _commit_and_publish(where: _Where, stg: Any, stage_paths: list[str],
+                        request: RecordRequest, phases: _Phases, lock: _LockWrite,
+                        pinned: Any) -> tuple[Any, str, str, str]:
+    """The row's commit built and its ref published: (lineage, sha, ref, row name)."""
+    lock_path, entry = lock.path, lock.entry
+    with phases.timed("commit"):
+        lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
+                           None if request.resumed is False else lock.old_entry, entry, request,
+                           os.path.relpath(lock_path, where.toplevel), stg.name)
+        first = (request.message.strip()
+                 or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
+        paths = stage_paths + [os.path.join(os.getcwd(), p)
+                               for p in dvc_door.take_new_gitignores(where.repo)]
+        _say_ignored_outputs(where, stg)
+        sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
+                                  where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
+    if request.held_files:
+        _refuse_files_written_since(request)
+    with phases.timed("publish"):
+        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
+                            bool(request.name))
+    return lineage, sha, ref, row
+
+
+def _refuse_files_written_since(request: RecordRequest) -> None:
     """An asynchronous checkpoint's row, its commit built: the other files it
     holds must be those of its step, unchanged since make_checkpoint (see
-    core/row_files.py); else dvc.lock names the last row again and the row
-    is refused."""
+    core/row_files.py); else the row is refused (and dvc.lock, put back,
+    names the last row again)."""
     roots, before = request.held_files
     written = row_files.changed(before, row_files.restamp(before, roots))
     if not written:
         return
-    lockfile.put_back(lock_before)
     named = ", ".join(os.path.relpath(p) for p in written[:3])
     more = f" and {len(written) - 3} more" if len(written) > 3 else ""
     raise RecordError(
