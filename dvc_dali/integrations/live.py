@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..core import atomic_file, exit_hooks
+from ..core.errors import RecordError
 
 
 def _value(text: str) -> float | str:
@@ -114,16 +115,33 @@ def _wait_before_writes(live: Any, guard_ref: Callable[[], Any]) -> None:
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
             guard = guard_ref()
-            if guard is None:
-                return method(*args, **kwargs)
-            with guard(threading.get_ident() == owner):
-                return method(*args, **kwargs)
+            try:
+                if guard is None:
+                    return method(*args, **kwargs)
+                with guard(threading.get_ident() == owner):
+                    return method(*args, **kwargs)
+            except OSError as exc:
+                if exc.errno is None:
+                    raise
+                raise _write_failed(live, method.__name__, exc) from exc
         return call
 
     for name in _WRITERS:
         method = getattr(live, name, None)
         if callable(method):
             setattr(live, name, waiting(method))
+
+
+def _write_failed(live: Any, method: str, exc: OSError) -> RecordError:
+    """A DVCLive file that cannot be written (a full disk, a size limit, a
+    directory made read-only), in one line: the row of this step cannot hold
+    its metrics, and the rows recorded before it are intact."""
+    where = exc.filename or getattr(live, "dir", "dvclive")
+    return RecordError(
+        f"{where}: DVCLive's {method}() could not write there ({exc.strerror}), so the run "
+        "stops before its next row; the rows recorded before are intact. Free disk space or "
+        "fix that directory's permissions, then `dvc exp run` again: it resumes from the last "
+        "recorded row.")
 
 
 def _close_its_repo(live_ref: Callable[[], Any]) -> None:

@@ -819,7 +819,10 @@ class Checkpointer:
             **kwargs: passed to ``dvclive.Live``.
 
         Returns:
-            The ``dvclive.Live``.
+            The ``dvclive.Live``. A write of it that fails on the file
+            system (a full disk, a read-only directory) raises `RecordError`
+            in one line naming the DVCLive directory, not DVCLive's
+            ``OSError``: the run stops before its next row.
         """
         from ..integrations.live import resume_live
 

@@ -12,6 +12,7 @@ import gc
 import json
 import shutil
 import subprocess
+import sys
 import threading
 import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,8 @@ import numpy as np  # noqa: E402
 
 import dvc_dali  # noqa: E402
 from dvc_dali.integrations.live import resume_live  # noqa: E402
+
+from tests.helpers import child_env  # noqa: E402
 
 
 @pytest.fixture
@@ -174,3 +177,27 @@ def test_a_resume_keeps_a_text_metric(tmp_path, monkeypatch, summary):
     got = json.loads((tmp_path / "dvclive" / "metrics.json").read_text())
     assert got["note"] == "sgd" and got["step"] in (2, 3), got
     assert live.step == 2
+
+
+LIVE_TOO_BIG = """
+import resource, signal, sys, numpy as np, dvc_dali
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+ck = dvc_dali.Checkpointer(sys.argv[1], rng=False)
+live = ck.live()
+live.log_metric("train/loss", 0.5)
+live.next_step()
+ck.save(1, arrays={"w": np.ones(2)})
+resource.setrlimit(resource.RLIMIT_FSIZE, (20, 20))  # DVCLive's files cannot grow
+live.log_metric("train/loss", 0.25)
+"""
+
+
+def test_a_dvclive_file_that_cannot_be_written_is_one_line(tmp_path):
+    """It ended the run with DVCLive's OSError traceback (found by a sweep)."""
+    proc = subprocess.run([sys.executable, "-c", LIVE_TOO_BIG, str(tmp_path / "ck")],
+                          cwd=tmp_path, capture_output=True, text=True, env=child_env())
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in said, said
+    assert ("RecordError: dvclive: DVCLive's log_metric() could not write there (File too "
+            "large), so the run stops before its next row") in said, said
+    assert dvc_dali.Checkpointer(tmp_path / "ck").step == 1
