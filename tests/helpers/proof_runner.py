@@ -80,6 +80,20 @@ def fail_digests(which: str) -> None:
     batch_digests.digest = digest
 
 
+def fill_up_after(ckpt: str) -> None:
+    """No file may grow more than 40 bytes past the largest companion file's
+    size now (RLIMIT_FSIZE, SIGXFSZ ignored: EFBIG, as on a full disk): the
+    next batch's digest line is cut short, the ones after it not written."""
+    import resource
+
+    from dvc_dali.proof import batch_digests
+
+    logs = list(batch_digests.companion_dir(ckpt).glob("*.jsonl"))
+    size = max(p.stat().st_size for p in logs) + 40
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
 def main() -> None:
     ap = pipelines.runner_parser("kind")
     ap.add_argument("--kill-after", type=int, default=None)
@@ -104,6 +118,8 @@ def main() -> None:
             ck.save(step + 1)
         if step + 1 == args.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step + 1 == int(os.environ.get("PROOF_FULL_AFTER", -1)):
+            fill_up_after(args.ckpt)
     results["restored_step"] = np.array(ck.step)
     np.savez(args.out, **results)
 

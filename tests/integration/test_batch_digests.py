@@ -521,3 +521,22 @@ def test_a_resume_that_ends_before_its_digests_ran_out_says_what_it_compared(tmp
     assert ("pipeline 'train': the 3 batches after the checkpoint at step 2 are those the run "
             "it resumes produced") in proc.stderr, proc.stderr
     assert proc.stderr.count("the run it resumes produced") == 1, proc.stderr
+
+
+def test_a_companion_file_that_fills_the_disk_mid_run_proves_only_what_it_kept(
+        tmp_path, data_dir):
+    """A full disk (EFBIG here) cuts the companion file's next line short and
+    keeps the later ones out: the run trains on, said once; its resume proves
+    the batch whose digest was kept and says the rest are not verified."""
+    ckpt = tmp_path / "ckpt"
+    proc = proof_run("source", data_dir, ckpt, tmp_path / "first.npz", 8, save_at=[2],
+                     kill_after=6, PROOF_FULL_AFTER="3")
+    assert proc.returncode == -9, proc.stderr[-3000:]  # trained on to the kill
+    assert proc.stderr.count("batch digests cannot be kept in ") == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # (its stderr, a file, is cut by the limit too)
+    proc = proof_run("source", data_dir, ckpt, tmp_path / "resumed.npz", 8)
+    said = proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in said, said[-3000:]
+    assert "ends in an incomplete line" in said and "batches past those are not verified" in said
+    assert "the batch after the checkpoint at step 2 is the one the run it resumes produced" \
+        in said, said[-3000:]
