@@ -403,9 +403,11 @@ def _lock_put_back_on_failure(where: _Where, lock: _LockWrite,
             lockfile.put_back(lock.before)
         except OSError as put_exc:
             kept = where.run.kept
-            undo = (f"`dvc exp apply {kept[1]}`" if kept else "`dvc-dali reset`")
+            undo = (f"`dvc exp apply {kept[1]}`" if kept
+                    else "`dvc exp apply` of the run's last row (`dvc-dali show` lists them)")
+            said = str(exc).rstrip(".")
             raise RecordError(
-                f"{exc} Also, {lock.path} could not be put back ({put_exc}): it names the "
+                f"{said}. Also, {lock.path} could not be put back ({put_exc}): it names the "
                 f"checkpoint of step {request.step}, which no row holds; run {undo} before "
                 "the next `dvc exp run`.") from exc
         raise
