@@ -42,6 +42,9 @@ class Run:
     # (commit sha, step, run name), as this process published it
     tips: dict[tuple[str, str, str], tuple[Optional[str], int, str]] = field(
         default_factory=dict)
+    # per tips key: when the run its rows belong to began (rows.started_token;
+    # None: not known), for their lineage lines and retention
+    started: dict[tuple[str, str, str], Optional[str]] = field(default_factory=dict)
 
     def begun(self) -> bool:
         """Whether it holds anything yet (a start, a row): a run asked for

@@ -6,6 +6,9 @@ A row is a ref refs/exps/<baseline[:2]>/<baseline[2:]>/<row name> whose
 commit message holds one lineage line:
 
     dvc-dali-checkpoint: exp=<run> step=<N> parent=<sha|none> stage=<dvc.yaml:name> outs=<digest>
+
+and, where known, `started=<seconds since the epoch>`: when the row's run
+began (retention tells a run's rows from another's of the same name by it).
 """
 
 from __future__ import annotations
@@ -191,15 +194,22 @@ def list_rows(dvc_root: str, exp: Optional[str] = None, namespace: str = EXPS_NA
     """dvc-dali rows under refs/exps (or ``namespace``, laid out alike) of the
     repo at dvc_root, sorted by (exp, step, time). Each: name, ref, sha, exp,
     step, parent, stage, outs, baseline, time."""
+    return [row for row, _ in rows_and_lineage(dvc_root, exp, namespace)]
+
+
+def rows_and_lineage(dvc_root: str, exp: Optional[str] = None,
+                     namespace: str = EXPS_NAMESPACE) -> list[tuple[Row, dict[str, str]]]:
+    """list_rows's rows, each with its lineage line's fields (all of them:
+    retention reads ``started``, which no Row holds)."""
     git_dir, _ = git_dirs(dvc_root)
-    rows = []
+    found = []
     for sha, ref, date, fields in iter_checkpoint_refs(git_dir, dvc_root, namespace):
         if exp is None or fields.get("exp") == exp:
             row = _row(sha, ref, date, fields)
             if row is not None:
-                rows.append(row)
-    rows.sort(key=lambda r: (r["exp"], r["step"], r["time"]))
-    return rows
+                found.append((row, fields))
+    found.sort(key=lambda rf: (rf[0]["exp"], rf[0]["step"], rf[0]["time"]))
+    return found
 
 
 def exp_refs(root: str) -> list[tuple[str, str]]:

@@ -193,6 +193,7 @@ class RecordResult:
     duration_s: float
     phases: dict[str, float]  # seconds per step, for benchmarks
     objects: tuple[Any, ...] = ()  # DVC's hash infos of the cached outputs, for the pusher
+    run_started: Optional[str] = None  # when its run began (its lineage line's started=)
 
 
 @dataclasses.dataclass
@@ -320,9 +321,24 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
         where.run.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
+        where.run.started[key] = _run_started(where, request, parent, branched)
     parent, last_step, run = where.run.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
-                   stage_addr, exp_refs.outs_digest(new_entry))
+                   stage_addr, exp_refs.outs_digest(new_entry), where.run.started.get(key))
+
+
+def _run_started(where: _Where, request: RecordRequest, parent: Optional[str],
+                 branched: bool) -> Optional[str]:
+    """When the run a process's first row belongs to began: the Checkpointer's
+    (its manifest's), else the row it continues says, else now: a bare script
+    (make_checkpoint(), `dvc-dali run`) starting a run of its own here (one
+    that restarted a finished run under its name once counted that run's rows
+    as its own, and retention deleted them: found by a sweep)."""
+    if request.run_started is not None:
+        return rows.started_token(request.run_started)
+    if parent and not branched:  # None where that row does not say (an older release's)
+        return rows.lineage_field(where.main_git_dir, where.toplevel, parent, "started")
+    return rows.started_token(time.time())
 
 
 def _publish(where: _Where, sha: str, row: str, named: bool) -> tuple[str, str]:
@@ -431,7 +447,7 @@ def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordR
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
                         where.baseline, where.workspace, lock_path,
                         time.perf_counter() - t0, dict(phases),
-                        tuple(dvc_door.row_cached_out_hashes(stg)))
+                        tuple(dvc_door.row_cached_out_hashes(stg)), lineage.started)
 
 
 def _commit_and_publish(where: _Where, stg: Any, stage_paths: list[str],
@@ -570,7 +586,7 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
     for name, sha in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
                                      result.ref, keep.keep_last, keep.keep_best,
-                                     request.run_started):
+                                     result.run_started):
         if pusher is not None:
             pusher.forget(dvc_door.exp_ref(result.baseline, name), name, sha)
     return result

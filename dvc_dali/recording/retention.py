@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 
 from ..reading import gitcmd
 from ..reading.best import best_row
-from ..reading.exp_refs import Row, git_dirs, list_rows
+from ..reading.exp_refs import Row, git_dirs, rows_and_lineage
 from ..reading.row_queries import read_metrics, say_unread_metrics
 from .rows import named_by_recorder
 from ..core.log import logger
@@ -40,6 +40,21 @@ def select_pruned(rows: list[Row], keep_last: Optional[int], *, keep: Iterable[s
                      key=lambda r: (r["step"], r["time"]))
     kept = {r["ref"] for r in ordered[-keep_last:]} | set(keep)
     return [r for r in ordered if r["ref"] not in kept]
+
+
+def of_the_run(row_started: Optional[str], run_started: Optional[str]) -> bool:
+    """Whether a row of the recording run's name and baseline is that run's
+    own, a retention candidate: its lineage line's ``started=`` is the run's.
+    Pure. A run whose start is unknown (resumed from an older release's
+    checkpoint) counts every row of its name, as it always did. Otherwise a
+    row saying another start is another run's (a finished one restarted
+    under its name, `dvc exp run -n a -f`), and a row saying none is of an
+    unknown run: both kept. Commit times are not compared: whole seconds,
+    a restart within the second of the old run's last row read that row as
+    the new run's, and GIT_COMMITTER_DATE fixes them at will."""
+    if run_started is None:
+        return True
+    return row_started is not None and row_started == run_started
 
 
 def _say_no_best(spec: str, run_name: str, rows: list[Row]) -> None:
@@ -70,15 +85,15 @@ def _unscored(rows: list[Row], spec: str, dvc_root: str) -> set[str]:
 
 def prune(dvc_root: str, run_name: str, baseline: str, just_recorded: str,
           keep_last: Optional[int], keep_best: Optional[str],
-          since: Optional[float] = None) -> list[tuple[str, str]]:
-    """Delete the run's rows retention does not keep; their (name, commit)s."""
+          started: Optional[str] = None) -> list[tuple[str, str]]:
+    """Delete the run's rows retention does not keep; their (name, commit)s.
+    ``started``: when the run began, as its rows' lineage lines say it
+    (see of_the_run); None: not known."""
     if keep_last is None:
         return []
     git_dir, _ = git_dirs(dvc_root)
-    # rows of its name from before the run began are another run's (a
-    # finished one restarted under its name), never this one's to prune
-    rows = [r for r in list_rows(dvc_root, run_name) if r["baseline"] == baseline
-            and (since is None or r["time"] >= int(since))]
+    rows = [r for r, fields in rows_and_lineage(dvc_root, run_name)
+            if r["baseline"] == baseline and of_the_run(fields.get("started"), started)]
     keep = {just_recorded}
     if keep_best:  # the rule of `dvc-dali show --best` and dvc_dali.best_row
         keep |= _unscored(rows, keep_best, dvc_root)

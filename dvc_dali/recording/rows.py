@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from ..reading import gitcmd
 from ..core.errors import RecordError
-from ..reading.exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, common_dir, iter_checkpoint_refs
+from ..reading.exp_refs import (EXPS_NAMESPACE, LINEAGE_KEY, Row, common_dir,
+                                iter_checkpoint_refs, parse_lineage)
 from . import commit
 
 
@@ -25,10 +26,28 @@ class Lineage:
     parent: Optional[str]
     stage: str  # quoted "<dvc.yaml path>:<name>"
     outs: str  # digest of the stage's dvc.lock outs
+    # when its run began (started_token), which tells its run's rows from
+    # another run's of the same name; None: not known (an older checkpoint)
+    started: Optional[str] = None
 
     def line(self) -> str:
+        started = f" started={self.started}" if self.started else ""
         return (f"{LINEAGE_KEY} exp={self.run} step={self.step} "
-                f"parent={self.parent or 'none'} stage={self.stage} outs={self.outs}")
+                f"parent={self.parent or 'none'} stage={self.stage} outs={self.outs}{started}")
+
+
+def started_token(started: Optional[float]) -> Optional[str]:
+    """A run's start as its rows' lineage lines say it: compared as text, so
+    a start read back from a checkpoint's manifest names the same run."""
+    return None if started is None else f"{started:.6f}"
+
+
+def lineage_field(main_git_dir: str, cwd: str, sha: str, key: str) -> Optional[str]:
+    """One field of the lineage line of row commit ``sha``; None without it."""
+    proc = gitcmd.run(["--git-dir", main_git_dir, "log", "-1", "--format=%B", sha], cwd,
+                      check=False)
+    fields = parse_lineage(proc.stdout) if proc.returncode == 0 else None
+    return (fields or {}).get(key)
 
 
 def stage_address(root_dir: str, stage: Any) -> str:

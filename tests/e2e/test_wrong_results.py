@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.dvc_project import leave_stashed_entry, make_project, run, template_project
+from tests.helpers.dvc_project import (leave_stashed_entry, make_project, queue_report, run,
+                                       template_project, wait_queue)
 from tests.helpers.rows import exp_refs
 
 BARE_TRAIN = textwrap.dedent("""\
@@ -119,22 +120,40 @@ def test_retention_prunes_only_its_own_runs_rows(tmp_path):
     assert {n for n in rows[second] if "-step" in n} == {"same-step7", "same-step8"}
 
 
-def test_a_finished_run_restarted_under_its_name_leaves_its_rows_to_retention(tmp_path):
+def restart_keeping_one(project: Path, how: str, *args: str) -> tuple[dict, dict, str]:
+    """Run a finished, then `dvc exp run -n a -f <args>` (in the workspace,
+    --temp, or queued and run by `dvc queue start`) under
+    DVC_DALI_KEEP_LAST=1: (a's rows before, every row after, the output)."""
+    before = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
+    keep = {"DVC_DALI_KEEP_LAST": "1"}
+    restart = ["dvc", "exp", "run", "-n", "a", "-f", *args]
+    if how == "queue":
+        run([*restart[:3], "--queue", *restart[3:]], project)
+        run(["dvc", "queue", "start"], project, env=keep)
+        wait_queue(project, lambda s: s.get("a") in ("Success", "Failed"), "queued run a done",
+                   lambda s: queue_report(project, s))
+        text = run(["dvc", "queue", "logs", "a"], project).stdout
+    else:
+        out = run([*restart[:3], *(["--temp"] if how == "temp" else []), *restart[3:]],
+                  project, env=keep)
+        text = out.stdout + out.stderr
+    return before, {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}, text
+
+
+@pytest.mark.parametrize("how", ["workspace", "temp", "queue"])
+def test_a_finished_run_restarted_under_its_name_leaves_its_rows_to_retention(tmp_path, how):
     """`dvc exp run -n a -f` with other params after run a finished: a new
     run from step 0 under a's name, said with "the finished one stays
     recorded", and DVC_DALI_KEEP_LAST=1 then deleted the finished run's rows
     as if they were the new run's (found by a sweep). The new run prunes
-    only rows made since it began (the manifest's run.started)."""
+    only its own rows: those whose lineage line names its start (the
+    manifest's run.started), --temp and queued runs alike."""
     project = template_project(tmp_path)
     every = ["-S", "train.checkpoint_every=5", "-S", "train.steps=10"]
     run(["dvc", "exp", "run", "-n", "a", *every], project)
-    before = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
+    before, after, text = restart_keeping_one(project, how, *every, "-S", "train.lr=0.05")
     assert len(before) == 2, before
-    out = run(["dvc", "exp", "run", "-n", "a", "-f", *every, "-S", "train.lr=0.05"], project,
-              env={"DVC_DALI_KEEP_LAST": "1"})
-    text = out.stdout + out.stderr
     assert "starting a new run from step 0 (the finished one stays recorded)" in text, text
-    after = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
     assert before.items() <= after.items(), (before, after, text)
     assert len(after) == 3, (after, text)  # and the new run's last row alone
 
@@ -569,3 +588,43 @@ def test_a_checkpoint_before_the_metrics_exist_says_to_log_them_first(tmp_path):
     assert proc.returncode != 0 and "Traceback" not in said, said
     assert "dvclive/metrics.json" in said and "log them to DVCLive first" in said, said
     assert "write the checkpoint (e.g." not in said, said
+
+
+RESTARTING_TRAIN = textwrap.dedent("""\
+    import os, yaml
+    from dvc_dali import make_checkpoint
+
+    p = yaml.safe_load(open("params.yaml"))
+    os.makedirs("checkpoint", exist_ok=True)
+    state = "checkpoint/state.txt"
+    saved = open(state).read().split() if os.path.exists(state) else ["0", str(p["lr"])]
+    start = int(saved[0]) if saved[1] == str(p["lr"]) else 0  # other params: a new run
+    for step in range(start + 1, p["steps"] + 1):
+        open(state, "w").write(f"{step} {p['lr']}")
+        make_checkpoint(step)
+    """)
+
+
+@pytest.mark.parametrize("cmd,how", [
+    ("python train.py", "workspace"), ("python train.py", "temp"),
+    ("python train.py", "queue"),
+    (f"{sys.executable} -m dvc_dali.cli run -- python train.py", "workspace"),
+    (f"{sys.executable} -m dvc_dali.cli run -- python train.py", "temp")],
+    ids=["make_checkpoint", "make_checkpoint-temp", "make_checkpoint-queue", "dvc-dali-run",
+         "dvc-dali-run-temp"])
+def test_a_bare_script_restarted_under_its_name_leaves_the_finished_runs_rows(tmp_path, cmd,
+                                                                              how):
+    """As the Checkpointer's case above, for a script that decides itself
+    to start over (a bare make_checkpoint(), alone or under `dvc-dali run`):
+    DVC_DALI_KEEP_LAST=1 deleted the finished run's rows (found by a sweep).
+    Its rows are told from the finished run's by their lineage lines' start,
+    taken at its first row: a run of its own (other params) begins there."""
+    stage = RESUMABLE.replace("params: [steps]", "params: [steps, lr]").replace(
+        "python train.py", cmd)
+    project = make_project(tmp_path / "p", files={
+        "train.py": RESTARTING_TRAIN, "dvc.yaml": stage, "params.yaml": "steps: 2\nlr: 0.1\n"})
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    before, after, text = restart_keeping_one(project, how, "-S", "lr=0.2")
+    assert len(before) == 2, before
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 3, (after, text)  # and the new run's last row alone
