@@ -369,7 +369,12 @@ class Checkpointer:
         self._pending_message = decision.message if decision.action == RESUME else ""
         if decision.action != RESUME:
             return None
-        self._started = run_started(snapshot.manifest.get("run"))
+        if not decision.changes and not self._branched:
+            # the same run goes on; a resume with changed params (or trained
+            # again on purpose) is a run of its own, begun now: carrying the
+            # resumed run's start, `-n a -f` counted that run's rows as its
+            # own and retention deleted them (found by a sweep)
+            self._started = run_started(snapshot.manifest.get("run"))
         saved = restorable.SavedCheckpoint(snapshot, decision.changes, self._ctx.inexact)
         if self._ctx.mode == "record":
             ctx = self._ctx  # not self (a cycle would keep the directory lock)

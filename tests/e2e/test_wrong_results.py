@@ -158,6 +158,21 @@ def test_a_finished_run_restarted_under_its_name_leaves_its_rows_to_retention(tm
     assert len(after) == 3, (after, text)  # and the new run's last row alone
 
 
+def test_an_unfinished_run_branched_off_under_its_name_leaves_its_rows_to_retention(tmp_path):
+    """`dvc exp run -n a -f -S train.lr=...` after run a was killed: a run
+    of its own that resumes a's last row (rows a-step30...), which carried
+    a's start and so, under DVC_DALI_KEEP_LAST=1, deleted a's rows."""
+    project = make_project(tmp_path, example=True, prepared=True)
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False,
+        env={"DVC_DALI_EXAMPLE_KILL_AT_STEP": "20"})
+    before, after, text = restart_keeping_one(project, "workspace", "-S", "train.lr=0.05",
+                                              "-S", "train.steps=40")
+    assert {ref.rsplit("/", 1)[1] for ref in before} == {"a-step10", "a-step20"}, before
+    assert "resuming from step 20" in text, text
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 3, (after, text)  # and the new run's last row alone
+
+
 @pytest.mark.parametrize("name,value", [
     ("DVC_DALI_KEEP_LAST", "-1"), ("DVC_DALI_KEEP_LAST", "0"), ("DVC_DALI_KEEP_LAST", "abc"),
     ("DVC_DALI_KEEP_BEST", "nonsense"), ("DVC_DALI_LOCK_TIMEOUT", "soon")])
