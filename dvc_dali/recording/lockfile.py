@@ -68,14 +68,22 @@ def out_md5(entry: Any, def_path: str) -> str | None:
     return None
 
 
-def write_entry(path: str, data: Any, stage_name: str, entry: dict) -> None:
-    """Replace the stage's entry in dvc.lock (other stages untouched)."""
-    if not data:
-        data = {"schema": "2.0"}
-    if data.get("stages") is None:
-        data["stages"] = {}
-    data["stages"][stage_name] = entry
-    write_atomic(path, dvc_door.dump_yaml(data))
+def with_entry(data: Any, stage_name: str, entry: dict) -> tuple[dict, str]:
+    """(data, text) of dvc.lock ``data`` with the stage's entry replaced
+    (other stages untouched); ``data`` itself is left as it is."""
+    new = dict(data or {"schema": "2.0"})
+    new["stages"] = dict(new.get("stages") or {})
+    new["stages"][stage_name] = entry
+    return new, dvc_door.dump_yaml(new)
+
+
+def write_entry(path: str, data: Any, stage_name: str, entry: dict,
+                text: str | None = None) -> None:
+    """Replace the stage's entry in dvc.lock (other stages untouched);
+    ``data``, ``text``: with_entry's, when already made."""
+    if text is None:
+        data, text = with_entry(data, stage_name, entry)
+    write_atomic(path, text)
     STATE.remember(("lock", path), [path], data)
     STATE.written_lock_entries[(os.path.realpath(path), stage_name)] = _canonical(entry)
 

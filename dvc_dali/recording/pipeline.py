@@ -39,7 +39,8 @@ from ..core import row_files
 from ..core import run as runs
 from ..core.process_state import STATE
 from ..core.run import Run
-from . import auto_push, commit, dvc_door, held, lockfile, outputs, retention, rows, run_start
+from . import (auto_push, commit, dvc_door, held, lockfile, outputs, pending, retention, rows,
+               run_start)
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
 
@@ -341,16 +342,20 @@ def _run_started(where: _Where, request: RecordRequest, parent: Optional[str],
     return rows.started_token(time.time())
 
 
-def _publish(where: _Where, sha: str, row: str, named: bool) -> tuple[str, str]:
-    """(ref, row name) published; an existing ref gets a suffixed name instead."""
-    candidates = [row] if named else [row, f"{row}-{sha[:7]}"]
-    for cand in candidates:
-        ref = dvc_door.exp_ref(where.baseline, cand)
+def _candidates(where: _Where, sha: str, row: str, named: bool) -> list[str]:
+    """The refs a row may be published as, in order: its name, then (unless
+    named by the caller) a suffixed one when that ref exists."""
+    return [dvc_door.exp_ref(where.baseline, cand)
+            for cand in ([row] if named else [row, f"{row}-{sha[:7]}"])]
+
+
+def _publish(where: _Where, sha: str, refs: list[str]) -> tuple[str, str]:
+    """(ref, row name) published: the first of refs that does not exist yet."""
+    for ref in refs:
         if rows.create_row_ref(sha, ref, where.toplevel, where.main_git_dir, where.workspace):
-            return ref, cand
-    raise RecordError(f"experiment ref '{dvc_door.exp_ref(where.baseline, candidates[-1])}' "
-                      f"already exists in '{where.main_git_dir}'. Pass another name or remove "
-                      "the old experiment with `dvc exp remove`.")
+            return ref, ref.rsplit("/", 1)[1]
+    raise RecordError(f"experiment ref '{refs[-1]}' already exists in '{where.main_git_dir}'. "
+                      "Pass another name or remove the old experiment with `dvc exp remove`.")
 
 
 def _save_stage(where: _Where, stage: Any, phases: _Phases) -> None:
@@ -391,7 +396,11 @@ def _commit_row(where: _Where, stg: Any, stage_paths: list[str], request: Record
     with phases.timed("lockfile"):
         entry = dvc_door.lock_entry(stg)
         lock_before = lockfile.before_write(lock_path, stg.name)
-    lock = _LockWrite(lock_path, lock_data, old_entry, entry, lock_before)
+        new_data, text = lockfile.with_entry(lock_data, stg.name, entry)
+    lock = _LockWrite(lock_path, new_data, old_entry, entry, lock_before, text)
+    # the row's commit holds the dvc.lock it writes, before the file is written
+    pinned = {**pinned, os.path.relpath(os.path.realpath(lock_path),
+                                        os.path.realpath(where.toplevel)): text.encode("utf-8")}
     with exit_hooks.signals_held():  # dvc.lock to the ref: whole, or not begun
         return _write_row(where, stg, stage_paths, request, phases, lock, pinned, t0)
 
@@ -400,10 +409,11 @@ class _LockWrite(NamedTuple):
     """A row's dvc.lock entry, and what the file held before it."""
 
     path: str
-    data: Any  # the file's contents read before
-    old_entry: Any  # the stage's entry in it
+    data: Any  # the file's contents with the row's entry
+    old_entry: Any  # the stage's entry before
     entry: Any  # the row's
     before: Any  # lockfile.before_write's: the file as it was, to put back
+    text: str  # the file with the row's entry, as written
 
 
 @contextmanager
@@ -431,34 +441,65 @@ def _lock_put_back_on_failure(where: _Where, lock: _LockWrite,
 
 def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
                phases: _Phases, lock: _LockWrite, pinned: Any, t0: float) -> RecordResult:
-    """dvc.lock, the commit, the ref and the held note of one row."""
-    lock_path, entry = lock.path, lock.entry
+    """The commit, dvc.lock, the ref and the held note of one row, in this
+    order: a kill at any instant leaves the row whole or not begun (see
+    pending.py), a failure dvc.lock naming the last row."""
+    lineage, sha = _build_commit(where, stg, stage_paths, request, phases, lock, pinned)
+    if request.held_files:
+        _refuse_files_written_since(request)
+    refs = _candidates(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
+                       bool(request.name))
+    lock_rel = os.path.relpath(lock.path, where.repo.root_dir)
+    if where.workspace:
+        pending.write(where.repo.root_dir, lock_rel, stg.name, {
+            "sha": sha, "name": refs[0].rsplit("/", 1)[1], "step": lineage.step, "refs": refs,
+            "outs": lineage.outs, "after": _tip_name(where, lineage)})
     with phases.timed("lockfile"):
-        lockfile.write_entry(lock_path, lock.data, stg.name, entry)
-    with _lock_put_back_on_failure(where, lock, request):
-        lineage, sha, ref, row = _commit_and_publish(where, stg, stage_paths, request, phases,
-                                                     lock, pinned)
+        _write_lock(where, stg, lock, request, lock_rel)
+    with _lock_put_back_on_failure(where, lock, request), phases.timed("publish"):
+        ref, row = _publish(where, sha, refs)
     if where.workspace:  # which row the workspace's checkpoint is, should DVC delete it
-        held.write(where.repo.root_dir, os.path.relpath(lock_path, where.repo.root_dir),
-                   stg.name, row, lineage.step, entry)
+        pending.clear(where.repo.root_dir, lock_rel, stg.name)
+        held.write(where.repo.root_dir, lock_rel, stg.name, row, lineage.step, lock.entry)
     where.run.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.run)
     where.run.kept = (lineage.step, row)  # before a Ctrl-C held meanwhile is delivered
     return RecordResult(ref, row, sha, lineage.step, lineage.run, lineage.parent,
-                        where.baseline, where.workspace, lock_path,
+                        where.baseline, where.workspace, lock.path,
                         time.perf_counter() - t0, dict(phases),
                         tuple(dvc_door.row_cached_out_hashes(stg)), lineage.started)
 
 
-def _commit_and_publish(where: _Where, stg: Any, stage_paths: list[str],
-                        request: RecordRequest, phases: _Phases, lock: _LockWrite,
-                        pinned: Any) -> tuple[Any, str, str, str]:
-    """The row's commit built and its ref published: (lineage, sha, ref, row name)."""
-    lock_path, entry = lock.path, lock.entry
+def _tip_name(where: _Where, lineage: Lineage) -> str:
+    """The row this one follows, by name ("" for a run's first)."""
+    kept = where.run.kept
+    return kept[1] if lineage.parent and kept else ""
+
+
+def _write_lock(where: _Where, stg: Any, lock: _LockWrite, request: RecordRequest,
+                lock_rel: str) -> None:
+    """The workspace dvc.lock naming the row; a write that fails (a full disk)
+    is one line, the file as it was (replaced whole or not at all)."""
+    try:
+        lockfile.write_entry(lock.path, lock.data, stg.name, lock.entry, lock.text)
+    except OSError as exc:
+        if where.workspace:
+            pending.clear(where.repo.root_dir, lock_rel, stg.name)
+        step = f"step {request.step}" if request.step is not None else "this checkpoint"
+        raise RecordError(
+            f"cannot write {lock.path} ({exc}), so {step} is not recorded; dvc.lock still names "
+            "the last recorded row. Free disk space there (or lift the file-size limit, fix "
+            "its permissions), then `dvc exp run` again: it resumes from the last recorded "
+            "row.") from exc
+
+
+def _build_commit(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,
+                  phases: _Phases, lock: _LockWrite, pinned: Any) -> tuple[Lineage, str]:
+    """The row's lineage and commit (holding the dvc.lock it names, pinned)."""
     with phases.timed("commit"):
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
-                           None if request.resumed is False else lock.old_entry, entry, request,
-                           os.path.relpath(lock_path, where.toplevel), stg.name)
+                           None if request.resumed is False else lock.old_entry, lock.entry,
+                           request, os.path.relpath(lock.path, where.toplevel), stg.name)
         first = (request.message.strip()
                  or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)
@@ -466,12 +507,7 @@ def _commit_and_publish(where: _Where, stg: Any, stage_paths: list[str],
         _say_ignored_outputs(where, stg)
         sha = commit.build_commit(where.toplevel, _relative_paths(paths, where.toplevel),
                                   where.baseline, f"{first}\n\n{lineage.line()}\n", pinned)
-    if request.held_files:
-        _refuse_files_written_since(request)
-    with phases.timed("publish"):
-        ref, row = _publish(where, sha, request.name or rows.row_name(lineage.run, lineage.step),
-                            bool(request.name))
-    return lineage, sha, ref, row
+    return lineage, sha
 
 
 def _refuse_files_written_since(request: RecordRequest) -> None:

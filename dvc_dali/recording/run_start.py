@@ -34,7 +34,7 @@ from ..reading.exp_refs import Row
 from ..core.flat_keys import flat_keys
 from ..core.log import logger
 from ..core.run import Run
-from . import cut_short, dvc_door
+from . import cut_short, dvc_door, pending
 from .carry import carry, missed, refuse_lost
 from .stage import find_stage, output_at
 
@@ -81,6 +81,8 @@ def capture(ctx: RunContext, run: Run, out: Optional[str],
     from .maintenance import repo_at
 
     cut_short.at_run_start(ctx)  # rows a killed run left half-published
+    if ctx.under_exp_run:  # a workspace row killed between its dvc.lock and its ref
+        pending.at_run_start(ctx.dvc_root)
 
     repo = repo_at(os.getcwd())
     stage = find_stage(repo, ctx.stage, out, ctx.stage)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from dvc_dali.reading.exp_refs import list_rows
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import commit_all, run, template_project
 from tests.helpers.rows import exp_rows
@@ -38,3 +39,45 @@ def test_a_rows_commit_that_cannot_be_written_puts_dvc_lock_back(tmp_path):
     assert "resuming at step 2" in resumed.stdout, resumed.stdout
     rows = exp_rows(project)
     assert {"a-step2", "a-step4", "a-step6"} <= set(rows) and "b-step6" not in rows, rows
+
+
+def test_a_dvc_lock_that_cannot_be_written_is_one_line_and_the_run_resumes(tmp_path):
+    """The write of dvc.lock itself failed (a full disk) with a traceback."""
+    project = fault_project(tmp_path, steps=6)
+    failed = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project,
+                 check=False, env={"FS_FAULT": "lockfile:2:transient"})
+    said = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "Traceback" not in said, said
+    assert f"RecordError: cannot write {project / 'dvc.lock'} ([Errno 27] File too large)" \
+        ", so step 4 is not recorded; dvc.lock still names the last recorded row." in said, said
+    assert set(exp_rows(project)) == {"a-step2"}
+    resumed = run(["dvc", "exp", "run", "-n", "b"], project)
+    assert "resuming at step 2" in resumed.stdout, resumed.stdout
+    rows = exp_rows(project)
+    assert {"a-step2", "a-step4", "a-step6"} <= set(rows) and "b-step6" not in rows, rows
+
+
+def test_a_row_killed_between_its_dvc_lock_and_its_ref_is_completed_by_the_next_run(tmp_path):
+    """SIGKILL right after dvc.lock named step 4's checkpoint, before its
+    ref: the next run resumed from it as a run of its own (`b-step6`, parent
+    none: run a's history cut). Now its start publishes a-step4 from the
+    note the killed run left, and run a goes on from it."""
+    project = template_project(tmp_path, steps=6)
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "cmd: python train.py", f"cmd: {sys.executable} {HELPERS / 'interrupt_at.py'} train.py"))
+    commit_all(project, "under interrupt_at")
+    killed = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project,
+                 check=False, env={"INTERRUPT_AT": "2", "INTERRUPT_SIGNAL": "KILL"})
+    assert killed.returncode != 0, killed.stdout + killed.stderr
+    assert set(exp_rows(project)) == {"a-step2"}
+    resumed = run(["dvc", "exp", "run", "-n", "b"], project, env={"INTERRUPT_AT": "99"})
+    said = resumed.stdout + resumed.stderr
+    assert "row a-step4 completed: a killed run had recorded it" in said, said
+    assert "resuming at step 4" in resumed.stdout, resumed.stdout
+    rows = exp_rows(project)
+    assert {"a-step2", "a-step4", "a-step6"} <= set(rows) and "b-step6" not in rows, rows
+    lineage = {r["name"]: r for r in list_rows(str(project), "a")}
+    assert lineage["a-step6"]["parent"] == lineage["a-step4"]["sha"], lineage
+    assert lineage["a-step4"]["parent"] == lineage["a-step2"]["sha"], lineage
+

@@ -10,6 +10,7 @@ fails it) right before the n-th call (1-based) of dvc-dali's function at
 meanwhile). The points:
 
 - ``commit``: the row's git objects (recording/commit.build_commit);
+- ``lockfile``: the workspace dvc.lock (recording/lockfile.write_atomic);
 
 The instants are reached through dvc-dali's own functions, wrapped here (no
 DVC, DALI or git code is replaced). Without FS_FAULT: the script as it is.
@@ -45,9 +46,9 @@ def _wrap(module, name: str, n: int, transient: bool) -> None:
 
 
 def _install(point: str, n: int, transient: bool) -> None:
-    from dvc_dali.recording import commit
+    from dvc_dali.recording import commit, lockfile
 
-    where = {"commit": (commit, "build_commit")}
+    where = {"commit": (commit, "build_commit"), "lockfile": (lockfile, "write_atomic")}
     _wrap(*where[point], n, transient)
 
 

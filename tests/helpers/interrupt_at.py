@@ -6,6 +6,9 @@ through dvc-dali's own function, wrapped here (no DVC or DALI code is
 replaced).
 
     python interrupt_at.py train.py ARGS...
+
+INTERRUPT_SIGNAL=KILL: SIGKILLed there instead (no handler runs: a machine's
+death, an OOM kill).
 """
 
 import os
@@ -35,6 +38,8 @@ def _write_then_interrupt(*args, **kwargs):
     out = _write(*args, **kwargs)
     _calls.append(1)
     if len(_calls) == _AT:
+        if os.environ.get("INTERRUPT_SIGNAL") == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGINT)
         if threading.current_thread() is not threading.main_thread():
             _raised.wait()  # the row goes on once the training thread is interrupted

@@ -51,7 +51,7 @@ def test_a_failed_row_whose_dvc_lock_cannot_be_put_back_says_what_to_apply(tmp_p
     reset()
     path = str(tmp_path / "gone" / "dvc.lock")
     before = lockfile.Before(path, "train", "stages: {}\n", None)
-    lock = pipeline._LockWrite(path, {}, None, ROW20, before)
+    lock = pipeline._LockWrite(path, {}, None, ROW20, before, "")
     for kept, says in [((10, "a-step10"), "run `dvc exp apply a-step10` before the next"),
                        (None, "`dvc exp apply` of the run's last row (`dvc-dali show`")]:
         where = types.SimpleNamespace(run=types.SimpleNamespace(kept=kept))
