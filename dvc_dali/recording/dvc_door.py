@@ -8,11 +8,13 @@ Tested against the DVC range pyproject.toml declares.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import logging
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ..core.checkpoint_outputs import checkpoint_outputs
 from ..core.errors import DvcDaliError, RecordError
@@ -243,6 +245,33 @@ def cache_output(out: Any, hardlink: bool) -> None:
     staging, _, obj = out._build(out.cache, out.fs_path, out.fs, out.hash_name,  # noqa: SLF001
                                  ignore=out.dvcignore)
     transfer(staging, out.cache, {obj.hash_info}, shallow=False, hardlink=True)
+
+
+class _Failures(logging.Handler):
+    """(oid, error) of each object a DVC transfer failed to copy."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[tuple[str, BaseException]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and record.args:
+            self.found.append((str(record.args[0]), exc))
+
+
+@contextlib.contextmanager
+def transfer_failures() -> Iterator[list[tuple[str, BaseException]]]:
+    """DVC's transfers log a file they fail to copy ("failed to transfer",
+    the error attached) and go on without raising: the (oid, error) of each
+    logged while inside (any thread's: the caller tells which are its own)."""
+    handler = _Failures()
+    log = logging.getLogger("dvc_data.hashfile.transfer")
+    log.addHandler(handler)
+    try:
+        yield handler.found
+    finally:
+        log.removeHandler(handler)
 
 
 def first_cache_type(out: Any) -> str | None:

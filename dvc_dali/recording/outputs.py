@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,35 +52,67 @@ def cache_output(out: Any, stage: Any) -> None:
     starts with hardlink they are linked into the cache, not copied; anything
     else is copied (or reflinked), as DVC would."""
     hardlink = dvc_door.first_cache_type(out) == "hardlink" and is_checkpoint_dir(out)
-    try:
-        dvc_door.cache_output(out, hardlink)
-    except Exception as exc:  # removed or changed while it was being cached
-        raise RecordError(
-            f"caching output '{out}' of stage '{_shown(stage)}' failed: "
-            f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; "
-            f"{_cache_advice(exc, out.cache.path)}") from exc
+    with dvc_door.transfer_failures() as failures:
+        try:
+            dvc_door.cache_output(out, hardlink)
+        except Exception as exc:  # removed or changed while it was being cached
+            raise _caching_failed(out, stage, _cause(out, failures) or exc) from exc
     # A row must never name outputs the cache cannot check out again. The
     # output is hashed before the repo lock and cached under it: a command
     # that checked it out in between (`dvc checkout`, `dvc exp apply`) left
     # other files to cache than those hashed.
     if not out.cache.exists(out.hash_info.value):
+        cause = _cause(out, failures)
+        if cause is not None:  # DVC logged it and went on
+            raise _caching_failed(out, stage, cause) from cause
+        full = _full(out)
         raise RecordError(
             f"output '{out}' of stage '{_shown(stage)}' (md5 {out.hash_info.value}) is not "
-            f"in the DVC cache {out.cache.path} after caching it: it changed while it was "
-            "recorded (another command, such as `dvc checkout` or `dvc exp apply`, checked it "
-            "out meanwhile?), or the cache directory is full or not writable; nothing was "
-            "recorded. Run no command that checks outputs out in this workspace while it "
-            "trains, and check the cache directory's free space and permissions.")
+            f"in the DVC cache {out.cache.path} after caching it: " + (
+                f"{full}; nothing was recorded. Free space there, then `dvc exp run` again "
+                "(it resumes from the checkpoint in the workspace)." if full else
+                "it changed while it was recorded (another command, such as `dvc checkout` or "
+                "`dvc exp apply`, checked it out meanwhile?), or the cache directory is not "
+                "writable; nothing was recorded. Run no command that checks outputs out in "
+                "this workspace while it trains, and check the cache directory's "
+                "permissions."))
 
 
-_CACHE_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+def _cause(out: Any, failures: list[tuple[str, BaseException]]) -> BaseException | None:
+    """The error DVC logged for a file of this output it did not cache (one
+    the cache lacks: another thread's transfer, an auto-push, reads from it)."""
+    return next((exc for oid, exc in failures if not out.cache.exists(oid)), None)
+
+
+def _caching_failed(out: Any, stage: Any, exc: BaseException) -> RecordError:
+    return RecordError(
+        f"caching output '{out}' of stage '{_shown(stage)}' failed: "
+        f"{type(exc).__name__}: {exc}. Nothing was recorded for this checkpoint; "
+        f"{_cache_advice(exc, out.cache.path)}")
+
+
+def _full(out: Any) -> str:
+    """Why the cache cannot hold the output, where its free space tells ("": it can)."""
+    try:
+        free = shutil.disk_usage(out.cache.path).free
+    except OSError:
+        return ""
+    size = getattr(out.meta, "size", None) or 0
+    if free == 0 or free < size:
+        return f"the cache directory is full ({free} bytes free, the output is {size} bytes)"
+    return ""
+
+
+_CACHE_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT,
+                     errno.EFBIG}
 
 
 def _cache_advice(exc: BaseException, cache: str) -> str:
     """What to do when caching an output failed: the cache's space or
     permissions where the error says so, else another writer of the output."""
     if isinstance(exc, OSError) and exc.errno in _CACHE_UNWRITABLE:
-        return (f"the DVC cache {cache} cannot be written: free space there or fix its "
+        limit = " (or lift the file-size limit, `ulimit -f`)" if exc.errno == errno.EFBIG else ""
+        return (f"the DVC cache {cache} cannot be written: free space there{limit} or fix its "
                 "permissions or mount, then `dvc exp run` again (it resumes from the "
                 "checkpoint in the workspace).")
     return "make sure nothing else writes or deletes that output during training."

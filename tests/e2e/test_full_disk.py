@@ -81,3 +81,18 @@ def test_a_row_killed_between_its_dvc_lock_and_its_ref_is_completed_by_the_next_
     assert lineage["a-step6"]["parent"] == lineage["a-step4"]["sha"], lineage
     assert lineage["a-step4"]["parent"] == lineage["a-step2"]["sha"], lineage
 
+
+def test_a_cache_that_cannot_take_the_checkpoint_says_so_first(tmp_path):
+    """DVC logs "failed to transfer" and goes on; the line blamed another
+    command changing the output first (the cache's space came last), and
+    EFBIG got no advice about the cache at all."""
+    project = fault_project(tmp_path, steps=4)
+    failed = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project,
+                 check=False, env={"FS_FAULT": "cache:3:transient"})
+    said = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "Traceback" not in said, said
+    assert "failed: OSError: [Errno 27] File too large. Nothing was recorded for this " \
+        "checkpoint; the DVC cache " in said, said
+    assert "cannot be written: free space there (or lift the file-size limit" in said, said
+    assert "changed while it was recorded" not in said, said
+    assert set(exp_rows(project)) == {"a-step2"}

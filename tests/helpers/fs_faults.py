@@ -11,6 +11,7 @@ meanwhile). The points:
 
 - ``commit``: the row's git objects (recording/commit.build_commit);
 - ``lockfile``: the workspace dvc.lock (recording/lockfile.write_atomic);
+- ``cache``: an output copied into the DVC cache (recording/dvc_door.cache_output);
 
 The instants are reached through dvc-dali's own functions, wrapped here (no
 DVC, DALI or git code is replaced). Without FS_FAULT: the script as it is.
@@ -46,9 +47,10 @@ def _wrap(module, name: str, n: int, transient: bool) -> None:
 
 
 def _install(point: str, n: int, transient: bool) -> None:
-    from dvc_dali.recording import commit, lockfile
+    from dvc_dali.recording import commit, dvc_door, lockfile
 
-    where = {"commit": (commit, "build_commit"), "lockfile": (lockfile, "write_atomic")}
+    where = {"commit": (commit, "build_commit"), "lockfile": (lockfile, "write_atomic"),
+             "cache": (dvc_door, "cache_output")}
     _wrap(*where[point], n, transient)
 
 
