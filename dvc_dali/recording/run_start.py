@@ -235,11 +235,17 @@ def note_replaced(run: Run) -> None:
         run.start.replaced = True
 
 
+def _changed_params(start: RunStart) -> dict[str, bytes]:
+    return {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
+
+
 def _put_params_back(start: RunStart, root: str, lock_timeout: float) -> None:
     """At the end of training: the params files as the run started, so DVC's
     own final commit and dvc.lock of the run record the params it trained
-    with, not those another command wrote meanwhile."""
-    if start.replaced:
+    with, not those another command wrote meanwhile. Nothing to put back
+    takes no lock: after a run failed on a full disk, DVC's lock file could
+    not be written, and each exit said it could not put back what was intact."""
+    if start.replaced or not _changed_params(start):
         return
     from .maintenance import repo_at
 
@@ -247,18 +253,26 @@ def _put_params_back(start: RunStart, root: str, lock_timeout: float) -> None:
         repo = repo_at(root)
         dvc_door.lock_repo(repo, lock_timeout)  # not while a command stashes the workspace
     except Exception as exc:
-        logger.warning("cannot put the params this run trained with back: %s", exc)
+        _say_not_put_back(_changed_params(start), exc)
         return
     try:
-        changed = {p: b for p, b in start.files.items() if b is not None and _read(p) != b}
+        changed = _changed_params(start)
         if changed and not start.warned:
             _warn_changed(changed)
         for path, data in changed.items():
             atomic_file.replace_whole(path, data)
     except OSError as exc:
-        logger.warning("cannot put the params this run trained with back: %s", exc)
+        _say_not_put_back(_changed_params(start), exc)
     finally:
         dvc_door.unlock_repo(repo)
+
+
+def _say_not_put_back(changed: dict[str, bytes], exc: BaseException) -> None:
+    if changed:
+        logger.warning("%s: changed by another command while this run trained, and cannot be "
+                       "put back to the params it trained with (%s), so DVC's own experiment "
+                       "of this run records the changed ones; its checkpoint rows hold those "
+                       "it trained with", ", ".join(os.path.relpath(p) for p in changed), exc)
 
 
 _GUARD_CMD = ("`dvc exp run` training in this workspace (dvc-dali keeps the workspace its own "
