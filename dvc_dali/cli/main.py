@@ -85,8 +85,7 @@ def cmd_init(args: argparse.Namespace) -> int:
               "can write; nothing written.", file=sys.stderr)
         return 1
     for name in TEMPLATES:
-        shutil.copyfile(source / name, dest / name)
-        print(f"wrote {dest / name}")
+        print(f"wrote {dest / name}{_write_template(source / name, dest / name)}")
     there = "" if dest.resolve() == Path.cwd().resolve() else f"cd {shlex.quote(args.dir)} && "
     setup = f"{there}{setup_commands(dest)}git add . && git commit -m start && dvc exp run"
     if args.digits:
@@ -102,6 +101,18 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_template(source: Path, path: Path) -> str:
+    """Write one template at path; a link there is replaced, never written
+    through: its target may be anywhere (a dangling one's is a file of another
+    name, or a directory that is not there). Says what it replaced."""
+    replaced = ""
+    if path.is_symlink():
+        replaced = f" (replacing the link to {readable(os.readlink(path))})"
+        path.unlink()
+    shutil.copyfile(source, path)
+    return replaced
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.read_bytes() == b.read_bytes()
@@ -115,7 +126,8 @@ def _init_blocked(dest: Path) -> str:
     there = next((d for d in (dest, *dest.parents) if d.exists()), None)
     if there is not None and not there.is_dir():
         return f"{there} is a file, not a directory: give the project's directory"
-    dirs = [str(dest / name) for name in TEMPLATES if (dest / name).is_dir()]
+    dirs = [str(dest / name) for name in TEMPLATES  # a link to one is replaced, not written in
+            if (dest / name).is_dir() and not (dest / name).is_symlink()]
     if dirs:
         return f"{', '.join(dirs)}: a directory where the template writes a file; move it away"
     return ""

@@ -270,3 +270,22 @@ def test_an_os_error_reads_as_its_path_and_reason():
     exc = FileNotFoundError(2, "No such file or directory", os.fsdecode(b"w\xff/dvc.yaml"))
     assert _message(exc) == "w\\xff/dvc.yaml: No such file or directory"
     assert _message(OSError(5, "Input/output error")) == "Input/output error"
+
+
+def test_init_force_replaces_links_and_never_writes_through_them(tmp_path, capsys):
+    """Found by a sweep: `init --force` over dvc.yaml -> missing wrote a file
+    named `missing` and left the link; one whose target's directory is gone
+    stopped midway with the templates half written."""
+    from dvc_dali.cli.main import main
+
+    (tmp_path / "dvc.yaml").symlink_to("missing")
+    (tmp_path / "train.py").symlink_to(tmp_path / "gone" / "train.py")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "params.yaml").symlink_to("elsewhere")  # a link to a directory
+    assert main(["init", str(tmp_path)]) == 1  # links are files there: refused without --force
+    assert main(["init", "--force", str(tmp_path)]) == 0
+    for name in ("dvc.yaml", "train.py", "params.yaml"):
+        assert not (tmp_path / name).is_symlink() and (tmp_path / name).is_file()
+    assert not (tmp_path / "missing").exists() and not list((tmp_path / "elsewhere").iterdir())
+    assert "wrote " + str(tmp_path / "dvc.yaml") + " (replacing the link to missing)" in (
+        capsys.readouterr().out)
