@@ -124,6 +124,7 @@ class ProcessState:
     said_digest_limit: set[tuple[str, str]] = field(default_factory=set)  # data_contents
     said_no_best: set[str] = field(default_factory=set)  # retention: keep_best specs unmet
     said_ignored: set[str] = field(default_factory=set)  # pipeline: stages with ignored outputs
+    said_best_alone: bool = False  # pipeline: keep_best without keep_last, said once
     meta_checked: str = ""  # store: the last metadata text found shallow enough
     # store: the last snapshots this process wrote into each directory (its path
     # -> snapshot name -> files and subdirectories), so a superseded one is

@@ -280,6 +280,18 @@ def _say_ignored_outputs(where: _Where, stg: Any) -> None:
                        ", ".join(found), dvc_door.shown_address(stg), found[0])
 
 
+def _say_best_alone(keep: Retention) -> None:
+    """keep_best only spares the best row from keep_last's pruning: alone it
+    does nothing, which a setting must not do silently. Said once."""
+    if keep.keep_best is None or keep.keep_last is not None or STATE.said_best_alone:
+        return
+    STATE.said_best_alone = True
+    logger.warning("keep_best %r (DVC_DALI_KEEP_BEST, keep_best= or --keep-best) does nothing "
+                   "without keep_last (DVC_DALI_KEEP_LAST, keep_last= or --keep-last): every "
+                   "row is kept. Set keep_last to N to keep the last N rows and the best, or "
+                   "leave keep_best out", keep.keep_best)
+
+
 def _relative_paths(paths: list[str], toplevel: str) -> list[str]:
     """The existing ones of paths, relative to toplevel, each once."""
     out: list[str] = []
@@ -620,6 +632,7 @@ def record_and_prune(ctx: RunContext, request: RecordRequest,
     pusher = auto_push.pusher()
     if pusher is not None:
         pusher.push(result.name, result.ref, result.sha, list(result.objects), result.run_name)
+    _say_best_alone(keep)
     for name, sha in retention.prune(ctx.dvc_root, result.run_name, result.baseline,
                                      result.ref, keep.keep_last, keep.keep_best,
                                      result.run_started):

@@ -168,3 +168,17 @@ def test_a_metrics_file_that_is_no_json_object_is_said_and_keep_best_keeps_its_r
                               "DVCLive metrics object: the row is listed without metrics") == 1, \
         shown.stderr
     assert "a-step5" in shown.stdout
+
+
+def test_keep_best_without_keep_last_says_once_that_it_does_nothing(tmp_path):
+    """DVC_DALI_KEEP_BEST alone keeps every row (it only spares the best from
+    KEEP_LAST's pruning): it did so without a word (found by a sweep)."""
+    project = template_project(tmp_path, steps=10)
+    said = run(["dvc", "exp", "run", "-n", "e", "-S", "train.checkpoint_every=5"], project,
+               env={"DVC_DALI_KEEP_BEST": "train/loss:min"})
+    rows = dvc_dali.rows("e", repo=project)
+    assert sorted(r["name"] for r in rows) == ["e-step10", "e-step5"], rows
+    text = said.stdout + said.stderr
+    assert text.count("keep_best 'train/loss:min' (DVC_DALI_KEEP_BEST, keep_best= or "
+                      "--keep-best) does nothing without keep_last (DVC_DALI_KEEP_LAST, "
+                      "keep_last= or --keep-last): every row is kept.") == 1, text
