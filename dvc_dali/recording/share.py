@@ -151,11 +151,15 @@ def remote_refusal(porcelain: str) -> str:
     return ""
 
 
-def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> None:
+def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str,
+               dry_run: bool = False) -> None:
     """The rows' refs, all or none (``--atomic``, where the remote can): a
     push half done said it failed, named none of what went, and its remote
-    then held a run mixed from two recordings (found by a sweep)."""
-    base = ["push", "--quiet", "--porcelain"]
+    then held a run mixed from two recordings (found by a sweep).
+    ``dry_run``: asked before any data moves, so that a git remote that is
+    unreachable, refuses this user's pushes or holds other commits under
+    these names refuses the push before the data went up without its rows."""
+    base = ["push", "--quiet", "--porcelain", *(["--dry-run"] if dry_run else [])]
     proc = gitcmd.run([*base, "--atomic", git_remote, *refspecs], root, check=False,
                       unrunnable=DvcDaliError)
     if proc.returncode != 0 and "atomic" in proc.stderr and "support" in proc.stderr:
@@ -163,6 +167,8 @@ def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> No
                           unrunnable=DvcDaliError)
     if proc.returncode == 0:
         return
+    data = ("Nothing was pushed, the data neither" if dry_run
+            else "The data is on the DVC remote")
     rejected = rejected_rows(proc.stdout)
     if rejected:
         shown = ", ".join(rejected[:5]) + (", ..." if len(rejected) > 5 else "")
@@ -170,14 +176,12 @@ def _push_refs(root: str, git_remote: str, refspecs: list[str], runs: str) -> No
             f"git push to {git_remote}: nothing pushed: {git_remote} holds other commits under "
             f"{shown} (rows of this run recorded elsewhere, by another machine or clone). "
             f"`dvc-dali pull {git_remote} <run>` fetches them to compare; to push these, "
-            f"delete those refs there first (`git push {git_remote} --delete <ref>`). The data "
-            "is on the DVC remote.")
+            f"delete those refs there first (`git push {git_remote} --delete <ref>`). {data}.")
     said = gitcmd.reason(proc.stderr or proc.stdout)
     refusal = remote_refusal(proc.stdout)
     said += f" ({refusal})" if refusal and refusal not in said else ""
-    raise DvcDaliError(f"git push of {runs} to {git_remote} failed: {said}. The data is on "
-                       f"the DVC remote; check the git remote (`git ls-remote {git_remote}`), "
-                       "then run the command again.")
+    raise DvcDaliError(f"git push of {runs} to {git_remote} failed: {said}. {data}; check the "
+                       f"git remote (`git ls-remote {git_remote}`), then run the command again.")
 
 
 def _lineage_root(row: Row, by_sha: dict[str, Row]) -> str | None:
@@ -262,8 +266,10 @@ def remote_rows(root: str, git_remote: str, listed: Sequence[Row], names: set[st
 def push_runs(root: str, git_remote: str, names: Sequence[str],
               dvc_remote: str | None = None) -> list[Moved]:
     """Push every row of the runs ``names``: their data to the DVC remote,
-    then their refs to ``git_remote``; a ref whose data did not all reach the
-    DVC remote is not pushed (DvcDaliError naming it, after the others went)."""
+    then their refs to ``git_remote`` (asked first with a dry run, so that a
+    remote that cannot take them refuses before the data moves); a ref whose
+    data did not all reach the DVC remote is not pushed (DvcDaliError naming
+    it, after the others went)."""
     listed = list_rows(root)
     targets = select_refs(listed, names, exp_refs(root))
     _unknown(targets, names, "in this repository", "`dvc-dali show` lists the runs here",
@@ -274,11 +280,12 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
                    f"Push to another git remote, or remove those rows from {git_remote} if "
                    f"they are not wanted (`git push {git_remote} --delete "
                    "<ref>`; `dvc-dali pull` into a fresh clone shows them first).")
+    runs = ", ".join(map(shlex.quote, dict.fromkeys(names)))
+    _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in targets], runs, dry_run=True)
     missing, here, failure = _push_data(root, sorted({t.sha for t in targets}), dvc_remote)
     complete = [t for t in targets if t.sha not in missing]
     if complete:
-        _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in complete],
-                   ", ".join(map(shlex.quote, dict.fromkeys(names))))
+        _push_refs(root, git_remote, [f"{t.sha}:{t.ref}" for t in complete], runs)
     if missing:
         pushed = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
                   if m.refs] or ["nothing"]

@@ -969,8 +969,8 @@ def test_push_and_pull_say_what_git_could_not_do_in_one_line(odd_files, command)
                         f"nothing pulled. Check the remote (`git ls-remote {not_git}`, `git "
                         "remote -v`), then run the command again\n"), said
     else:
-        assert said == (f"dvc-dali push: git push of a to {not_git} failed: {reason}. The data "
-                        f"is on the DVC remote; check the git remote (`git ls-remote "
+        assert said == (f"dvc-dali push: git push of a to {not_git} failed: {reason}. Nothing "
+                        f"was pushed, the data neither; check the git remote (`git ls-remote "
                         f"{not_git}`), then run the command again.\n"), said
 
 

@@ -180,6 +180,15 @@ def test_dvc_dali_push_and_pull_move_every_row_of_a_run(tmp_path):
     bare, store = with_remotes(project, tmp_path, auto_push=False)
     run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], project)
     assert remote_rows(bare) == {}
+    # a git remote git cannot reach: refused before the data went up (it went
+    # first, and the rows could not follow: found by a sweep)
+    run(["git", "remote", "add", "moved", str(tmp_path / "moved.git")], project)
+    refused = run(["dvc-dali", "push", "moved", "a"], project, check=False)
+    assert refused.returncode == 1 and not store.exists(), refused.stderr
+    assert refused.stderr == (
+        f"dvc-dali push: git push of a to moved failed: '{tmp_path / 'moved.git'}' does not "
+        "appear to be a git repository. Nothing was pushed, the data neither; check the git "
+        "remote (`git ls-remote moved`), then run the command again.\n"), refused.stderr
     hook = bare / "hooks" / "pre-receive"  # the remote refuses: said, not "held otherwise"
     hook.write_text("#!/bin/sh\necho 'refs/exps is read-only here' >&2\nexit 1\n")
     hook.chmod(0o755)
