@@ -84,12 +84,83 @@ def prepare(source: Any, kwargs: dict[str, Any], name: str) -> Any:
                                 "unbuilt Pipeline")
     _check_keywords(source, kwargs, name)
     # checkpoint=None as for a Pipeline above: a saved state is set only by build()
-    pipe = source(**kwargs, enable_checkpointing=True, checkpoint=None)
+    with _not_utf8_said(name):  # the function makes its operators here
+        pipe = source(**kwargs, enable_checkpointing=True, checkpoint=None)
     if not isinstance(pipe, Pipeline):
         raise ArgumentTypeError(f"pipeline {name!r}: {getattr(source, '__name__', source)!r} "
                                 f"returned {kind_of(pipe)}, not a Pipeline: decorate "
                                 "it with @pipeline_def")
     return pipe
+
+
+_DALI_UNSUPPORTED = re.compile(r"^Unsupported argument type with name (\w+)$")
+
+
+def _not_utf8(value: Any) -> str | None:
+    """The first text of ``value`` (a str or path, or a list of them) that
+    cannot be UTF-8: a name the file system gave with a byte such as 0xff."""
+    for text in value if isinstance(value, (list, tuple)) else [value]:
+        text = os.fspath(text) if isinstance(text, os.PathLike) else text
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return text
+    return None
+
+
+@contextlib.contextmanager
+def _not_utf8_said(name: str) -> Iterator[None]:
+    """DALI takes a text argument only as UTF-8: a ``file_root`` with a byte
+    that is not (``data/\\xff``) failed in the pipeline function with DALI's
+    traceback and "Unsupported argument type with name file_root" (found by a
+    sweep). Said in one line naming the argument, its value, the script's
+    line and the fix."""
+    try:
+        yield
+    except RuntimeError as exc:
+        found = _DALI_UNSUPPORTED.match(str(exc).strip())
+        frames = []  # (frame, line), the outermost first
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+        text = _not_utf8(_refused_value(found.group(1), frames)) if found else None
+        if text is None:
+            raise
+        key = found.group(1)  # DALI's own (_origin_stack_filename): where the script is
+        what, fix = (f"{key}={text!r}{_made_at(frames)}", "rename that directory or file, "
+                     "or give a link to it whose name is UTF-8")
+        if key.startswith("_"):
+            what, fix = (f"the script's path {text!r} (DALI keeps where each operator was "
+                         "made)", "move the script (or the project) to a path that is")
+        raise PipelineBuildError(
+            f"pipeline {name!r}: {what} is not UTF-8 (a name with a byte such as \\xff), and "
+            f"DALI takes it only as UTF-8 text: {fix}") from None
+
+
+def _refused_value(key: str, frames: list[tuple[Any, int]]) -> Any:
+    """The value of argument ``key`` DALI refused, read from the innermost
+    frame that holds the operator's arguments (DALI's ``_add_spec_args``);
+    None where no frame does (another DALI release)."""
+    for frame, _ in reversed(frames):
+        kwargs = frame.f_locals.get("kwargs")
+        if isinstance(kwargs, dict) and key in kwargs:
+            return kwargs[key]
+    return None
+
+
+def _made_at(frames: list[tuple[Any, int]]) -> str:
+    """" (made at FILE, line N)": the innermost frame of the script, neither
+    DALI's nor dvc-dali's; "" where there is none."""
+    dali = f"{os.sep}nvidia{os.sep}dali{os.sep}"
+    ours = f"{os.sep}{__package__.split('.')[0]}{os.sep}"
+    user = [(f, n) for f, n in frames if dali not in f.f_code.co_filename
+            and ours not in f.f_code.co_filename]
+    if not user:
+        return ""
+    frame, line = user[-1]
+    return f" (made at {os.path.basename(frame.f_code.co_filename)}, line {line})"
 
 
 def _check_keywords(source: Any, kwargs: dict[str, Any], name: str) -> None:

@@ -22,6 +22,11 @@ UNIFORM = ("from nvidia.dali import fn, pipeline_def\n"
            "p = pipeline_def(lambda: fn.random.uniform(name='u'))\n"
            "ARGS = dict(batch_size=1, num_threads=1, device_id=None)\n")
 
+# a pipeline reading the directory its argument names
+READ = ("import os\nfrom nvidia.dali import fn, pipeline_def\n"
+        "r = pipeline_def(lambda root: fn.readers.file(file_root=root, name='f'))\n"
+        "ARGS = dict(batch_size=1, num_threads=1, device_id=None)\n")
+
 # id -> (the script's body, the start of the line it must end with)
 CASES = {
     "path_int": ("C(5)", "ConfigError: path=5: "),
@@ -173,6 +178,25 @@ CASES = {
                            "directory"),
     "load_not_utf8": ("import os; dvc_dali.load(os.fsdecode(b'ck\\xff'))",
                       "CheckpointCorruptError: ck\\xff: holds no dvc-dali checkpoint"),
+    # found by a sweep: DALI's traceback from inside the pipeline function,
+    # "Unsupported argument type with name file_root"; given as an argument
+    # of ck.pipeline or read by the function itself
+    "file_root_not_utf8": (f"{READ}C('ck').pipeline('t', r, root=os.fsdecode(b'd\\xff'), **ARGS)",
+                           "PipelineBuildError: pipeline 't': file_root='d\\xff' (made at "
+                           "<string>, line 5) is not UTF-8 (a name with a byte such as \\xff), "
+                           "and DALI takes it only as UTF-8 text: rename that directory"),
+    "file_list_not_utf8": (f"{READ}C('ck').pipeline('t', pipeline_def(lambda: fn.readers.file("
+                           "files=['a', os.fsdecode(b'b\\xff')], name='f')), **ARGS)",
+                           "PipelineBuildError: pipeline 't': files='b\\xff' (made at <string>, "
+                           "line 7) is not UTF-8"),
+    # DALI keeps each operator's script path: the example in a project of such a name
+    "script_not_utf8": ("import os, runpy; d = os.fsdecode(b'p\\xff'); os.mkdir(d)\nopen(d + "
+                        "'/s.py', 'w').write(" + repr(f"{PREFIX}{READ}C('ck').pipeline('t', r, "
+                                                      "root='d', **ARGS)\n") + ")\n"
+                        "runpy.run_path(d + '/s.py')",
+                        "p\\xff/s.py' (DALI keeps where each operator was made) is not UTF-8 "
+                        "(a name with a byte such as \\xff), and DALI takes it only as UTF-8 "
+                        "text: move the script (or the project) to a path that is"),
     # were Python's own TypeError for arguments the call does not take, a traceback
     "ck_keyword_typo": ("C('ck', reume=False)", "ArgumentTypeError: Checkpointer(): got an "
                         "unexpected keyword argument 'reume' (did you mean 'resume'?); it takes "
