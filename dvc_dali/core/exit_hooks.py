@@ -109,21 +109,28 @@ def _settled() -> None:
             pool.submit(lambda: None).result()
 
 
-def _again(_signum: int, _frame: Any) -> None:
-    """A Ctrl-C after the first one ended the run: said once, not raised."""
+def _again(signum: int, _frame: Any) -> None:
+    """A Ctrl-C or SIGTERM after the run began to stop: said once, not raised."""
+    if signum != signal.SIGINT and os.getpid() != STATE.exit_lines_pid:
+        as_if_not_handled(signum)  # a child forked since: not the run
+        return
     if not STATE.said_stopping:
         STATE.said_stopping = True
-        logger.warning("Ctrl-C again: ignored, the run is stopping (what is kept is said "
-                       "above)")
+        how = "Ctrl-C again" if signum == signal.SIGINT else signal.Signals(signum).name
+        logger.warning("%s: ignored, the run is stopping (what is kept is said above)", how)
 
 
-def _stopping() -> None:
-    """The run ends on a Ctrl-C: one more (a person pressing it twice) is not
-    raised while the process exits. It was a KeyboardInterrupt traceback from
-    wherever the exit was: this hook, DVCLive's repo closed at exit, DVC's
-    objects' ``__del__`` (found by a sweep)."""
+def stopping() -> None:
+    """The run ends (a Ctrl-C, a SIGTERM, a preemption): one more Ctrl-C or
+    SIGTERM (a person pressing it twice, a supervisor's SIGTERM) is not
+    raised while the process exits. It was a traceback from wherever the
+    exit was: this hook, DVCLive's repo closed at exit, DVC's objects'
+    ``__del__``, an `atexit` hook, whose work it cut short; a SIGTERM also
+    printed a second line (found by sweeps). `kill -9` still ends it."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _again)
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:  # not the application's own
+            signal.signal(signal.SIGTERM, _again)
 
 
 def _hook(previous):
@@ -132,7 +139,7 @@ def _hook(previous):
         ours = issubclass(kind, DvcDaliError) or (
             STATE.exit_lines_installed and issubclass(kind, KeyboardInterrupt))
         if ours and issubclass(kind, KeyboardInterrupt):
-            _stopping()
+            stopping()
         # read now, not at install: the error may be the refusal of the environment
         if not ours or debug_requested():
             previous(kind, exc, tb)
@@ -149,7 +156,7 @@ def _hook(previous):
         except KeyboardInterrupt:
             if not issubclass(kind, KeyboardInterrupt):
                 raise
-            report(kind, exc, tb)  # the second Ctrl-C came before _stopping: once more
+            report(kind, exc, tb)  # the second Ctrl-C came before stopping(): once more
     return excepthook
 
 
@@ -189,6 +196,7 @@ def on_sigterm(signum: int, _frame) -> None:
     # one in flight is joined at the interpreter's exit, before atexit's hooks:
     # the line waits for it there (here, the training thread may hold a lock
     # the save needs)
+    stopping()
     if STATE.unread_saves:
         atexit.register(this_process_only(
             lambda: logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))))

@@ -116,7 +116,7 @@ class ProcessState:
     resumed_hook_installed: bool = False
     preemption_signal: Optional[int] = None  # preemption.Flag got it: a checkpoint comes
     said_not_recording: bool = False  # signal_file
-    said_stopping: bool = False  # exit_hooks: a Ctrl-C again while the run stops
+    said_stopping: bool = False  # exit_hooks: a Ctrl-C or SIGTERM while the run stops
     # signal_file: the process that answers DVC 2's signal (ancestry.Starter),
     # taken at the first signal, before any wait: taken at a later one, a
     # watcher that died meanwhile would be unseen (this process reparented)

@@ -1074,6 +1074,7 @@ class Checkpointer:
         else:
             logger.warning("preempted (%s): step %d is saved in %s; run again to resume from it",
                            sig.name, step, self.path)
+        exit_hooks.stopping()  # a Ctrl-C from now on: no traceback, no exit hook cut short
         raise SystemExit(128 + sig.value)
 
     def wait(self) -> None:

@@ -88,27 +88,11 @@ def test_outside_dvc_the_signal_saves_and_exits(tmp_path, uninterrupted):
     assert weights(project) == uninterrupted
 
 
-# The user's own exit hook, registered before dvc-dali's (so it runs after
-# them): the test sends the second Ctrl-C while the run is stopping.
-AT_EXIT = '''
-import atexit
-def _wait_for_the_second_ctrl_c():
-    open("preempt-ready-at-exit", "w").close()
-    while not os.path.exists("preempt-ready-sent"):
-        time.sleep(0.01)
-atexit.register(_wait_for_the_second_ctrl_c)
-'''
-
-
 def test_ctrl_c_twice_stops_once_and_resumes_exactly(tmp_path, uninterrupted):
     """Ctrl-C, then Ctrl-C again while the run stops (a person pressing it
     twice): one line each, no traceback (it was a KeyboardInterrupt traceback
     from wherever the exit was); the rerun resumes the row kept, exactly."""
-    project = preemptible_project(tmp_path)
-    train = project / "train.py"
-    train.write_text(train.read_text().replace(
-        "import dvc_dali\n", "import dvc_dali\nimport time\n" + AT_EXIT, 1))
-    run(["git", "commit", "-qam", "an exit hook"], project)
+    project = preemptible_project(tmp_path, at_exit=True)
     proc = subprocess.Popen(
         ["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], cwd=project,
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,

@@ -28,8 +28,23 @@ import signal
 signal.signal(signal.SIGUSR1, lambda s, f: open("user-handler-ran", "w").close())
 '''
 
+# The user's own exit hook, registered before dvc-dali's (so it runs after
+# them): it waits there until the test has sent its signal to the stopping run.
+AT_EXIT = '''
+import atexit
+import time
+def _wait_for_the_second_signal():
+    open("preempt-ready-at-exit", "w").close()
+    while not os.path.exists("preempt-ready-sent"):
+        time.sleep(0.01)
+atexit.register(_wait_for_the_second_signal)
+'''
 
-def preemptible_project(tmp_path: Path, user_handler: bool = False) -> Path:
+
+def preemptible_project(tmp_path: Path, user_handler: bool = False,
+                        at_exit: bool = False) -> Path:
+    """The template waiting at PREEMPT_AT; ``at_exit``: and at its exit, until
+    the file preempt-ready-sent appears (it wrote preempt-ready-at-exit)."""
     project = template_project(tmp_path)
     train = project / "train.py"
     text = train.read_text()
@@ -37,6 +52,8 @@ def preemptible_project(tmp_path: Path, user_handler: bool = False) -> Path:
     text = text.replace(loop_body, loop_body + WAIT_FOR_SIGNAL.lstrip("\n"))
     if user_handler:
         text = text.replace("import dvc_dali\n", "import dvc_dali\n" + USER_HANDLER)
+    if at_exit:
+        text = text.replace("import dvc_dali\n", "import dvc_dali\n" + AT_EXIT, 1)
     train.write_text(text)
     (project / ".gitignore").write_text("preempt-ready*\nuser-handler-ran\n")
     run(["git", "add", "-A"], project)
