@@ -48,7 +48,10 @@ def _elsewhere() -> bool:
         return False
     from .context import repo_root
 
-    return repo_root() != Path(current.dvc_root).resolve()
+    try:
+        return repo_root() != Path(current.dvc_root).resolve()
+    except OSError:  # its directory is gone (a queued run's, after `dvc queue kill -f`)
+        return True
 
 
 def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str = "",
@@ -141,6 +144,10 @@ def _hook(previous):
         if ours and issubclass(kind, KeyboardInterrupt):
             stopping()
         # read now, not at install: the error may be the refusal of the environment
+        orphaned = None if ours or debug_requested() else _failed_orphan(kind, exc)
+        if orphaned:
+            logger.error(orphaned)
+            return
         if not ours or debug_requested():
             previous(kind, exc, tb)
         if ours and issubclass(kind, KeyboardInterrupt):
@@ -223,14 +230,37 @@ def install(ctx: RunContext, sigterm: bool = True) -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def _gone_starter() -> Any:
+    """The `dvc exp run` that started this run (ancestry.Starter), if it has
+    ended while the run goes on; else None."""
+    parent = STATE.exit_lines_parent
+    if STATE.exit_lines_pid != os.getpid() or parent is None or not ancestry.gone(parent):
+        return None
+    return parent
+
+
+def _failed_orphan(kind: type[BaseException], exc: BaseException) -> Optional[str]:
+    """The line for an error that ends a run whose `dvc exp run` ended
+    before it: the error is most likely that end's (`dvc queue kill -f`
+    ends DVC's process, not the training, and deletes the queued run's
+    directory under it, so DVCLive's next write failed with a traceback
+    that named neither; found by a sweep). None while it lives."""
+    parent = _gone_starter()
+    if parent is None:
+        return None
+    error = f"{kind.__name__}: {exc}".splitlines()[0]
+    return interruption_line(f"`dvc exp run` (pid {parent.pid}) ended while this training "
+                             f"went on, which then failed ({error})", last_kept())
+
+
 def refuse_orphan() -> None:
     """After a row is recorded: where the `dvc exp run` that started this
     process has ended (a SIGTERM to it alone, from a supervisor that signals
     its direct child), the training stops here. It went on as an orphan: DVC's
     hold on the workspace went with that process, so a second `dvc exp run`
     started beside it and checked its outputs out under it (found by a sweep)."""
-    parent = STATE.exit_lines_parent
-    if STATE.exit_lines_pid != os.getpid() or parent is None or not ancestry.gone(parent):
+    parent = _gone_starter()
+    if parent is None:
         return
     if STATE.preemption_signal is not None:  # its group got it too: this row is its last
         return

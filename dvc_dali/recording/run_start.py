@@ -245,7 +245,9 @@ def _put_params_back(start: RunStart, root: str, lock_timeout: float) -> None:
     with, not those another command wrote meanwhile. Nothing to put back
     takes no lock: after a run failed on a full disk, DVC's lock file could
     not be written, and each exit said it could not put back what was intact."""
-    if start.replaced or not _changed_params(start):
+    if start.replaced or not os.path.isdir(root):  # gone: a queued run's, after `dvc queue
+        return  # kill -f` (its line said it 'cannot put back' with 'no DVC repo' at the exit)
+    if not _changed_params(start):
         return
     from .maintenance import repo_at
 

@@ -1,7 +1,7 @@
 """Runs interrupted by what a user or a supervisor sends besides one Ctrl-C
-or one SIGTERM: a second signal while the run stops. Real `dvc exp run`, real
-DALI: the `dvc-dali init` template, each interruption timed by a file the
-trainer writes (no sleeps)."""
+or one SIGTERM: a second signal while the run stops, `dvc queue kill` (with
+and without --force). Real `dvc exp run`, real DALI: the `dvc-dali init`
+template, each interruption timed by a file the trainer writes (no sleeps)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,48 @@ import signal
 import subprocess
 import time
 
+from pathlib import Path
+
+import pytest
+
 from tests.helpers import child_env
-from tests.helpers.dvc_project import run, sigint_default
-from tests.helpers.preempt import preemptible_project, trainer_ready
+from tests.helpers.dvc_project import (queue_report, run, sigint_default, template_project,
+                                       wait_queue)
+from tests.helpers.fuzz_harness import ExpRun
+from tests.helpers.preempt import preemptible_project, trainer_ready, weights
 from tests.helpers.rows import exp_rows
+
+EVERY_5 = ("-S", "train.checkpoint_every=5")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+    project = template_project(tmp_path_factory.mktemp("ref"))
+    run(["dvc", "exp", "run", "-n", "ref", "-S", "train.checkpoint_every=1000"], project)
+    return weights(project)
+
+
+def queued_trainer_at_13(project: Path, name: str) -> int:
+    """Queue ``name``, start a worker, and return its trainer's pid once it
+    waits at step 13 (in the queued run's own directory)."""
+    run(["dvc", "exp", "run", "--queue", "-n", name, *EVERY_5], project)
+    ExpRun(project, [], project.parent / "queue.log", cmd=("dvc", "queue", "start"),
+           env={"PREEMPT_AT": "13"}).proc.wait()
+    ready = lambda _status: list(project.glob(".dvc/tmp/exps/*/preempt-ready"))  # noqa: E731
+    wait_queue(project, ready, "trainer at step 13", lambda st: queue_report(project, st))
+    return int(ready(None)[0].read_text())
+
+
+def row_names(project: Path) -> set[str]:
+    """The recorded rows (DVC's queued or failed experiment left out)."""
+    return {name for name in exp_rows(project) if "-step" in name}
+
+
+def wait_gone(pid: int) -> None:
+    """Until ``pid`` (no child of ours: a queue worker's) has ended."""
+    while os.path.exists(f"/proc/{pid}") and \
+            open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.05)
 
 
 def test_a_sigterm_while_a_ctrl_c_stops_the_run_is_ignored_and_said(tmp_path):
@@ -45,4 +83,46 @@ def test_a_sigterm_while_a_ctrl_c_stops_the_run_is_ignored_and_said(tmp_path):
     assert out.count("dvc-dali: SIGTERM: ignored, the run is stopping") == 1, out
     assert {r["step"] for r in exp_rows(project).values()} == {5, 10}
     again = run(["dvc", "exp", "run", "-S", "train.checkpoint_every=5"], project)
+    assert "resuming at step 10" in again.stdout, again.stdout
+
+
+def test_queue_kill_keeps_its_rows_and_the_applied_row_resumes_exactly(tmp_path, uninterrupted):
+    """`dvc queue kill` (DVC's Ctrl-C) mid-training: its log names the row
+    kept and the apply it needs; `dvc exp apply` of it then `dvc exp run`
+    ends bit-identical to an uninterrupted run."""
+    project = preemptible_project(tmp_path)
+    trainer = queued_trainer_at_13(project, "q")
+    run(["dvc", "queue", "kill", "q"], project)
+    wait_gone(trainer)
+    log = run(["dvc", "queue", "logs", "q"], project).stdout
+    assert "dvc-dali: interrupted (Ctrl-C): step 10 is kept as row q-step10; `dvc exp apply " \
+           "q-step10` then `dvc exp run` resumes from it" in log and "Traceback" not in log, log
+    assert row_names(project) == {"q-step5", "q-step10"}
+    run(["dvc", "exp", "apply", "q-step10"], project)
+    again = run(["dvc", "exp", "run", *EVERY_5], project)
+    assert "resuming at step 10" in again.stdout, again.stdout
+    assert weights(project) == uninterrupted
+
+
+def test_queue_kill_force_leaves_a_trainer_that_fails_saying_why(tmp_path):
+    """`dvc queue kill --force` ends DVC's process, not the training, and
+    deletes the queued run's directory under it: the trainer's next DVCLive
+    write failed with a FileNotFoundError traceback and a line that it
+    'cannot put the params back' with 'no DVC repo', asking to run it under
+    `dvc exp run`. One line now names DVC's end and the row to resume."""
+    project = preemptible_project(tmp_path)
+    trainer = queued_trainer_at_13(project, "f")
+    run(["dvc", "queue", "kill", "--force", "f"], project)
+    while os.path.exists(f"/proc/{trainer}/cwd/train.py"):  # DVC removes its directory
+        time.sleep(0.05)
+    (project / "preempt-go").touch()  # the orphan trains on
+    wait_gone(trainer)
+    log = run(["dvc", "queue", "logs", "f"], project).stdout
+    assert "Traceback" not in log and "cannot put the params" not in log, log
+    assert "ended while this training went on, which then failed (FileNotFoundError: " in log \
+        and "step 10 is kept as row f-step10; `dvc exp apply f-step10` then `dvc exp run` " \
+        "resumes from it" in log, log
+    assert row_names(project) == {"f-step5", "f-step10"}
+    run(["dvc", "exp", "apply", "f-step10"], project)
+    again = run(["dvc", "exp", "run", *EVERY_5], project)
     assert "resuming at step 10" in again.stdout, again.stdout

@@ -13,14 +13,16 @@ from tests.helpers import child_env
 from tests.helpers.dvc_project import run, template_project
 
 # The trainer, at step PREEMPT_AT, says it is ready and waits for the
-# signal, so the test knows the step it lands on.
+# signal (or the file preempt-go in DVC_ROOT), so the test knows the step it
+# lands on.
 WAIT_FOR_SIGNAL = '''
     if step == int(os.environ.get("PREEMPT_AT", "0")):
         import time
         with open("preempt-ready.tmp", "w") as f:
             f.write(str(os.getpid()))
         os.replace("preempt-ready.tmp", "preempt-ready")
-        while ck.preempted is None:
+        while ck.preempted is None and not os.path.exists(
+                os.path.join(os.environ.get("DVC_ROOT", "."), "preempt-go")):
             time.sleep(0.01)
 '''
 USER_HANDLER = '''
@@ -55,7 +57,7 @@ def preemptible_project(tmp_path: Path, user_handler: bool = False,
     if at_exit:
         text = text.replace("import dvc_dali\n", "import dvc_dali\n" + AT_EXIT, 1)
     train.write_text(text)
-    (project / ".gitignore").write_text("preempt-ready*\nuser-handler-ran\n")
+    (project / ".gitignore").write_text("preempt-ready*\npreempt-go\nuser-handler-ran\n")
     run(["git", "add", "-A"], project)
     run(["git", "commit", "-qm", "preemptible"], project)
     return project
