@@ -1,7 +1,8 @@
 """Runs interrupted by what a user or a supervisor sends besides one Ctrl-C
 or one SIGTERM: a second signal while the run stops, `dvc queue kill` (with
-and without --force). Real `dvc exp run`, real DALI: the `dvc-dali init`
-template, each interruption timed by a file the trainer writes (no sleeps)."""
+and without --force), a SIGTERM to a `--temp` run's process group. Real `dvc
+exp run`, real DALI: the `dvc-dali init` template, each interruption timed by
+a file the trainer writes (no sleeps)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,29 @@ def test_queue_kill_force_leaves_a_trainer_that_fails_saying_why(tmp_path):
     run(["dvc", "exp", "apply", "f-step10"], project)
     again = run(["dvc", "exp", "run", *EVERY_5], project)
     assert "resuming at step 10" in again.stdout, again.stdout
+
+
+def test_a_temp_run_terminated_keeps_its_rows_and_the_applied_row_resumes_exactly(
+        tmp_path, uninterrupted):
+    """SIGTERM to a `--temp` run's process group (SLURM, Kubernetes): DVC
+    ends at once, the trainer records the signal's step into the workspace's
+    rows and names the apply it needs; applied, a `--temp` rerun resumes it
+    and ends bit-identical to an uninterrupted run."""
+    project = preemptible_project(tmp_path)
+    proc = subprocess.Popen(
+        ["dvc", "exp", "run", "--temp", "-n", "t", *EVERY_5], cwd=project, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=child_env({"PREEMPT_AT": "13"}, this_python=True))
+    while not list(project.glob(".dvc/tmp/exps/standalone/*/preempt-ready")):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = proc.communicate()[0]  # the pipe closes when the trainer has ended too
+    assert "dvc-dali: preempted (SIGTERM): step 13 is kept as row t-step13; `dvc exp apply " \
+           "t-step13` then `dvc exp run` resumes from it" in out and "Traceback" not in out, out
+    assert row_names(project) == {"t-step5", "t-step10", "t-step13"}
+    run(["dvc", "exp", "apply", "t-step13"], project)
+    again = run(["dvc", "exp", "run", "--temp", *EVERY_5], project)
+    assert "resuming at step 13" in again.stdout, again.stdout
+    run(["dvc", "exp", "apply", "t-step20"], project)
+    assert weights(project) == uninterrupted
