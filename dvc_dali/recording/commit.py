@@ -242,7 +242,8 @@ def _filtered(repo: pygit2.Repository, toplevel: str, rels: list[str]) -> bool:
     return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -260,7 +261,7 @@ def sweep_leftovers(pattern: str) -> None:
     STATE.swept.add(pattern)
     for path in glob.glob(pattern):
         m = re.search(r"dvc-dali(?:-index)?-(\d+)", os.path.basename(path))
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             try:
                 os.unlink(path)
             except OSError:

@@ -27,7 +27,7 @@ from ..core.log import logger
 from ..reading import gitcmd
 from ..reading.exp_refs import outs_digest
 from . import held
-from .commit import sweep_leftovers
+from .commit import pid_alive, sweep_leftovers
 
 NOTES = os.path.join(".dvc", "tmp", "dvc-dali", "pending")
 LEAVE, DROP, COMPLETE, LOST = "leave", "drop", "complete", "lost"
@@ -75,13 +75,7 @@ def fate(writer_alive: bool, ref_holds_row: bool, lock_names_row: bool,
 def _pid_alive(pid: Any) -> bool:
     if not isinstance(pid, int) or pid == os.getpid() or pid <= 0:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _git(git_dir: str, *args: str) -> Any:
