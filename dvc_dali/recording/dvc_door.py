@@ -274,6 +274,41 @@ def transfer_failures() -> Iterator[list[tuple[str, BaseException]]]:
         log.removeHandler(handler)
 
 
+class _Unreached(logging.Filter):
+    """Keeps DVC's "failed to connect to s3 (...)" records: their errors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("failed to connect to"):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        self.found.append(" ".join(str(exc or record.getMessage()).split()))
+        return False
+
+
+@contextlib.contextmanager
+def unreached_remotes() -> Iterator[list[str]]:
+    """DVC's fetch logs a DVC remote it cannot reach ("ERROR: failed to
+    connect to s3 (...)", on the terminal before dvc-dali's own line) and goes
+    on: kept off the terminal while inside, each such error (its text) handed
+    to the caller, who says it once, with what to do."""
+    unreached = _Unreached()
+    log = logging.getLogger("dvc_data.index.fetch")
+    log.addFilter(unreached)
+    try:
+        yield unreached.found
+    finally:
+        log.removeFilter(unreached)
+
+
+def remote_name(repo: Any, name: str | None) -> str:
+    """The DVC remote a command uses: ``name``, else the default's name."""
+    return name or str(repo.config["core"].get("remote") or "(the default)")
+
+
 def first_cache_type(out: Any) -> str | None:
     return next(iter(out.cache.cache_types), None)
 

@@ -321,17 +321,22 @@ def push_runs(root: str, git_remote: str, names: Sequence[str],
 
 
 def _fetch_data(root: str, shas: list[str], dvc_remote: str | None
-                ) -> tuple[dict[str, list[str]], str]:
+                ) -> tuple[dict[str, list[str]], str, str]:
     """`dvc fetch` of the commits' data; ({sha: files the local cache still
-    lacks}, DVC's error)."""
+    lacks}, DVC's error, "<remote>: <why>" when the DVC remote could not be
+    reached, else ""). Unreached, it is not asked again object by object."""
     repo = dvc_door.open_repo(root)
     try:
-        failure = _transfer(repo, shas, "fetch", dvc_remote)
+        with _unawaited_unsaid(), dvc_door.unreached_remotes() as unreached:
+            failure = _transfer(repo, shas, "fetch", dvc_remote)
         missing = dvc_door.missing_data(repo, shas, "cache")
+        if unreached:
+            return missing, failure, f"{dvc_door.remote_name(repo, dvc_remote)}: {unreached[0]}"
         if missing:
-            failure = _send_skipped(repo, sorted(missing), dvc_remote, "fetch") or failure
+            with _unawaited_unsaid():
+                failure = _send_skipped(repo, sorted(missing), dvc_remote, "fetch") or failure
             missing = dvc_door.missing_data(repo, shas, "cache")
-        return missing, failure
+        return missing, failure, ""
     finally:
         repo.close()
 
@@ -365,7 +370,8 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
         _refuse_mixing(foreign_rows(list_rows(root), [r for r in fetched if r["exp"] in names]),
                        git_remote, "pulled", "Pull into a fresh clone to look at them "
                        f"(`git clone`, then `dvc-dali pull {git_remote} <run>`).")
-        missing, failure = _fetch_data(root, sorted({t.sha for t in targets}), dvc_remote)
+        missing, failure, unreached = _fetch_data(root, sorted({t.sha for t in targets}),
+                                                  dvc_remote)
         complete = [t for t in targets if t.sha not in missing]
         done = gitcmd.run(["update-ref", "--stdin"], root, check=False,
                           input=_create_script(root, complete), unrunnable=DvcDaliError)
@@ -376,26 +382,41 @@ def pull_runs(root: str, git_remote: str, names: Sequence[str],
             gitcmd.run(["update-ref", "-d", ref, sha], root, check=False,
                        unrunnable=DvcDaliError)
     if missing:
-        pulled_ok = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
-                     if m.refs] or ["nothing"]
-        runs = " ".join(dict.fromkeys(names))
-        unset = _no_default_remote(root) if dvc_remote is None else ""
-        if unset:  # not "not on the DVC remote": there is none here to ask
-            rows = _files([_row_name(t) for t in targets if t.sha in missing], most=8)
-            raise DvcDaliError(
-                f"NOT pulled from {git_remote}: {rows} (their data is not in the local DVC "
-                f"cache, and no DVC remote is configured here to fetch it from: {unset}). "
-                f"Pulled with their data: {', '.join(pulled_ok)}. Add the DVC remote the "
-                "recording machine pushed to (`dvc remote add -d <name> <url>`), or name it "
-                f"with -r, then run `dvc-dali pull {git_remote} {runs}` again")
-        raise DvcDaliError(
-            f"NOT pulled from {git_remote}: {_incomplete(targets, missing, {})}; a row comes "
-            "only with all its data" + (f" ({failure})" if failure else "")
-            + f". Pulled with their data: "
-            f"{', '.join(pulled_ok)}. To pull the others, push their data from the machine "
-            f"that recorded them (`dvc-dali push {git_remote} {runs}` there), then run "
-            f"`dvc-dali pull {git_remote} {runs}` again")
+        _refuse_incomplete(root, git_remote, names, targets, complete, missing, failure,
+                           unreached, dvc_remote)
     return _count(targets, names)
+
+
+def _refuse_incomplete(root: str, git_remote: str, names: Sequence[str], targets, complete,
+                       missing: dict[str, list[str]], failure: str, unreached: str,
+                       dvc_remote: str | None) -> None:
+    """Say which rows did not come for want of their data, and why: no DVC
+    remote here, one that cannot be reached, or one that lacks the files."""
+    pulled_ok = [f"{_plural(m.rows, 'row')} of {m.exp}" for m in _count(complete, names)
+                 if m.refs] or ["nothing"]
+    runs = " ".join(dict.fromkeys(names))
+    rows = _files([_row_name(t) for t in targets if t.sha in missing], most=8)
+    again = f"then run `dvc-dali pull {git_remote} {runs}` again"
+    unset = _no_default_remote(root) if dvc_remote is None else ""
+    if unset:  # not "not on the DVC remote": there is none here to ask
+        raise DvcDaliError(
+            f"NOT pulled from {git_remote}: {rows} (their data is not in the local DVC "
+            f"cache, and no DVC remote is configured here to fetch it from: {unset}). "
+            f"Pulled with their data: {', '.join(pulled_ok)}. Add the DVC remote the "
+            f"recording machine pushed to (`dvc remote add -d <name> <url>`), or name it "
+            f"with -r, {again}")
+    if unreached:  # not "not on the DVC remote": it was not asked
+        raise DvcDaliError(
+            f"NOT pulled from {git_remote}: cannot reach the DVC remote {unreached}; the "
+            f"local DVC cache lacks the data of {rows}. Pulled with their data: "
+            f"{', '.join(pulled_ok)}. Check that the DVC remote is up and reachable from "
+            f"here (its address and credentials: `dvc remote list`), {again}")
+    raise DvcDaliError(
+        f"NOT pulled from {git_remote}: {_incomplete(targets, missing, {})}; a row comes "
+        "only with all its data" + (f" ({failure})" if failure else "")
+        + f". Pulled with their data: "
+        f"{', '.join(pulled_ok)}. To pull the others, push their data from the machine "
+        f"that recorded them (`dvc-dali push {git_remote} {runs}` there), {again}")
 
 
 def _no_default_remote(root: str) -> str:

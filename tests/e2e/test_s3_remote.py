@@ -158,3 +158,41 @@ def test_dvc_dali_push_to_an_s3_remote_that_is_down_says_one_line(tmp_path, s3):
                                                         "failed: Could not connect to the "
                                                         "endpoint URL"), said.stderr
     assert len(said.stderr.splitlines()) == 1, said.stderr
+
+
+def _pushed_then_cloned(tmp_path: Path, endpoint: str) -> tuple[Path, Path]:
+    """Run a (rows a-step2, a-step4) pushed with its data to the S3 remote,
+    and a fresh clone of origin; (project, clone)."""
+    project = template_project(tmp_path, steps=4)
+    bare = with_s3_remotes(project, tmp_path, endpoint, auto_push=False)
+    run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project)
+    run(["dvc-dali", "push", "origin", "a"], project)
+    fresh = tmp_path / "fresh"
+    run(["git", "clone", "-q", str(bare), str(fresh)], tmp_path)
+    git_init(fresh)
+    return project, fresh
+
+
+def test_dvc_dali_pull_from_an_s3_remote_that_is_down_says_it_cannot_reach_it(tmp_path, s3):
+    """DVC's own "ERROR: failed to connect to s3 (dvc/store/files/md5) - Could not
+    connect..." came before the one line, which then said the rows were "not
+    on the DVC remote" and to push them from the recording machine, though
+    the remote was only down (found by a sweep)."""
+    endpoint, server = s3
+    project, fresh = _pushed_then_cloned(tmp_path, endpoint)
+    server.terminate()  # connections refused from now on
+    server.wait()
+    said = run(["dvc-dali", "pull", "origin", "a"], fresh, check=False,
+               env={"AWS_MAX_ATTEMPTS": "1"})
+    assert said.returncode == 1 and said.stdout == "", said.stderr
+    assert len(said.stderr.splitlines()) == 1, said.stderr
+    assert said.stderr.startswith("dvc-dali pull: NOT pulled from origin: cannot reach the "
+                                  "DVC remote s3"), said.stderr
+    assert "not on the DVC remote" not in said.stderr and "push their" not in said.stderr
+    assert not [r for r in exp_rows(fresh) if "-step" in r]
+    # the data already in the local cache (a shared one): the rows come, said once
+    run(["dvc", "cache", "dir", "--local", str(project / ".dvc" / "cache")], fresh)
+    said = run(["dvc-dali", "pull", "origin", "a"], fresh, check=False,
+               env={"AWS_MAX_ATTEMPTS": "1"})
+    assert said.returncode == 0 and said.stderr == "", said.stderr
+    assert {r for r in exp_rows(fresh) if "-step" in r} == {"a-step2", "a-step4"}
