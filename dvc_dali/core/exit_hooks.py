@@ -269,6 +269,33 @@ def refuse_orphan() -> None:
         last_kept()))
 
 
+def refuse_deleted_run(step: Optional[int]) -> None:
+    """At every should_save and make_checkpoint under `dvc exp run`: where
+    the directory the run trains in (its working directory) was deleted, the
+    training stops here. `dvc queue kill --force` ends DVC's process, not the
+    training, and deletes the queued run's directory under it: the trainer
+    went on (hours, with rare checkpoints) until its next DVCLive write or
+    checkpoint failed there (found by a sweep). One stat of "." (7 µs a call
+    measured on a loaded machine: it runs every step); a deleted directory
+    has no links left. An orphan
+    whose directory stands records its next row first (refuse_orphan)."""
+    if STATE.exit_lines_pid != os.getpid():
+        return
+    try:
+        if os.stat(".").st_nlink != 0:
+            return
+    except FileNotFoundError:  # a system whose stat refuses a deleted directory
+        pass
+    except OSError:  # not known to be gone (a permission): what follows says it if so
+        return
+    parent = _gone_starter()
+    ended = f"`dvc exp run` (pid {parent.pid}) ended and " if parent else ""
+    at = "" if step is None else f" at step {step}"
+    raise RecordError(interruption_line(
+        f"{ended}the directory this run trains in was deleted while the training went on "
+        f"(`dvc queue kill --force` does both), so it stops{at}", last_kept()))
+
+
 def this_process_only(hook: Callable[..., Any], *args: Any) -> Callable[[], None]:
     """``hook(*args)`` as an exit hook that does nothing in a child forked
     later: it inherits the hooks, not the run (its threads, pushes, rank and

@@ -933,6 +933,7 @@ class Checkpointer:
             SystemExit: after the checkpoint of a preempted step.
         """
         _check_save_arguments(step, arrays, metadata)
+        exit_hooks.refuse_deleted_run(step)  # before save writes there
         self._agree_on_restore(trains=True)
         if self._ranks is not None:
             return self._make_rank_checkpoint(step, arrays, metadata)
@@ -1038,6 +1039,7 @@ class Checkpointer:
                 whole number, 1 or more.
         """
         _check_should_save(step, every)
+        exit_hooks.refuse_deleted_run(step)
         self._agree_on_restore(trains=True)
         preemption.FLAG.install(ours=(exit_hooks.on_sigterm,))
         if self._late_max is None:

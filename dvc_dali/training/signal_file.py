@@ -164,6 +164,7 @@ def make_checkpoint(step: int | None = None, *, out: str | None = None,
                           "'checkpoint'")
     ctx = RunContext.from_environ()
     keep = ctx.retention(keep_last, keep_best)  # refused before anything is written
+    exit_hooks.refuse_deleted_run(step)
     signal_checkpoint(ctx, RecordRequest(step, out=out), keep)
 
 
