@@ -643,3 +643,21 @@ def test_a_bare_script_restarted_under_its_name_leaves_the_finished_runs_rows(tm
     assert len(before) == 2, before
     assert before.items() <= after.items(), (before, after, text)
     assert len(after) == 3, (after, text)  # and the new run's last row alone
+
+
+def test_a_bare_script_that_starts_over_under_the_same_params_leaves_the_finished_rows(
+        tmp_path):
+    """`dvc exp run -n a -f`, params unchanged, after run a finished, by a
+    script that ignores its state and names step 1 again: its rows hung
+    after a's last as a's run continued, and DVC_DALI_KEEP_LAST=1 deleted
+    a's rows (found by a sweep). A first row whose step is not after the
+    row it follows begins a run of its own."""
+    train = RESTARTING_TRAIN.replace("start = int(saved[0]) if", "start = 0 if False and")
+    stage = RESUMABLE.replace("params: [steps]", "params: [steps, lr]")
+    project = make_project(tmp_path / "p", files={
+        "train.py": train, "dvc.yaml": stage, "params.yaml": "steps: 2\nlr: 0.1\n"})
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    before, after, text = restart_keeping_one(project, "workspace")
+    assert len(before) == 2, before
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 3, (after, text)  # and the new run's last row alone

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dvc_dali.recording.retention import of_the_run, select_pruned
-from dvc_dali.recording.rows import Lineage, started_token
+from dvc_dali.recording.rows import Lineage, started_token, starts_over
 from dvc_dali.reading.exp_refs import parse_lineage
 
 RUN = started_token(1_700_000_000.25)
@@ -44,3 +44,19 @@ def test_the_start_reads_back_from_a_lineage_line():
     line = Lineage("a", 3, None, "dvc.yaml:train", "0" * 16, started_token(1712.5)).line()
     assert parse_lineage(line)["started"] == started_token(1712.5) == "1712.500000"
     assert "started" not in parse_lineage(Lineage("a", 3, None, "s", "d").line())
+
+
+@pytest.mark.parametrize("step,parent,parent_step,resumed,over", [
+    (1, "p" * 40, 2, None, True),  # a bare script that ignores its state: a new run
+    (2, "p" * 40, 2, None, True),  # the same step again: not after it
+    (3, "p" * 40, 2, None, False),  # the next step: it continues the row
+    (None, "p" * 40, 2, None, False),  # no step named: after the row, as DVC 2 chained
+    (1, None, 0, None, False),  # nothing resumed: a new run anyway
+    (1, "p" * 40, 2, True, False),  # a Checkpointer knows what it resumed
+    (1, "p" * 40, 2, False, False),
+])
+def test_a_bare_scripts_first_row_not_after_the_resumed_row_starts_over(
+        step, parent, parent_step, resumed, over):
+    """`dvc exp run -n a -f` after run a finished, by a script that starts at
+    step 1 again: it continued a, and keep_last deleted a's rows."""
+    assert starts_over(step, parent, parent_step, resumed) is over
