@@ -49,6 +49,24 @@ def started_at(pid: int) -> float | None:
     return time.time() - since_start
 
 
+def start_token(pid: int) -> str | None:
+    """``pid``'s start, as text naming that one process (a pid the system
+    gives again later reads another): its start in clock ticks since boot
+    from /proc (exact), else psutil's create_time; None once it ended, or
+    where neither tells."""
+    stat = _stat(pid)
+    if stat is not None:
+        return f"ticks:{stat[2]}"
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        return f"created:{psutil.Process(pid).create_time():.3f}"
+    except psutil.Error:
+        return None
+
+
 def chain(start: int, depth: int = 64) -> list[tuple[int, str, str]]:
     """(pid, name, start time) of ``start`` and its ancestors, nearest first."""
     found, pid = [], start

@@ -22,6 +22,7 @@ import os
 from typing import Any, Optional
 
 from ..core import atomic_file
+from ..core.ancestry import start_token
 from ..core.errors import RecordError
 from ..core.log import logger
 from ..reading import gitcmd
@@ -47,7 +48,8 @@ def write(root: str, lock_rel: str, stage_name: str, row: dict[str, Any]) -> Non
         os.makedirs(os.path.dirname(path), exist_ok=True)
         sweep_leftovers(f"{path}.dvc-dali-*.tmp")  # a killed writer's
         atomic_file.replace_whole(path, json.dumps(
-            {**row, "pid": os.getpid(), "lock": lock_rel, "stage": stage_name}))
+            {**row, "pid": os.getpid(), "pid_started": start_token(os.getpid()),
+             "lock": lock_rel, "stage": stage_name}))
     except OSError as exc:
         raise RecordError(
             f"cannot write {os.path.relpath(path, root)} ({exc}), the note that lets a run "
@@ -62,6 +64,18 @@ def clear(root: str, lock_rel: str, stage_name: str) -> None:
     clear_path(_path(root, lock_rel, stage_name))
 
 
+def writer_alive(pid_alive: bool, noted_start: Optional[str], start_now: Optional[str]) -> bool:
+    """Whether the note's writer still runs: its pid is a live process that
+    started when the writer did. A killed writer's pid given to another
+    process left the note alone, and the next run resumed from dvc.lock's
+    unpublished checkpoint as a run of its own (its history cut: found by a
+    sweep). A start not known on either side (an older release's note)
+    trusts the pid, as before. Pure."""
+    if not pid_alive:
+        return False
+    return noted_start is None or start_now is None or noted_start == start_now
+
+
 def fate(writer_alive: bool, ref_holds_row: bool, lock_names_row: bool,
          commit_is_row: bool) -> str:
     """What the next run's start does with a note. Pure."""
@@ -72,10 +86,13 @@ def fate(writer_alive: bool, ref_holds_row: bool, lock_names_row: bool,
     return COMPLETE if commit_is_row else LOST
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid == os.getpid() or pid <= 0:
+def _writer_alive(note: dict) -> bool:
+    pid, noted = note.get("pid"), note.get("pid_started")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid == os.getpid() or pid <= 0:
         return False
-    return pid_alive(pid)
+    alive = pid_alive(pid)
+    return writer_alive(alive, noted if isinstance(noted, str) else None,
+                        start_token(pid) if alive else None)
 
 
 def _git(git_dir: str, *args: str) -> Any:
@@ -92,7 +109,7 @@ def _judge(root: str, git_dir: str, note: dict) -> tuple[str, Any]:
     held_by = [ref for ref in note["refs"]
                if _git(git_dir, "rev-parse", "--verify", "--quiet", ref).stdout.strip() == sha]
     is_row = _git(git_dir, "cat-file", "-e", f"{sha}^{{commit}}").returncode == 0
-    return fate(_pid_alive(note.get("pid")), bool(held_by),
+    return fate(_writer_alive(note), bool(held_by),
                 entry is not None and outs_digest(entry) == note["outs"], is_row), entry
 
 

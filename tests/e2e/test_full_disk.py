@@ -5,9 +5,14 @@ step's state, and the next `dvc exp run` resumes from the last row exactly."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
+import pytest
+
 from dvc_dali.reading.exp_refs import list_rows
+from dvc_dali.recording import pending
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import commit_all, run, template_project
 from tests.helpers.rows import exp_rows
@@ -57,20 +62,37 @@ def test_a_dvc_lock_that_cannot_be_written_is_one_line_and_the_run_resumes(tmp_p
     assert {"a-step2", "a-step4", "a-step6"} <= set(rows) and "b-step6" not in rows, rows
 
 
-def test_a_row_killed_between_its_dvc_lock_and_its_ref_is_completed_by_the_next_run(tmp_path):
-    """SIGKILL right after dvc.lock named step 4's checkpoint, before its
-    ref: the next run resumed from it as a run of its own (`b-step6`, parent
-    none: run a's history cut). Now its start publishes a-step4 from the
-    note the killed run left, and run a goes on from it."""
+def killed_at_step_4(tmp_path, at: str = "lock"):
+    """Run a (rows every 2 steps) SIGKILLed while it records step 4: right
+    after its dvc.lock write (``at`` "lock"), or right before its held note
+    is written, its ref made (``at`` "held")."""
     project = template_project(tmp_path, steps=6)
     dvc_yaml = project / "dvc.yaml"
     dvc_yaml.write_text(dvc_yaml.read_text().replace(
         "cmd: python train.py", f"cmd: {sys.executable} {HELPERS / 'interrupt_at.py'} train.py"))
     commit_all(project, "under interrupt_at")
     killed = run(["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=2"], project,
-                 check=False, env={"INTERRUPT_AT": "2", "INTERRUPT_SIGNAL": "KILL"})
+                 check=False, env={"INTERRUPT_AT": "2", "INTERRUPT_SIGNAL": "KILL",
+                                   "INTERRUPT_ON": at})
     assert killed.returncode != 0, killed.stdout + killed.stderr
+    return project
+
+
+@pytest.mark.parametrize("writer", ["gone", "pid-reused"])
+def test_a_row_killed_between_its_dvc_lock_and_its_ref_is_completed_by_the_next_run(tmp_path,
+                                                                                     writer):
+    """SIGKILL right after dvc.lock named step 4's checkpoint, before its
+    ref: the next run resumed from it as a run of its own (`b-step6`, parent
+    none: run a's history cut). Now its start publishes a-step4 from the
+    note the killed run left, and run a goes on from it. Also when the
+    killed writer's pid belongs to another live process by then (here this
+    test's: the note was left alone as a row being recorded, found by a
+    sweep); its start time tells it from the writer."""
+    project = killed_at_step_4(tmp_path)
     assert set(exp_rows(project)) == {"a-step2"}
+    if writer == "pid-reused":
+        [note] = (project / pending.NOTES).glob("*.json")
+        note.write_text(json.dumps({**json.loads(note.read_text()), "pid": os.getpid()}))
     resumed = run(["dvc", "exp", "run", "-n", "b"], project, env={"INTERRUPT_AT": "99"})
     said = resumed.stdout + resumed.stderr
     assert "row a-step4 completed: a killed run had recorded it" in said, said
