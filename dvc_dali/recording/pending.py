@@ -11,7 +11,9 @@ next run's start decides from it (:func:`fate`), for a kill at each instant:
     before the note          no note; dvc.lock names the last row
     note, not dvc.lock       dvc.lock does not name the note's row: dropped
     dvc.lock, not the ref    completed: the ref is created (the commit is whole)
-    the ref, not its removal the ref holds the commit: dropped
+    the ref, not its removal the ref holds the commit: dropped, the held
+                             note (held.py) written from it, should the kill
+                             have come before that note
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def _git(git_dir: str, *args: str) -> Any:
     return gitcmd.run(["--git-dir", git_dir, *args], git_dir, check=False)
 
 
-def _judge(root: str, git_dir: str, note: dict) -> tuple[str, Any]:
-    """(fate, the stage's dvc.lock entry now) of a parsed note."""
+def _judge(root: str, git_dir: str, note: dict) -> tuple[str, Any, list[str]]:
+    """(fate, the stage's dvc.lock entry now, the note's refs that hold its
+    commit) of a parsed note."""
     from . import lockfile
 
     sha = note["sha"]
@@ -110,7 +113,12 @@ def _judge(root: str, git_dir: str, note: dict) -> tuple[str, Any]:
                if _git(git_dir, "rev-parse", "--verify", "--quiet", ref).stdout.strip() == sha]
     is_row = _git(git_dir, "cat-file", "-e", f"{sha}^{{commit}}").returncode == 0
     return fate(_writer_alive(note), bool(held_by),
-                entry is not None and outs_digest(entry) == note["outs"], is_row), entry
+                _names(entry, note), is_row), entry, held_by
+
+
+def _names(entry: Any, note: dict) -> bool:
+    """Whether a dvc.lock entry names the note's row's outputs."""
+    return entry is not None and outs_digest(entry) == note["outs"]
 
 
 def _complete(git_dir: str, note: dict) -> Optional[str]:
@@ -141,12 +149,16 @@ def repair(root: str, git_dir: str) -> list[str]:
         try:
             with open(path, encoding="utf-8") as fobj:
                 note = json.load(fobj)
-            what, entry = _judge(root, git_dir, note)
+            what, entry, held_by = _judge(root, git_dir, note)
         except (OSError, ValueError, KeyError, TypeError, RecordError) as exc:
             logger.debug("%s: not a note of a row being published (%s): dropped", path, exc)
-            what, note = DROP, None
+            what, note, held_by = DROP, None, []
         if what == LEAVE:
             continue
+        if what == DROP and held_by and _names(entry, note):
+            # published, its held note perhaps not written (killed between them)
+            held.write(root, note["lock"], note["stage"], held_by[0].rsplit("/", 1)[1],
+                       note["step"], entry)
         if what == LOST:
             raise _lost(note, f"its commit {note['sha'][:7]} is gone")
         if what == COMPLETE:

@@ -476,8 +476,10 @@ def _write_row(where: _Where, stg: Any, stage_paths: list[str], request: RecordR
     with _lock_put_back_on_failure(where, lock, request), phases.timed("publish"):
         ref, row = _publish(where, sha, refs)
     if where.workspace:  # which row the workspace's checkpoint is, should DVC delete it
-        pending.clear(where.repo.root_dir, lock_rel, stg.name)
+        # the held note before the pending one goes: a kill between them
+        # leaves the pending note, from which the next start writes it
         held.write(where.repo.root_dir, lock_rel, stg.name, row, lineage.step, lock.entry)
+        pending.clear(where.repo.root_dir, lock_rel, stg.name)
     where.run.tips[(os.path.realpath(where.main_git_dir), where.dvc_exp_name, lineage.stage)] = (
         sha, lineage.step, lineage.run)
     where.run.kept = (lineage.step, row)  # before a Ctrl-C held meanwhile is delivered

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dvc_dali.reading.exp_refs import list_rows
-from dvc_dali.recording import pending
+from dvc_dali.recording import held, pending
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import commit_all, run, template_project
 from tests.helpers.rows import exp_rows
@@ -102,6 +102,19 @@ def test_a_row_killed_between_its_dvc_lock_and_its_ref_is_completed_by_the_next_
     lineage = {r["name"]: r for r in list_rows(str(project), "a")}
     assert lineage["a-step6"]["parent"] == lineage["a-step4"]["sha"], lineage
     assert lineage["a-step4"]["parent"] == lineage["a-step2"]["sha"], lineage
+
+
+def test_a_row_killed_between_its_ref_and_its_held_note_is_noted_by_the_next_start(tmp_path):
+    """SIGKILL after step 4's ref, before its held note: the note kept naming
+    a-step2 as the workspace's checkpoint, so a run that lost the checkpoint
+    was told `dvc exp apply a-step2`, two steps back. The pending note goes
+    only after the held note; the next run's start writes it from there."""
+    project = killed_at_step_4(tmp_path, at="held")
+    assert set(exp_rows(project)) == {"a-step2", "a-step4"}
+    pending.at_run_start(str(project))  # as the next `dvc exp run`'s start does
+    note = held.read(str(project), "dvc.lock", "train")
+    assert note is not None and (note.row, note.step) == ("a-step4", 4), note
+    assert not list((project / pending.NOTES).glob("*.json"))
 
 
 def test_a_cache_that_cannot_take_the_checkpoint_says_so_first(tmp_path):

@@ -8,7 +8,8 @@ replaced).
     python interrupt_at.py train.py ARGS...
 
 INTERRUPT_SIGNAL=KILL: SIGKILLed there instead (no handler runs: a machine's
-death, an OOM kill).
+death, an OOM kill). INTERRUPT_ON=held: at the n-th write of a row's held
+note instead, before it (the row's ref made).
 """
 
 import os
@@ -17,10 +18,12 @@ import signal
 import sys
 import threading
 
-from dvc_dali.recording import lockfile
+from dvc_dali.recording import held, lockfile
 
 _AT = int(os.environ["INTERRUPT_AT"])
+_ON_HELD = os.environ.get("INTERRUPT_ON") == "held"
 _write = lockfile.write_entry
+_write_held = held.write
 _calls = []
 _raised = threading.Event()  # the training thread got the Ctrl-C
 
@@ -46,6 +49,16 @@ def _write_then_interrupt(*args, **kwargs):
     return out
 
 
-lockfile.write_entry = _write_then_interrupt
+def _interrupt_then_write_held(*args, **kwargs):
+    _calls.append(1)
+    if len(_calls) == _AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _write_held(*args, **kwargs)
+
+
+if _ON_HELD:
+    held.write = _interrupt_then_write_held
+else:
+    lockfile.write_entry = _write_then_interrupt
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
