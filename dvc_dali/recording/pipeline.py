@@ -327,7 +327,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None))
         if rows.starts_over(request.step, parent, step, request.resumed):
-            logger.info("step %d does not follow row %s (step %d) the workspace held: a new "
+            logger.info("step %d comes before row %s (step %d) the workspace held: a new "
                         "run, which leaves that run's rows alone", request.step,
                         rows.row_name(run or where.dvc_exp_name, step), step)
             parent, step, run = None, 0, None

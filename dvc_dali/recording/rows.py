@@ -149,13 +149,15 @@ def starts_over(step: Optional[int], parent: Optional[str], parent_step: int,
                 resumed: Optional[bool]) -> bool:
     """Whether a bare script's first row (``resumed`` None) begins a run of
     its own although its outputs follow the recorded row ``parent`` (at
-    ``parent_step``): the step it names is not after that row's, so it
+    ``parent_step``): the step it names is before that row's, so it
     started over (a finished run restarted under its name, `dvc exp run -n a
     -f`, by a script that ignores its state). Continuing it counted the
     finished run's rows as its own, and retention deleted them (found by a
-    sweep). A Checkpointer knows what it resumed; a step not named (None)
-    follows the parent, as DVC 2's chain did. Pure."""
-    return resumed is None and parent is not None and step is not None and step <= parent_step
+    sweep). The row's own step again continues it: a script that resumed at
+    step N and checkpoints N at the top of its loop. A Checkpointer knows
+    what it resumed; a step not named (None) follows the parent, as DVC 2's
+    chain did. Pure."""
+    return resumed is None and parent is not None and step is not None and step < parent_step
 
 
 def run_name(dvc_exp_name: str, parent_run: Optional[str], branched: bool) -> str:

@@ -48,7 +48,7 @@ def test_the_start_reads_back_from_a_lineage_line():
 
 @pytest.mark.parametrize("step,parent,parent_step,resumed,over", [
     (1, "p" * 40, 2, None, True),  # a bare script that ignores its state: a new run
-    (2, "p" * 40, 2, None, True),  # the same step again: not after it
+    (2, "p" * 40, 2, None, False),  # its step again (checkpointed at the top of a resumed loop)
     (3, "p" * 40, 2, None, False),  # the next step: it continues the row
     (None, "p" * 40, 2, None, False),  # no step named: after the row, as DVC 2 chained
     (1, None, 0, None, False),  # nothing resumed: a new run anyway
