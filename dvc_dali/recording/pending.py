@@ -49,7 +49,8 @@ def write(root: str, lock_rel: str, stage_name: str, row: dict[str, Any]) -> Non
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         sweep_leftovers(f"{path}.dvc-dali-*.tmp")  # a killed writer's
-        atomic_file.replace_whole(path, json.dumps(
+        # durable before dvc.lock, which is: a machine that dies between them
+        atomic_file.replace_durable(path, json.dumps(
             {**row, "pid": os.getpid(), "pid_started": start_token(os.getpid()),
              "lock": lock_rel, "stage": stage_name}))
     except OSError as exc:
