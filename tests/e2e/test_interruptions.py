@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import child_env
-from tests.helpers.dvc_project import (queue_report, run, sigint_default, template_project,
+from tests.helpers.dvc_project import (queue_report, run, template_project,
                                        wait_queue)
 from tests.helpers.fuzz_harness import ExpRun
-from tests.helpers.preempt import preemptible_project, trainer_ready, weights
+from tests.helpers.preempt import ctrl_c_then, preemptible_project, weights
 from tests.helpers.rows import exp_rows
 
 EVERY_5 = ("-S", "train.checkpoint_every=5")
@@ -67,19 +67,8 @@ def test_a_sigterm_while_a_ctrl_c_stops_the_run_is_ignored_and_said(tmp_path):
     train.write_text(train.read_text().replace(
         'ck.should_save(step, p["checkpoint_every"])', 'step % p["checkpoint_every"] == 0'))
     run(["git", "commit", "-qam", "no should_save"], project)
-    proc = subprocess.Popen(
-        ["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], cwd=project,
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env=child_env({"PREEMPT_AT": "13"}, this_python=True), preexec_fn=sigint_default)
-    trainer = trainer_ready(project, proc)
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
-    while not (project / "preempt-ready-at-exit").exists():  # the run is stopping
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.01)
-    os.kill(trainer, signal.SIGTERM)
-    (project / "preempt-ready-sent").touch()
-    out = proc.communicate()[0]
-    assert proc.returncode != 0, out
+    code, out = ctrl_c_then(project, lambda _dvc, trainer: os.kill(trainer, signal.SIGTERM))
+    assert code != 0, out
     assert "Traceback" not in out and "terminated (SIGTERM)" not in out, out
     assert "dvc-dali: interrupted (Ctrl-C): step 10 is kept as row a-step10" in out, out
     assert out.count("dvc-dali: SIGTERM: ignored, the run is stopping") == 1, out

@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.helpers.dvc_project import run, sigint_default, template_project
-from tests.helpers.preempt import preemptible_project, start, trainer_ready, weights
+from tests.helpers.dvc_project import run, template_project
+from tests.helpers.preempt import (ctrl_c_then, preemptible_project, start, trainer_ready,
+                                   weights)
 from tests.helpers.rows import exp_rows
 from tests.helpers import child_env
 
@@ -93,19 +93,8 @@ def test_ctrl_c_twice_stops_once_and_resumes_exactly(tmp_path, uninterrupted):
     twice): one line each, no traceback (it was a KeyboardInterrupt traceback
     from wherever the exit was); the rerun resumes the row kept, exactly."""
     project = preemptible_project(tmp_path, at_exit=True)
-    proc = subprocess.Popen(
-        ["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], cwd=project,
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env=child_env({"PREEMPT_AT": "13"}, this_python=True), preexec_fn=sigint_default)
-    trainer_ready(project, proc)
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
-    while not (project / "preempt-ready-at-exit").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGINT)
-    (project / "preempt-ready-sent").touch()
-    out = proc.communicate()[0]
-    assert proc.returncode != 0, out
+    code, out = ctrl_c_then(project, lambda dvc, _trainer: os.killpg(dvc, signal.SIGINT))
+    assert code != 0, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert "dvc-dali: interrupted (Ctrl-C): step 10 is kept as row a-step10" in out, out
     assert out.count("dvc-dali: Ctrl-C again: ignored, the run is stopping") == 1, out

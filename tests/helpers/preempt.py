@@ -5,12 +5,15 @@ PREEMPT_AT, and `dvc exp run` started so that the test can signal it there
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from tests.helpers import child_env
-from tests.helpers.dvc_project import run, template_project
+from tests.helpers.dvc_project import run, sigint_default, template_project
 
 # The trainer, at step PREEMPT_AT, says it is ready and waits for the
 # signal (or the file preempt-go in DVC_ROOT), so the test knows the step it
@@ -78,6 +81,26 @@ def trainer_ready(project: Path, proc: subprocess.Popen) -> int:
                                  f"{proc.stdout.read()}")
         time.sleep(0.02)
     return int(ready.read_text())
+
+
+def ctrl_c_then(project: Path, second: Callable[[int, int], None]) -> tuple[int, str]:
+    """`dvc exp run -n a` (a checkpoint every 5 steps) of a project made with
+    ``at_exit``, Ctrl-C'd at step 13 as a terminal does (its whole group),
+    then ``second(dvc's pid, the trainer's pid)`` while the run stops (in its
+    exit hook): (return code, output)."""
+    proc = subprocess.Popen(
+        ["dvc", "exp", "run", "-n", "a", "-S", "train.checkpoint_every=5"], cwd=project,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=child_env({"PREEMPT_AT": "13"}, this_python=True), preexec_fn=sigint_default)
+    trainer = trainer_ready(project, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    while not (project / "preempt-ready-at-exit").exists():  # the run is stopping
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.01)
+    second(proc.pid, trainer)
+    (project / "preempt-ready-sent").touch()
+    out = proc.communicate()[0]
+    return proc.returncode, out
 
 
 def weights(project: Path) -> str:
