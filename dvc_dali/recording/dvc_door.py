@@ -260,18 +260,11 @@ class _Failures(logging.Handler):
             self.found.append((str(record.args[0]), exc))
 
 
-@contextlib.contextmanager
-def transfer_failures() -> Iterator[list[tuple[str, BaseException]]]:
+def transfer_failures() -> contextlib.AbstractContextManager[list[tuple[str, BaseException]]]:
     """DVC's transfers log a file they fail to copy ("failed to transfer",
     the error attached) and go on without raising: the (oid, error) of each
     logged while inside (any thread's: the caller tells which are its own)."""
-    handler = _Failures()
-    log = logging.getLogger("dvc_data.hashfile.transfer")
-    log.addHandler(handler)
-    try:
-        yield handler.found
-    finally:
-        log.removeHandler(handler)
+    return _watching("dvc_data.hashfile.transfer", _Failures())
 
 
 class _Unreached(logging.Filter):
@@ -289,19 +282,26 @@ class _Unreached(logging.Filter):
         return False
 
 
-@contextlib.contextmanager
-def unreached_remotes() -> Iterator[list[str]]:
+def unreached_remotes() -> contextlib.AbstractContextManager[list[str]]:
     """DVC's fetch logs a DVC remote it cannot reach ("ERROR: failed to
     connect to s3 (...)", on the terminal before dvc-dali's own line) and goes
     on: kept off the terminal while inside, each such error (its text) handed
     to the caller, who says it once, with what to do."""
-    unreached = _Unreached()
-    log = logging.getLogger("dvc_data.index.fetch")
-    log.addFilter(unreached)
+    return _watching("dvc_data.index.fetch", _Unreached())
+
+
+@contextlib.contextmanager
+def _watching(name: str, watcher: Any) -> Iterator[list[Any]]:
+    """``watcher`` on DVC's logger ``name`` while inside (a Handler sees its
+    records; a Filter may also keep them off the terminal): yields what it
+    found (its ``found``)."""
+    log = logging.getLogger(name)
+    handler = isinstance(watcher, logging.Handler)
+    (log.addHandler if handler else log.addFilter)(watcher)
     try:
-        yield unreached.found
+        yield watcher.found
     finally:
-        log.removeFilter(unreached)
+        (log.removeHandler if handler else log.removeFilter)(watcher)
 
 
 def remote_name(repo: Any, name: str | None) -> str:
