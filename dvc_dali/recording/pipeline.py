@@ -323,9 +323,9 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
     recorded row whose outputs this run resumed from, in that row's run."""
     key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
     if key not in where.run.tips:
-        parent, step, run = (rows.find_resume_parent(
+        parent, step, run, parent_started = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
-            if old_entry else (None, 0, None))
+            if old_entry else (None, 0, None, None))
         if rows.starts_over(request.step, parent, step, request.resumed):
             logger.info("step %d comes before row %s (step %d) the workspace held: a new "
                         "run, which leaves that run's rows alone", request.step,
@@ -339,14 +339,14 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
         where.run.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
-        where.run.started[key] = _run_started(where, request, parent, branched)
+        where.run.started[key] = _run_started(request, parent, parent_started, branched)
     parent, last_step, run = where.run.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry), where.run.started.get(key))
 
 
-def _run_started(where: _Where, request: RecordRequest, parent: Optional[str],
-                 branched: bool) -> Optional[str]:
+def _run_started(request: RecordRequest, parent: Optional[str],
+                 parent_started: Optional[str], branched: bool) -> Optional[str]:
     """When the run a process's first row belongs to began: the Checkpointer's
     (its manifest's), else the row it continues says, else now: a bare script
     (make_checkpoint(), `dvc-dali run`) starting a run of its own here (one
@@ -355,7 +355,7 @@ def _run_started(where: _Where, request: RecordRequest, parent: Optional[str],
     if request.run_started is not None:
         return rows.started_token(request.run_started)
     if parent and not branched:  # None where that row does not say (an older release's)
-        return rows.lineage_field(where.main_git_dir, where.toplevel, parent, "started")
+        return parent_started
     return rows.started_token(time.time())
 
 

@@ -12,8 +12,7 @@ from urllib.parse import quote
 
 from ..reading import gitcmd
 from ..core.errors import RecordError
-from ..reading.exp_refs import (EXPS_NAMESPACE, LINEAGE_KEY, Row, common_dir,
-                                iter_checkpoint_refs, parse_lineage)
+from ..reading.exp_refs import EXPS_NAMESPACE, LINEAGE_KEY, Row, common_dir, iter_checkpoint_refs
 from . import commit
 
 
@@ -40,14 +39,6 @@ def started_token(started: Optional[float]) -> Optional[str]:
     """A run's start as its rows' lineage lines say it: compared as text, so
     a start read back from a checkpoint's manifest names the same run."""
     return None if started is None else f"{started:.6f}"
-
-
-def lineage_field(main_git_dir: str, cwd: str, sha: str, key: str) -> Optional[str]:
-    """One field of the lineage line of row commit ``sha``; None without it."""
-    proc = gitcmd.run(["--git-dir", main_git_dir, "log", "-1", "--format=%B", sha], cwd,
-                      check=False)
-    fields = parse_lineage(proc.stdout) if proc.returncode == 0 else None
-    return (fields or {}).get(key)
 
 
 def stage_address(root_dir: str, stage: Any) -> str:
@@ -121,15 +112,18 @@ def applied_at(git_dir: str) -> Optional[float]:
 
 def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str,
                        baseline: Optional[str] = None
-                       ) -> tuple[Optional[str], int, Optional[str]]:
-    """(sha, step, run name) of the recorded row whose outputs are the ones
-    this run resumed from (see pick_resumed), on ``baseline`` if given;
-    (None, 0, None) when none."""
+                       ) -> tuple[Optional[str], int, Optional[str], Optional[str]]:
+    """(sha, step, run name, its run's start: its lineage line's started=, None
+    where it says none) of the recorded row whose outputs are the ones this
+    run resumed from (see pick_resumed), on ``baseline`` if given;
+    (None, 0, None, None) when none."""
     candidates: list[tuple[int, str, int, str]] = []
     applied_sha = None
+    started: dict[str, Optional[str]] = {}
     for sha, ref, date, fields in iter_checkpoint_refs(main_git_dir, cwd):
         if fields.get("outs") != digest or fields.get("stage") != stage_addr:
             continue
+        started[sha] = fields.get("started")
         if ref == APPLIED_REF:
             applied_sha = sha
             continue
@@ -142,7 +136,8 @@ def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str
             continue
     chosen = pick_resumed(candidates, applied_sha,
                           applied_at(main_git_dir) if applied_sha else None)
-    return (chosen[1], chosen[2], chosen[3]) if chosen else (None, 0, None)
+    return (chosen[1], chosen[2], chosen[3], started[chosen[1]]) if chosen \
+        else (None, 0, None, None)
 
 
 def starts_over(step: Optional[int], parent: Optional[str], parent_step: int,
