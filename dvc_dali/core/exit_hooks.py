@@ -277,8 +277,8 @@ def refuse_deleted_run(step: Optional[int]) -> None:
     went on (hours, with rare checkpoints) until its next DVCLive write or
     checkpoint failed there (found by a sweep). One stat of "." (7 µs a call
     measured on a loaded machine: it runs every step); a deleted directory
-    has no links left. An orphan
-    whose directory stands records its next row first (refuse_orphan)."""
+    has no links left. An orphan whose directory stands records its next row
+    first (refuse_orphan)."""
     if STATE.exit_lines_pid != os.getpid():
         return
     try:

@@ -15,8 +15,7 @@ from ..core.launcher import initialized_group, launcher_world
 from ..core.log import logger
 
 
-def _dist():
-    return initialized_group()
+_dist = initialized_group  # torch.distributed where its group is initialized, else None
 
 
 def world() -> tuple[int, int]:
