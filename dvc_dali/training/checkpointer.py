@@ -818,6 +818,9 @@ class Checkpointer:
         ``next_step``, ``end``, ``log_image``...) first waits for the
         checkpoint in flight (as `wait`), so a row holds the metrics logged
         before its checkpoint.
+        Its ``next_step`` tells VS Code's DVC extension that a step is done
+        as DVCLive's does, without the fsync DVCLive makes of that signal on
+        the training thread (1-4 ms a step measured here).
 
         Args:
             dir: the DVCLive directory.

@@ -9,6 +9,7 @@ asynchronous checkpoint in flight."""
 from __future__ import annotations
 
 import gc
+import os
 import json
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 pytest.importorskip("dvclive")
 
 import dvclive.live  # noqa: E402
+import dvclive.vscode  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dvc_dali  # noqa: E402
@@ -201,3 +203,46 @@ def test_a_dvclive_file_that_cannot_be_written_is_one_line(tmp_path):
     assert ("RecordError: dvclive: DVCLive's log_metric() could not write there (File too "
             "large), so the run stops before its next row") in said, said
     assert dvc_dali.Checkpointer(tmp_path / "ck").step == 1
+
+
+def test_each_step_signals_vs_code_as_dvclive_does_without_an_fsync(tmp_path, monkeypatch):
+    """DVCLive's next_step tells VS Code's extension a step is done through
+    .dvc/tmp/exps/run/DVCLIVE_STEP_COMPLETED and fsyncs it on the training
+    thread; this Live writes the same file at the same moment, unsynced."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "init"], cwd=tmp_path, check=True)
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    synced = []
+    real_fsync = dvclive.vscode.os.fsync
+
+    def counting(fd):
+        synced.append(fd)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(dvclive.vscode.os, "fsync", counting)
+    signal = tmp_path / ".dvc" / "tmp" / "exps" / "run" / "DVCLIVE_STEP_COMPLETED"
+    theirs = dvclive.Live(dir="theirs", save_dvc_exp=False, dvcyaml=False)
+    _log(theirs, 1)
+    assert synced and json.loads(signal.read_text()) == {"pid": os.getpid(), "step": 0}
+    signal.unlink()
+    synced.clear()
+    live = resume_live(4, True, "dvclive")
+    live.log_metric("train/loss", 0.5)
+    live.next_step()
+    assert json.loads(signal.read_text()) == {"pid": os.getpid(), "step": 4}
+    assert live.step == 5 and synced == []
+    assert json.loads((tmp_path / "dvclive" / "metrics.json").read_text())["step"] == 4
+    live.end()
+    assert not signal.exists()  # DVCLive's end() removes it, as before
+
+
+def test_another_dvclives_next_step_is_kept(tmp_path, monkeypatch):
+    """Where DVCLive's next_step no longer signals through the function this
+    was written against, its own next_step is left as it is."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dvclive.live, "mark_dvclive_step_completed", lambda step: None)
+    live = resume_live(0, False, "dvclive")
+    assert "next_step" not in vars(live)
