@@ -1517,14 +1517,17 @@ def what_changed(saved_versions: dict[str, Any], now_versions: dict[str, Any],
                  data_lines: Iterable[str], causes: Sequence[str] = ()) -> str:
     """'DALI 2.4.0 -> 2.3.0; data ...', and where the data's listing cannot
     tell, the causes that remain (a version change may not be the one);
-    ``causes``: more of them, of this kind of stream."""
-    saved, now = saved_versions.get("dali"), now_versions.get("dali")
-    parts = [f"DALI {saved} -> {now}"] if saved and saved != now else []
+    ``causes``: more of them, of this kind of stream. dvc-dali's own version
+    is named where it changed: an upgrade may digest batches another way."""
+    parts = [f"{label} {saved_versions[key]} -> {now_versions.get(key)}"
+             for key, label in (("dali", "DALI"), ("dvc_dali", "dvc-dali"))
+             if saved_versions.get(key) and saved_versions[key] != now_versions.get(key)]
     data = list(data_lines)
     if not data:
-        unchanged = ("the data files' names and sizes and the pipeline's description are "
-                     "unchanged" if parts else "the DALI version, the data files' names and "
-                     "sizes and the pipeline's description are unchanged")
+        same_dali = not parts or not parts[0].startswith("DALI ")
+        unchanged = ("the DALI version, the data files' names and sizes and the pipeline's "
+                     "description are unchanged" if same_dali else "the data files' names "
+                     "and sizes and the pipeline's description are unchanged")
         more = "".join(f", {cause}" for cause in causes)
         data = [f"{unchanged}; a file rewritten in place with its old size, a changed "
                 f"external_source callable, plugin or custom operator, another kind of "

@@ -242,6 +242,13 @@ def test_what_changed_names_the_dali_version_and_the_files():
     other = bd.what_changed({"dali": "2.4.0"}, {"dali": "2.3.0"}, [])
     assert other.startswith("DALI 2.4.0 -> 2.3.0; the data files' names and sizes and the "
                             "pipeline's description are unchanged; a file rewritten in place")
+    # another dvc-dali (an upgrade mid-run): named, beside DALI's
+    upgraded = bd.what_changed({"dali": "2.4.0", "dvc_dali": "0.1.0"},
+                               {"dali": "2.4.0", "dvc_dali": "0.2.0"}, [])
+    assert upgraded.startswith("dvc-dali 0.1.0 -> 0.2.0; the DALI version, the data files'")
+    both = bd.what_changed({"dali": "2.3.0", "dvc_dali": "0.1.0"},
+                           {"dali": "2.4.0", "dvc_dali": "0.2.0"}, ["x: changed a"])
+    assert both == "DALI 2.3.0 -> 2.4.0; dvc-dali 0.1.0 -> 0.2.0; x: changed a"
 
 
 def test_companion_dir_is_outside_the_checkpoint_output(tmp_path):
