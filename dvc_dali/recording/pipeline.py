@@ -43,6 +43,7 @@ from . import (auto_push, commit, dvc_door, held, lockfile, outputs, pending, re
                run_start)
 from .maintenance import check_stage, checkpoint_outputs, repo_at, reset_stage
 from .rows import Lineage
+from .stage import checkpoint_output
 
 __all__ = ["LINEAGE_KEY", "RecordRequest", "RecordResult", "Retention", "check_stage",
            "checkpoint_outputs", "list_rows", "record", "record_and_prune", "record_request",
@@ -317,19 +318,44 @@ def _params_changed(where: _Where, parent: str, lock_rel: str, stage_name: str,
     return canonical(old) != canonical(new_entry)
 
 
+def _follows(where: _Where, request: RecordRequest, entries: tuple[Optional[dict], dict],
+             checkpoint: Optional[str], parent: Optional[str], step: int,
+             run: Optional[str]) -> str:
+    """How a first row follows the row ``parent`` (rows.first_row_follows),
+    said where it is not as that row's run continued. ``entries``: the
+    stage's dvc.lock entry before the row and the row's; ``checkpoint``: the
+    checkpoint output's path as dvc.lock names it."""
+    before = lockfile.out_md5(entries[0], checkpoint) if checkpoint else None
+    same = before is not None and before == lockfile.out_md5(entries[1], checkpoint)
+    follows = rows.first_row_follows(request.step, parent, step, request.resumed, same)
+    name = rows.row_name(run or where.dvc_exp_name, step)
+    if follows == rows.STARTS_OVER:
+        logger.info("step %d %s row %s (step %d) the workspace held: a new run, which "
+                    "leaves that run's rows alone", request.step,
+                    "comes before" if request.step < step else "holds another checkpoint than",
+                    name, step)
+    elif follows == rows.CANNOT_TELL:
+        logger.info("the checkpoint names no step, so whether this run resumed row %s (step "
+                    "%d) or started over cannot be told: its rows follow that row, and "
+                    "retention (keep_last) leaves the rows recorded before this run alone; "
+                    "make_checkpoint(step) names it", name, step)
+    return follows
+
+
 def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entry: dict,
-             request: RecordRequest, lock_rel: str = "dvc.lock", stage_name: str = "") -> Lineage:
+             request: RecordRequest, lock_rel: str = "dvc.lock", stage_name: str = "",
+             checkpoint: Optional[str] = None) -> Lineage:
     """Where the row hangs: after this process's previous row, else after the
-    recorded row whose outputs this run resumed from, in that row's run."""
+    recorded row whose outputs this run resumed from, in that row's run
+    (see _follows; ``checkpoint``: the checkpoint output's dvc.lock path)."""
     key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
     if key not in where.run.tips:
         parent, step, run, parent_started = (rows.find_resume_parent(
             where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
             if old_entry else (None, 0, None, None))
-        if rows.starts_over(request.step, parent, step, request.resumed):
-            logger.info("step %d comes before row %s (step %d) the workspace held: a new "
-                        "run, which leaves that run's rows alone", request.step,
-                        rows.row_name(run or where.dvc_exp_name, step), step)
+        follows = _follows(where, request, (old_entry, new_entry), checkpoint, parent, step,
+                           run)
+        if follows == rows.STARTS_OVER:
             parent, step, run = None, 0, None
         # a dependency changed since the row it starts from: DVC 2 branched too
         branched = request.branched or bool(getattr(where.run.start, "changed_deps", None))
@@ -339,22 +365,24 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
             branched = branched or _params_changed(where, parent, lock_rel, stage_name,
                                                    new_entry)
         where.run.tips[key] = (parent, step, rows.run_name(where.dvc_exp_name, run, branched))
-        where.run.started[key] = _run_started(request, parent, parent_started, branched)
+        where.run.started[key] = _run_started(request, parent, parent_started,
+                                              branched or follows == rows.CANNOT_TELL)
     parent, last_step, run = where.run.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
                    stage_addr, exp_refs.outs_digest(new_entry), where.run.started.get(key))
 
 
 def _run_started(request: RecordRequest, parent: Optional[str],
-                 parent_started: Optional[str], branched: bool) -> Optional[str]:
+                 parent_started: Optional[str], own: bool) -> Optional[str]:
     """When the run a process's first row belongs to began: the Checkpointer's
     (its manifest's), else the row it continues says, else now: a bare script
-    (make_checkpoint(), `dvc-dali run`) starting a run of its own here (one
-    that restarted a finished run under its name once counted that run's rows
-    as its own, and retention deleted them: found by a sweep)."""
+    (make_checkpoint(), `dvc-dali run`) starting a run of its own here, or
+    one that cannot tell whether it continues (``own``, as when it branched
+    off; one that restarted a finished run under its name once counted that
+    run's rows as its own, and retention deleted them: found by sweeps)."""
     if request.run_started is not None:
         return rows.started_token(request.run_started)
-    if parent and not branched:  # None where that row does not say (an older release's)
+    if parent and not own:  # None where that row does not say (an older release's)
         return parent_started
     return rows.started_token(time.time())
 
@@ -516,9 +544,11 @@ def _build_commit(where: _Where, stg: Any, stage_paths: list[str], request: Reco
                   phases: _Phases, lock: _LockWrite, pinned: Any) -> tuple[Lineage, str]:
     """The row's lineage and commit (holding the dvc.lock it names, pinned)."""
     with phases.timed("commit"):
+        ckpt = checkpoint_output(stg, request.out)
         lineage = _lineage(where, rows.stage_address(where.repo.root_dir, stg),
                            None if request.resumed is False else lock.old_entry, lock.entry,
-                           request, os.path.relpath(lock.path, where.toplevel), stg.name)
+                           request, os.path.relpath(lock.path, where.toplevel), stg.name,
+                           ckpt.def_path if ckpt is not None else None)
         first = (request.message.strip()
                  or f"dvc-dali checkpoint {where.dvc_exp_name} step {lineage.step}")
         paths = stage_paths + [os.path.join(os.getcwd(), p)

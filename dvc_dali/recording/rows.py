@@ -140,19 +140,37 @@ def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str
         else (None, 0, None, None)
 
 
-def starts_over(step: Optional[int], parent: Optional[str], parent_step: int,
-                resumed: Optional[bool]) -> bool:
-    """Whether a bare script's first row (``resumed`` None) begins a run of
-    its own although its outputs follow the recorded row ``parent`` (at
-    ``parent_step``): the step it names is before that row's, so it
-    started over (a finished run restarted under its name, `dvc exp run -n a
-    -f`, by a script that ignores its state). Continuing it counted the
-    finished run's rows as its own, and retention deleted them (found by a
-    sweep). The row's own step again continues it: a script that resumed at
-    step N and checkpoints N at the top of its loop. A Checkpointer knows
-    what it resumed; a step not named (None) follows the parent, as DVC 2's
-    chain did. Pure."""
-    return resumed is None and parent is not None and step is not None and step < parent_step
+#: How a bare script's first row follows the recorded row its outputs were
+#: (first_row_follows): as that row's run continued; in that row's lineage
+#: but with a start of its own (whether it resumed that row cannot be told);
+#: or as a run of its own (it started over).
+CONTINUES, CANNOT_TELL, STARTS_OVER = "continues", "cannot tell", "starts over"
+
+
+def first_row_follows(step: Optional[int], parent: Optional[str], parent_step: int,
+                      resumed: Optional[bool], same_checkpoint: bool) -> str:
+    """How a bare script's first row (``resumed`` None) follows the recorded
+    row ``parent`` (at ``parent_step``) whose outputs the run started from;
+    ``same_checkpoint``: it holds that row's checkpoint unchanged. Pure.
+
+    A script restarted under a finished run's name (`dvc exp run -n a -f`,
+    params unchanged) that ignores its state was read as run a continued, and
+    retention deleted a's rows (found by sweeps). So: a step before the row's
+    starts over; the row's own step continues it only with the row's
+    checkpoint unchanged (a resumed loop checkpointing its step at the top;
+    a one-row run trained again to that step holds another); no step named
+    (make_checkpoint(), `dvc-dali run` over a checkpoint that says none)
+    cannot tell a resume from a restart: its rows follow the row, as DVC 2
+    chained them, but with a start of their own, so retention never deletes
+    a row it cannot attribute (more than N rows may stay: none is lost). A
+    Checkpointer knows what it resumed."""
+    if resumed is not None or parent is None:
+        return CONTINUES
+    if step is None:
+        return CANNOT_TELL
+    if step < parent_step or (step == parent_step and not same_checkpoint):
+        return STARTS_OVER
+    return CONTINUES
 
 
 def run_name(dvc_exp_name: str, parent_run: Optional[str], branched: bool) -> str:

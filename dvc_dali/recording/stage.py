@@ -115,6 +115,12 @@ def _bare_output(stage: Any) -> tuple[Any, str]:
     return out, (out.def_path if out else "checkpoint")
 
 
+def checkpoint_output(stage: Any, checkpoint_path: Optional[str]) -> Any:
+    """The stage's checkpoint output: the one covering ``checkpoint_path``,
+    or, for a bare make_checkpoint() (None), the one _bare_output names."""
+    return output_at(stage, checkpoint_path) if checkpoint_path else _bare_output(stage)[0]
+
+
 def _normalization(stage: Any, rel: str) -> str:
     """Where ``rel`` and a declared output differ only in Unicode
     normalization (macOS and some editors write NFD), both as escapes: the

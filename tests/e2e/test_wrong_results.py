@@ -120,12 +120,14 @@ def test_retention_prunes_only_its_own_runs_rows(tmp_path):
     assert {n for n in rows[second] if "-step" in n} == {"same-step7", "same-step8"}
 
 
-def restart_keeping_one(project: Path, how: str, *args: str) -> tuple[dict, dict, str]:
+def restart_keeping_one(project: Path, how: str, *args: str, env: dict | None = None
+                        ) -> tuple[dict, dict, str]:
     """Run a finished, then `dvc exp run -n a -f <args>` (in the workspace,
     --temp, or queued and run by `dvc queue start`) under
-    DVC_DALI_KEEP_LAST=1: (a's rows before, every row after, the output)."""
+    DVC_DALI_KEEP_LAST=1 (and ``env``): (a's rows before, every row after,
+    the output)."""
     before = {ref: sha for sha, ref in exp_refs(project) if "-step" in ref}
-    keep = {"DVC_DALI_KEEP_LAST": "1"}
+    keep = {"DVC_DALI_KEEP_LAST": "1", **(env or {})}
     restart = ["dvc", "exp", "run", "-n", "a", "-f", *args]
     if how == "queue":
         run([*restart[:3], "--queue", *restart[3:]], project)
@@ -661,3 +663,97 @@ def test_a_bare_script_that_starts_over_under_the_same_params_leaves_the_finishe
     assert len(before) == 2, before
     assert before.items() <= after.items(), (before, after, text)
     assert len(after) == 3, (after, text)  # and the new run's last row alone
+
+
+# A DVC 2 script as DVC 2 ran it: its own state file, which says no step to
+# anyone but itself, and DVC 2's signal (dvc.api.make_checkpoint) by hand.
+# START_OVER=1: it ignores its state (trains from scratch); KILL_AT: killed
+# right after that step's checkpoint. It checkpoints at the top of its loop,
+# so a resumed run checkpoints the step it resumed first, unchanged.
+TOP_OF_LOOP_TRAIN = textwrap.dedent("""\
+    import os, random, time, yaml
+    {import_line}
+    def dvc2_make_checkpoint(step):
+        if os.getenv("DVC_CHECKPOINT") is None:
+            return
+        signal = os.path.join(os.environ["DVC_ROOT"], ".dvc", "tmp", "DVC_CHECKPOINT")
+        open(signal, "w").close()
+        while os.path.exists(signal):
+            time.sleep(0.05)
+
+    p = yaml.safe_load(open("params.yaml"))
+    os.makedirs("checkpoint", exist_ok=True)
+    state = "checkpoint/state.txt"
+    if os.environ.get("START_OVER") or not os.path.exists(state):
+        step, w = 0, random.random()  # a fresh model: unseeded, as most are
+    else:
+        saved = open(state).read().split()
+        step, w = int(saved[0]), float(saved[1])
+    while step <= p["steps"]:
+        open(state, "w").write(f"{{step}} {{w!r}}")
+        if step and step % p["every"] == 0:
+            {checkpoint}(step)
+            if os.environ.get("KILL_AT") == str(step):
+                os._exit(9)
+        step, w = step + 1, w + 1.0
+    """)
+
+
+def top_of_loop_project(tmp_path: Path, how: str, params: str) -> Path:
+    """``how``: "dvc-dali-run" (DVC 2's signal by hand, under `dvc-dali run`:
+    no step reaches the recorder) or "make_checkpoint" (dvc_dali's, with the step)."""
+    stage = RESUMABLE.replace("params: [steps]", "params: [steps, every]")
+    if how == "dvc-dali-run":
+        stage = stage.replace("python train.py",
+                              f"{sys.executable} -m dvc_dali.cli run -- python train.py")
+        train = TOP_OF_LOOP_TRAIN.format(import_line="", checkpoint="dvc2_make_checkpoint")
+    else:
+        train = TOP_OF_LOOP_TRAIN.format(import_line="from dvc_dali import make_checkpoint",
+                                         checkpoint="make_checkpoint")
+    return make_project(tmp_path / "p", files={
+        "train.py": train, "dvc.yaml": stage, "params.yaml": params})
+
+
+@pytest.mark.parametrize("how", ["workspace", "temp", "queue"])
+def test_a_script_whose_checkpoint_says_no_step_leaves_the_finished_runs_rows(tmp_path, how):
+    """`dvc-dali run` over a DVC 2 script (a plain state file, DVC 2's signal
+    file): no step reaches the recorder, so `dvc exp run -n a -f` of a script
+    that starts over with the same params hung its rows after a's last as a
+    continued, and DVC_DALI_KEEP_LAST=1 deleted a's rows (found by a sweep).
+    Whether such a script resumed or started over cannot be told: its rows
+    follow a's (numbered on, as DVC 2 chained them), but retention counts only
+    the rows of this process's own start."""
+    project = top_of_loop_project(tmp_path, "dvc-dali-run", "steps: 2\nevery: 1\n")
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    before, after, text = restart_keeping_one(project, how, env={"START_OVER": "1"})
+    assert len(before) == 2, before
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 3, (after, text)  # and the new run's last row alone
+    assert "whether this run resumed row a-step2 (step 2) or started over cannot" in text, text
+
+
+@pytest.mark.parametrize("how", ["workspace", "temp", "queue"])
+def test_a_one_row_run_started_over_at_its_step_leaves_the_finished_runs_row(tmp_path, how):
+    """Run a checkpoints once (steps == every); `dvc exp run -n a -f`, params
+    unchanged, of a script that starts over names that step again: read as
+    a resumed loop checkpointing its step at the top, it continued a, and
+    DVC_DALI_KEEP_LAST=1 deleted a's one row (found by a sweep). A row at the
+    step it follows continues it only holding that row's checkpoint."""
+    project = top_of_loop_project(tmp_path, "make_checkpoint", "steps: 2\nevery: 2\n")
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    before, after, text = restart_keeping_one(project, how, env={"START_OVER": "1"})
+    assert len(before) == 1, before
+    assert before.items() <= after.items(), (before, after, text)
+    assert len(after) == 2, (after, text)
+    assert "step 2 holds another checkpoint than row a-step2 (step 2)" in text, text
+
+
+def test_a_resumed_loop_that_checkpoints_its_step_at_the_top_continues_its_run(tmp_path):
+    """A script resumed at step 1 checkpoints step 1 again, unchanged, at the
+    top of its loop: its rows are run a's, whatever this `dvc exp run` is named,
+    and DVC_DALI_KEEP_LAST=1 keeps a's last row alone."""
+    project = top_of_loop_project(tmp_path, "make_checkpoint", "steps: 2\nevery: 1\n")
+    run(["dvc", "exp", "run", "-n", "a"], project, check=False, env={"KILL_AT": "1"})
+    run(["dvc", "exp", "run", "-n", "b"], project, env={"DVC_DALI_KEEP_LAST": "1"})
+    names = {ref.rsplit("/", 1)[1] for _, ref in exp_refs(project) if "-step" in ref}
+    assert names == {"a-step2"}, names

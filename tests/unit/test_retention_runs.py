@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dvc_dali.recording.retention import of_the_run, select_pruned
-from dvc_dali.recording.rows import Lineage, started_token, starts_over
+from dvc_dali.recording.rows import (CANNOT_TELL, CONTINUES, STARTS_OVER, Lineage,
+                                     first_row_follows, started_token)
 from dvc_dali.reading.exp_refs import parse_lineage
 
 RUN = started_token(1_700_000_000.25)
@@ -46,17 +47,27 @@ def test_the_start_reads_back_from_a_lineage_line():
     assert "started" not in parse_lineage(Lineage("a", 3, None, "s", "d").line())
 
 
-@pytest.mark.parametrize("step,parent,parent_step,resumed,over", [
-    (1, "p" * 40, 2, None, True),  # a bare script that ignores its state: a new run
-    (2, "p" * 40, 2, None, False),  # its step again (checkpointed at the top of a resumed loop)
-    (3, "p" * 40, 2, None, False),  # the next step: it continues the row
-    (None, "p" * 40, 2, None, False),  # no step named: after the row, as DVC 2 chained
-    (1, None, 0, None, False),  # nothing resumed: a new run anyway
-    (1, "p" * 40, 2, True, False),  # a Checkpointer knows what it resumed
-    (1, "p" * 40, 2, False, False),
+P = "p" * 40
+
+
+@pytest.mark.parametrize("step,parent,parent_step,resumed,same,follows", [
+    (1, P, 2, None, False, STARTS_OVER),  # a bare script that ignores its state: a new run
+    (1, P, 2, None, True, STARTS_OVER),  # step 1 again, whatever its checkpoint holds
+    (2, P, 2, None, True, CONTINUES),  # its step again, unchanged (top of a resumed loop)
+    (2, P, 2, None, False, STARTS_OVER),  # its step, trained again: a one-row run restarted
+    (3, P, 2, None, False, CONTINUES),  # the next step: it continues the row
+    (3, P, 2, None, True, CONTINUES),
+    (None, P, 2, None, False, CANNOT_TELL),  # no step: after the row, a start of its own
+    (None, P, 2, None, True, CANNOT_TELL),
+    (1, None, 0, None, False, CONTINUES),  # nothing resumed: a new run anyway
+    (None, None, 0, None, False, CONTINUES),
+    (1, P, 2, True, False, CONTINUES),  # a Checkpointer knows what it resumed
+    (1, P, 2, False, False, CONTINUES),
+    (2, P, 2, True, False, CONTINUES),
 ])
-def test_a_bare_scripts_first_row_not_after_the_resumed_row_starts_over(
-        step, parent, parent_step, resumed, over):
-    """`dvc exp run -n a -f` after run a finished, by a script that starts at
-    step 1 again: it continued a, and keep_last deleted a's rows."""
-    assert starts_over(step, parent, parent_step, resumed) is over
+def test_how_a_bare_scripts_first_row_follows_the_row_it_resumed(
+        step, parent, parent_step, resumed, same, follows):
+    """`dvc exp run -n a -f` after run a finished, by a script that starts
+    over (at step 1, at a one-row run's step, or naming no step): it
+    continued a, and keep_last deleted a's rows."""
+    assert first_row_follows(step, parent, parent_step, resumed, same) == follows
