@@ -403,6 +403,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_step(path: Path) -> int | None:
+    """The step of the checkpoint at ``path``, where dvc-dali wrote it; None
+    for one it did not (a DVC 2 script's own files: DVC 2's signal file says
+    no step either), which the recorder numbers on from the row it follows,
+    with a start of its own (rows.first_row_follows: cannot tell)."""
     from ..format import store
 
     try:
