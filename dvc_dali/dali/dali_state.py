@@ -339,7 +339,24 @@ def _decode_argument(raw: bytes) -> tuple[str, Any]:
     return name, values if is_vector or len(values) != 1 else values[0]
 
 
-def data_files(top: str, rel: str = "") -> list[tuple[str, str, int]]:
+# The walks the data digests were made with, by name: how far a link to a
+# folder is followed ("none", "class": at a class folder right under the top,
+# "all": at any depth, once per real folder) and whether an entry that is no
+# regular file is listed with size -1 (else its stat size). A manifest names
+# the walk of its pipelines' data digests (WALK_KEY); one without the name was
+# written before walks were named, by one of walk0-walk3, so a resume tells a
+# digest of another walk (not verified) from changed data (data_contents).
+WALKS = {
+    "walk0": ("none", False),  # up to f8b2f2a: a folder that is a link skipped
+    "walk1": ("all", False),  # f8b2f2a: links followed at any depth
+    "walk2": ("class", False),  # bf432a9: links followed at class folders only
+    "walk3": ("class", True),  # ff46f4a: a FIFO or device listed with size -1
+}
+WALK = "walk3"  # this release's: change the recipe, add a walk and name it here
+WALK_KEY = "data_walk"  # the manifest pipeline entry's field naming the walk
+
+
+def data_files(top: str, rel: str = "", walk: str = WALK) -> list[tuple[str, str, int]]:
     """(name relative to ``top`` with ``rel`` before it, path, size) of the
     files below ``top``, in a stable order: a directory's files by name,
     then its subdirectories by name (os.scandir: one stat per entry, what
@@ -350,13 +367,17 @@ def data_files(top: str, rel: str = "") -> list[tuple[str, str, int]]:
     folders, and a link to / would be walked whole). Size -1: an entry that
     cannot be stat'ed (a dangling link, which DALI skips) or is no regular
     file (a FIFO, whose open blocks for ever; a link to /dev/zero, endless):
-    named, never read, never a traceback."""
+    named, never read, never a traceback. ``walk``: another of WALKS, to
+    compare with a digest an earlier release made."""
     out: list[tuple[str, str, int]] = []
-    _walk(top, rel, out, top_level=True)
+    follow, unsized = WALKS[walk]
+    _walk(top, rel, out, (follow, unsized, True), frozenset({os.path.realpath(top)}))
     return out
 
 
-def _walk(top: str, rel: str, out: list[tuple[str, str, int]], top_level: bool) -> None:
+def _walk(top: str, rel: str, out: list[tuple[str, str, int]], how: tuple[str, bool, bool],
+          above: frozenset[str]) -> None:
+    follow, unsized, top_level = how
     try:
         with os.scandir(top) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -368,13 +389,18 @@ def _walk(top: str, rel: str, out: list[tuple[str, str, int]], top_level: bool) 
             dirs.append(e)
             continue
         try:
-            size = e.stat().st_size if e.is_file() else -1
+            size = e.stat().st_size if e.is_file() or not unsized else -1
         except OSError:
             size = -1
         out.append((f"{rel}{e.name}", e.path, size))
     for e in dirs:
-        if top_level or not e.is_symlink():
-            _walk(e.path, f"{rel}{e.name}/", out, top_level=False)
+        linked = e.is_symlink()
+        if follow == "all":  # walk1 went into every folder once, by its real path
+            real = os.path.realpath(e.path)
+            if real not in above:
+                _walk(e.path, f"{rel}{e.name}/", out, how, above | {real})
+        elif not linked or (follow == "class" and top_level):
+            _walk(e.path, f"{rel}{e.name}/", out, (follow, unsized, False), above)
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -384,14 +410,14 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def _digest_dir(h, top: str) -> None:
+def _digest_dir(h, top: str, walk: str = WALK) -> None:
     """Names and sizes below ``top`` (:func:`data_files`); a name's bytes as
     the file system has them (a name that is not UTF-8 too)."""
-    for name, _, size in data_files(top):
+    for name, _, size in data_files(top, walk=walk):
         h.update(os.fsencode(name) + f"\0{size}\0".encode())
 
 
-def _data_digest(value: Any, where: str) -> str | None:
+def _data_digest(value: Any, where: str, walk: str = WALK) -> str | None:
     """A digest of the data behind a location argument, so a data set that
     changed under the same path is noticed. A path that does not exist is
     named here, before DALI's own C++ assertion at build()."""
@@ -401,7 +427,7 @@ def _data_digest(value: Any, where: str) -> str | None:
         if not isinstance(path, str) or not path:
             continue
         if os.path.isdir(path):
-            _digest_dir(h, path)
+            _digest_dir(h, path, walk)
         elif os.path.isfile(path):
             with open(path, "rb") as fh:
                 h.update(fh.read())
@@ -465,13 +491,24 @@ def describe(pipe: Any, name: str) -> dict[str, Any]:
     }
 
 
+def data_digest(description: dict[str, Any], where: str, walk: str) -> str | None:
+    """The data digest of location ``where`` ("<operator>.<arg>") of a
+    pipeline's description, made again with ``walk`` (one of WALKS)."""
+    inst, _, arg = where.rpartition(".")
+    value = description.get("operators", {}).get(inst, {}).get("args", {}).get(arg)
+    return _data_digest(value, where, walk) if value else None
+
+
 def fingerprint(description: dict[str, Any]) -> str:
     text = json.dumps(description, sort_keys=True, separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable 'what: old -> new' lines between two descriptions."""
+def differences(old: dict[str, Any], new: dict[str, Any],
+                skip: frozenset[str] = frozenset()) -> list[str]:
+    """Human-readable 'what: old -> new' lines between two descriptions
+    (``skip``: data locations whose digests are not to be compared, as
+    data_contents.data_verdicts tells)."""
     old_ops, new_ops = old.get("operators", {}), new.get("operators", {})
     lines = [f"operator {op}: {old_ops[op]['type'] if op in old_ops else '<absent>'} -> "
              f"{new_ops[op]['type'] if op in new_ops else '<absent>'}"
@@ -484,7 +521,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         flat.update(flat_keys(pruned, empty_as_leaf=False))
     for key in sorted(set(flat_old) | set(flat_new)):
         a, b = flat_old.get(key, "<absent>"), flat_new.get(key, "<absent>")
-        if a != b:
+        if a != b and not (key.startswith("data.") and key[5:] in skip):
             if key.startswith("data."):
                 a, b = "files as saved", "different files"
             lines.append(f"{key}: {json.dumps(a)} -> {json.dumps(b)}")

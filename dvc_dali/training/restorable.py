@@ -165,14 +165,21 @@ class SavedCheckpoint:
         if not isinstance(old, dict):
             raise CheckpointCorruptError(f"{self.manifest_path}: pipeline {name!r} has no "
                                          "description; start over with `dvc-dali reset`.")
-        diff = dali_state.differences(old, description)
+        # a data digest of another walk than this release's is not compared
+        # (an older release's refused data that had not changed; sweep X)
+        verdicts = data_contents.data_verdicts(old, description,
+                                               self.entry(name).get(dali_state.WALK_KEY))
+        diff = dali_state.differences(old, description, frozenset(
+            where for where, (outcome, _) in verdicts.items() if outcome != data_contents.CHANGED))
+        if contents is not None:
+            contents.unverified.update({where: why for where, (outcome, why) in verdicts.items()
+                                        if outcome == data_contents.NOT_VERIFIED})
         if diff:
             # DVC's dvc.lock names the files of a dependency; data outside the
             # repository (or behind a link) only the content digests can name:
             # it said "Run with the saved settings" (found by a sweep)
-            data = self.explain_data(old, description) or (
-                contents.changed(self.entry(name).get(data_contents.KEY) or {})
-                if contents is not None else [])
+            data = self.explain_data(old, description) or data_contents.changed_in(
+                contents, self.entry(name))
             only_data = all(line.startswith("data.") for line in diff)
             fix = ("Restore the data as it was (`git checkout` or `dvc checkout` of it) to "
                    "resume, or start over on the new data with" if data or only_data else
@@ -204,6 +211,7 @@ def _with_contents(entry: dict[str, Any], contents: data_contents.Contents) -> d
     records = contents.result()
     if records:
         entry[data_contents.KEY] = records
+    entry[dali_state.WALK_KEY] = dali_state.WALK  # the walk of its data digests
     return entry
 
 
@@ -436,7 +444,7 @@ class BatchProof:
             entry = manifest[PIPELINES].get(name) or {}
             source = sources.get((PIPELINES, name))
             contents = getattr(source, "contents", None)
-            data = contents.changed(entry.get(data_contents.KEY) or {}) if contents else []
+            data = data_contents.changed_in(contents, entry)
             causes = [batch_digests.TF_RANDOM] if isinstance(source, TfDataset) else []
             return batch_digests.what_changed(saved_versions, versions(), data, causes)
 
