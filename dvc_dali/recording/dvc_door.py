@@ -393,11 +393,20 @@ def checkout_dir(repo: Any, dir_md5: str, dest: str) -> None:
     try:
         tree = Tree.load(odb, HashInfo("md5", dir_md5))
         checkout(dest, repo.fs, tree, odb, quiet=True)
+        _unlink_from_cache(odb, dest)
     except Exception as exc:
         raise RecordError(
             f"the checkpoint to resume ({dir_md5}) is not complete in the DVC cache "
             f"{odb.path} ({type(exc).__name__}: {exc}). Fetch it with `dvc pull` or `dvc exp "
             "pull <remote> <row>`, or start over with `dvc-dali reset`.") from exc
+
+
+def _unlink_from_cache(odb: Any, dest: str) -> None:
+    """Turn the files a checkout linked to the cache (`cache.type` hardlink or
+    symlink) into copies of their own, as DVC unprotects a persisted output
+    before a run: the run writes there, and a write through a link would
+    rewrite the cached object, and so every row that holds it."""
+    odb.unprotect(dest)
 
 
 def checkout_out(repo: Any, md5: str, dest: str) -> None:

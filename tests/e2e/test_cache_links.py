@@ -1,0 +1,57 @@
+"""`dvc config cache.type hardlink` or `symlink`: the DVC cache linked into
+the places a checkpoint is read and written.
+
+DVC checks a persisted output out as links into the cache and unprotects
+(copies) it before a workspace run; a `--temp` or queued run gets its
+checkpoint from dvc-dali's carry, which checked it out as links and left
+them: a script that rewrites its checkpoint files in place (a bare DVC 2
+port) wrote through them into the cached objects of the rows before, a
+silently wrong older row (as root; others got a PermissionError), and a
+`Checkpointer` refused the symlinks as a damaged checkpoint. `load` of a
+row, and of the workspace after a run or `dvc exp apply`, refused the
+symlinks DVC's own checkout made. Real `dvc exp run` in git + DVC projects,
+a real DALI pipeline over PNG files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_lost_lock import BARE_STAGE, BARE_TRAIN, row_names
+from tests.helpers.dvc_project import commit_all, run, template_project
+
+
+def damaged_objects(project: Path) -> list[str]:
+    """The DVC cache's file objects whose bytes no longer have the md5 they
+    are stored under (a write through a link into the cache)."""
+    top = project / ".dvc" / "cache" / "files" / "md5"
+    return [str(obj) for obj in top.glob("??/*") if not obj.name.endswith(".dir")
+            and hashlib.md5(obj.read_bytes()).hexdigest() != obj.parent.name + obj.name]
+
+
+@pytest.fixture(scope="module", params=["hardlink", "symlink"])
+def bare(request, tmp_path_factory) -> Path:
+    """A bare make_checkpoint() port (it rewrites checkpoint/step.txt and
+    pipeline.bin in place) after a workspace run `a` to step 2, its cache
+    linked."""
+    project = template_project(tmp_path_factory.mktemp(f"bare-{request.param}"), steps=2)
+    (project / "train.py").write_text(BARE_TRAIN)
+    (project / "dvc.yaml").write_text(BARE_STAGE)
+    commit_all(project, "a bare port")
+    run(["dvc", "config", "--local", "cache.type", request.param], project)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    assert {"a-step1", "a-step2"} <= row_names(project)
+    return project
+
+
+def test_a_temp_run_resumed_from_a_linked_cache_leaves_older_rows_intact(bare):
+    """The --temp run resumes at step 2 and trains to 4; every cached object
+    keeps its bytes, and a-step2 applied holds step 2, not the later state."""
+    proc = run(["dvc", "exp", "run", "--temp", "-n", "b", "-S", "train.steps=4"], bare)
+    assert "start at 2" in proc.stdout and "b-step4" in row_names(bare), proc.stdout
+    assert damaged_objects(bare) == []
+    run(["dvc", "exp", "apply", "a-step2"], bare)
+    assert (bare / "checkpoint" / "step.txt").read_text() == "2"
