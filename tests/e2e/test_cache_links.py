@@ -16,6 +16,7 @@ a real DALI pipeline over PNG files.
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,37 @@ def test_a_temp_run_resumed_from_a_linked_cache_leaves_older_rows_intact(bare):
     assert damaged_objects(bare) == []
     run(["dvc", "exp", "apply", "a-step2"], bare)
     assert (bare / "checkpoint" / "step.txt").read_text() == "2"
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory) -> Path:
+    """The `dvc-dali init` template (a Checkpointer), `cache.type symlink`,
+    after a workspace run `a` to step 4, a row every 2 steps."""
+    project = template_project(tmp_path_factory.mktemp("symlink"), steps=4)
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("checkpoint_every: 10", "checkpoint_every: 2"))
+    commit_all(project, "a row every 2 steps")
+    run(["dvc", "config", "--local", "cache.type", "symlink"], project)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    return project
+
+
+LOAD = "import json, sys, dvc_dali; print(dvc_dali.load(**json.loads(sys.argv[1])).step)"
+
+
+def test_rows_and_the_workspace_load_from_a_symlinked_cache(linked):
+    """DVC's filesystem hands a row's files over as links into the cache, and
+    DVC's last commit of the run left the workspace's as links: both load."""
+    assert (linked / "checkpoint" / "LATEST").is_symlink()  # what DVC left
+    for args, step in (('{"rev": "a-step2"}', "2"), ("{}", "4"), ('{"names": ["w"]}', "4")):
+        proc = run([sys.executable, "-c", LOAD, args], linked, check=False)
+        assert proc.returncode == 0 and proc.stdout.split() == [step], proc.stderr[-2000:]
+
+
+def test_a_temp_run_resumes_from_a_symlinked_cache(linked):
+    """The Checkpointer refused the carried checkpoint as damaged (its files
+    were symlinks); it resumes, continuing run a (more steps), and the cache
+    keeps every object's bytes."""
+    proc = run(["dvc", "exp", "run", "--temp", "-n", "b", "-S", "train.steps=6"], linked)
+    assert "resuming at step 4" in proc.stdout, proc.stdout[-3000:]
+    assert "a-step6" in row_names(linked) and damaged_objects(linked) == []
