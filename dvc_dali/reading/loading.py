@@ -102,14 +102,32 @@ class _NotThere(DvcDaliError):
     (raised as a DvcDaliError naming the revision: :func:`_read_revision`)."""
 
 
-def _fetch(fs: Any, src: str, dest: Path) -> None:
+# What removes a row's data from the cache, and what brings it back.
+_GONE = ("(`dvc gc` removes the data of the rows the workspace does not hold, unless given "
+         "--all-experiments): `dvc-dali pull <git remote> <run>` fetches a run's rows with "
+         "their data (`dvc-dali show` lists the runs), or load another row")
+
+
+def _fetch(fs: Any, src: str, dest: Path, named: bool = True) -> None:
+    """``src`` of DVC's filesystem copied to ``dest``; ``named``: the
+    checkpoint's LATEST or manifest names it (else it is LATEST itself)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         fs.get_file(src, str(dest))
     except FileNotFoundError:
-        raise _NotThere(f"{src}: not in that revision, nor in the cache or the DVC "
+        raise _NotThere(f"{src}: the revision names it, but its data is in neither the local "
+                        f"DVC cache nor the DVC remote {_GONE}" if named or _listed(fs, src)
+                        else f"{src}: not in that revision, nor in the cache or the DVC "
                         "remote; is it the checkpoint output's path?") from None
     _own_copy(dest)
+
+
+def _listed(fs: Any, src: str) -> bool:
+    """Whether the revision's dvc.lock (a directory's listing) names ``src``."""
+    try:
+        return bool(fs.isfile(src))
+    except Exception:  # the listing itself is gone: DVC's error, said by the caller
+        return False
 
 
 _CACHE_OBJECT = re.compile(r".*/[0-9a-f]{2}/[0-9a-f]{30,62}")  # DVC's <cache>/<2>/<rest>
@@ -135,7 +153,7 @@ def _own_copy(dest: Path) -> None:
 def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> None:
     """LATEST, the manifests, and the files the chosen arrays need, from DVC's
     filesystem into ``dest`` (which then reads as a local checkpoint)."""
-    _fetch(fs, f"{path}/{store.LATEST}", dest / store.LATEST)
+    _fetch(fs, f"{path}/{store.LATEST}", dest / store.LATEST, named=False)
     lines = (dest / store.LATEST).read_text(errors="replace").split("\n")
     snapshots = [line.split()[0] for line in lines if len(line.split()) == 2]
     for rel in snapshots:
@@ -329,6 +347,10 @@ def _read_revision(where: str, rev: str, label: str, rel: str, tmp: Path,
         raise DvcDaliError(f"revision {label!r} of {where}: {first}") from None
     if isinstance(first, DvcDaliError):
         raise first
+    if type(first).__name__ == "DataIndexDirError":  # DVC's: the directory's listing is gone
+        raise DvcDaliError(f"cannot read {rel} at revision {label!r} of {where}: its data is "
+                           f"in neither the local DVC cache nor the DVC remote {_GONE}"
+                           ) from None
     raise DvcDaliError(
         f"cannot read {rel} at revision {label!r} of {where}: {first}. `dvc-dali show` lists "
         "the rows; `dvc-dali pull <git remote> <run>` fetches a run's rows with their data "
