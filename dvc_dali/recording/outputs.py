@@ -51,7 +51,7 @@ def cache_output(out: Any, stage: Any) -> None:
     """Snapshot files are never modified once published, so where cache.type
     starts with hardlink they are linked into the cache, not copied; anything
     else is copied (or reflinked), as DVC would."""
-    hardlink = dvc_door.first_cache_type(out) == "hardlink" and is_checkpoint_dir(out)
+    hardlink = dvc_door.first_cache_type(out) == "hardlink" and _only_snapshots(out)
     with dvc_door.transfer_failures() as failures:
         try:
             dvc_door.cache_output(out, hardlink)
@@ -76,6 +76,24 @@ def cache_output(out: Any, stage: Any) -> None:
                 "writable; nothing was recorded. Run no command that checks outputs out in "
                 "this workspace while it trains, and check the cache directory's "
                 "permissions."))
+
+
+def _only_snapshots(out: Any) -> bool:
+    """Every file of the output is a published snapshot's (never modified
+    again) or LATEST (replaced by a rename): only then may it be linked into
+    the cache. A bare script's own LATEST, or a file a user keeps beside the
+    snapshots, may be rewritten in place, through the link, into the rows'
+    cached objects."""
+    from ..format import store
+
+    root = Path(out.fs_path)
+    if not is_checkpoint_dir(out):
+        return False
+    try:
+        known = set(store.file_digests(root)) | {root / store.LATEST}
+    except DvcDaliError:
+        return False
+    return all(Path(top, name) in known for top, _, files in os.walk(root) for name in files)
 
 
 def _cause(out: Any, failures: list[tuple[str, BaseException]]) -> BaseException | None:

@@ -58,6 +58,24 @@ def test_a_temp_run_resumed_from_a_linked_cache_leaves_older_rows_intact(bare):
     assert (bare / "checkpoint" / "step.txt").read_text() == "2"
 
 
+def test_a_scripts_own_latest_file_is_not_linked_into_the_cache(tmp_path):
+    """dvc-dali hard-links its snapshot files into a hardlink cache (never
+    modified once published); it told its checkpoint directory by a file
+    named LATEST. A bare script that keeps its step in its own
+    checkpoint/LATEST, rewritten in place, rewrote a-step1's cached objects:
+    a-step1 applied held step 2. Copied now, as DVC would."""
+    project = template_project(tmp_path, steps=2)
+    (project / "train.py").write_text(BARE_TRAIN.replace('"checkpoint/step.txt"',
+                                                         '"checkpoint/LATEST"'))
+    (project / "dvc.yaml").write_text(BARE_STAGE)
+    commit_all(project, "a bare port that names its step file LATEST")
+    run(["dvc", "config", "--local", "cache.type", "hardlink"], project)
+    run(["dvc", "exp", "run", "-n", "a"], project)
+    assert damaged_objects(project) == []
+    run(["dvc", "exp", "apply", "a-step1"], project)
+    assert (project / "checkpoint" / "LATEST").read_text() == "1"
+
+
 @pytest.fixture(scope="module")
 def linked(tmp_path_factory) -> Path:
     """The `dvc-dali init` template (a Checkpointer), `cache.type symlink`,
