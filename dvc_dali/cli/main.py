@@ -222,24 +222,25 @@ def _fit_output() -> None:
     """Where stdout cannot encode the tree's glyphs (PYTHONIOENCODING=ascii,
     a locale that is not UTF-8), they are drawn in ASCII and any other
     character it cannot encode (a row or metric name) is escaped: `show`
-    ended in a traceback (found by a sweep)."""
+    ended in a traceback (found by a sweep). A path that is not UTF-8 in a
+    line, on stdout or stderr: its bytes as \\xNN, as in every message, not
+    \\udcNN; on stdout `init`'s lines printed the raw byte, or a strict
+    UTF-8 stdout (a UTF-8 locale other than C.UTF-8) ended `init` in a
+    traceback after its first template (found by a sweep)."""
     try:
         "".join(GLYPHS.values()).encode(getattr(sys.stdout, "encoding", None) or "utf-8")
     except (UnicodeEncodeError, LookupError):
         GLYPHS.update(ASCII_GLYPHS)
-        reconfigure = getattr(sys.stdout, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
-    # a path that is not UTF-8 in a line on stderr: its bytes as \\xNN, not \\udcNN
     codecs.register_error("dvc_dali.readable", _readable_chars)
-    reconfigure = getattr(sys.stderr, "reconfigure", None)
-    if reconfigure is not None:
-        reconfigure(errors="dvc_dali.readable")
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="dvc_dali.readable")
 
 
 def _readable_chars(err: UnicodeError) -> tuple[str, int]:
     """An error handler: a byte of a name that is not UTF-8 (a lone
-    surrogate) as \\xNN, any other character stderr cannot encode as
+    surrogate) as \\xNN, any other character the stream cannot encode as
     backslashreplace writes it."""
     if not isinstance(err, UnicodeEncodeError):
         raise err

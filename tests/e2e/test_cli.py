@@ -944,9 +944,21 @@ def test_init_names_a_path_that_is_not_utf8_and_an_os_error_as_people_read_them(
     said = _refused(tmp_path, "init", project.name)
     assert said == ("dvc-dali init: w\\xff/dvc.yaml already exists; nothing written. Use "
                     "--force to overwrite them.\n"), said
-    forced = subprocess.run([*DVC_DALI, "init", "--force", project.name], cwd=tmp_path,
-                            capture_output=True)  # its lines hold the name's byte as it is
-    assert forced.returncode == 0, forced.stderr
+    # its lines printed the name's raw byte, as no other message does; and
+    # where stdout is strict UTF-8 (a UTF-8 locale other than C.UTF-8), a
+    # UnicodeEncodeError traceback after the first template (found by a sweep)
+    replaced = " (replacing the link to nowhere/x)"
+    for io in ("utf-8:surrogateescape", "utf-8:strict"):
+        forced = subprocess.run([*DVC_DALI, "init", "--force", project.name], cwd=tmp_path,
+                                capture_output=True,  # bytes: the raw byte is not "\\xff"
+                                env=child_env({"PYTHONIOENCODING": io}, this_python=True))
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout == (
+            f"wrote w\\xff/dvc.yaml{replaced}\nwrote w\\xff/train.py\nwrote w\\xff/params.yaml\n"
+            "next: put images in data/images/<class>/ (or `dvc-dali init --digits 'w\\xff'` for "
+            "samples), then `cd 'w\\xff' && git init && dvc init && git add . && git commit -m "
+            "start && dvc exp run`\n").encode(), forced.stdout
+        replaced = ""  # the link is gone now
     assert sorted(p.name for p in project.iterdir()) == ["dvc.yaml", "params.yaml", "train.py"]
     assert not (project / "dvc.yaml").is_symlink()
 
