@@ -137,7 +137,11 @@ def _wait_before_writes(live: Any, guard_ref: Callable[[], Any]) -> None:
 def _write_failed(live: Any, method: str, exc: OSError) -> RecordError:
     """A DVCLive file that cannot be written (a full disk, a size limit, a
     directory made read-only), in one line: the row of this step cannot hold
-    its metrics, and the rows recorded before it are intact."""
+    its metrics, and the rows recorded before it are intact. Where the run's
+    directory was deleted under it (`dvc queue kill --force`), that is said
+    instead, with the row kept and how to resume it: a loop that logs before
+    it asks should_save was told to free disk space (found by a sweep)."""
+    exit_hooks.refuse_deleted_run(None)
     where = exc.filename or getattr(live, "dir", "dvclive")
     return RecordError(
         f"{where}: DVCLive's {method}() could not write there ({exc.strerror}), so the run "

@@ -33,10 +33,11 @@ def uninterrupted(tmp_path_factory) -> str:
     return weights(project)
 
 
-def queued_trainer_at_13(project: Path, name: str) -> int:
-    """Queue ``name``, start a worker, and return its trainer's pid once it
-    waits at step 13 (in the queued run's own directory)."""
-    run(["dvc", "exp", "run", "--queue", "-n", name, *EVERY_5], project)
+def queued_trainer_at_13(project: Path, name: str, *args: str) -> int:
+    """Queue ``name`` (``args``: more of `dvc exp run`'s), start a worker,
+    and return its trainer's pid once it waits at step 13 (in the queued
+    run's own directory)."""
+    run(["dvc", "exp", "run", "--queue", "-n", name, *EVERY_5, *args], project)
     ExpRun(project, [], project.parent / "queue.log", cmd=("dvc", "queue", "start"),
            env={"PREEMPT_AT": "13"}).proc.wait()
     ready = lambda _status: list(project.glob(".dvc/tmp/exps/*/preempt-ready"))  # noqa: E731
@@ -146,3 +147,82 @@ def test_a_temp_run_terminated_keeps_its_rows_and_the_applied_row_resumes_exactl
     assert "resuming at step 13" in again.stdout, again.stdout
     run(["dvc", "exp", "apply", "t-step20"], project)
     assert weights(project) == uninterrupted
+
+
+# The orphan cases' trainer, set by params (the queue's worker outlives a
+# test, its environment with it): train.plain, a loop that never asks
+# should_save; train.asynchronous; train.hold, the step whose background save
+# waits for preempt-go (so that it is in flight when the run's directory goes).
+ORPHAN_SWITCHES = '''
+if yaml.safe_load(open("params.yaml"))["train"]["hold"]:
+    import time
+    from dvc_dali.format import store
+
+    def _held(root, capture, *args, _write=store.write_capture, **kwargs):
+        if capture.step == yaml.safe_load(open("params.yaml"))["train"]["hold"]:
+            while not os.path.exists(os.path.join(os.environ["DVC_ROOT"], "preempt-go")):
+                time.sleep(0.01)
+        return _write(root, capture, *args, **kwargs)
+    store.write_capture = _held
+'''
+
+
+@pytest.fixture(scope="module")
+def orphans(tmp_path_factory) -> Path:
+    """One project for the `dvc queue kill --force` orphans below (each
+    queued under a name of its own; the workspace is left as it is)."""
+    project = preemptible_project(tmp_path_factory.mktemp("orphans"))
+    train = project / "train.py"
+    text = train.read_text().replace("import dvc_dali\n", "import dvc_dali\n" + ORPHAN_SWITCHES)
+    text = text.replace('ck.should_save(step, p["checkpoint_every"])',
+                        '(step % p["checkpoint_every"] == 0 if p.get("plain") else '
+                        'ck.should_save(step, p["checkpoint_every"]))')
+    text = text.replace("total_steps=p[\"steps\"])",
+                        "total_steps=p[\"steps\"],\n"
+                        "                          asynchronous=p.get(\"asynchronous\", False))")
+    train.write_text(text)
+    params = project / "params.yaml"
+    params.write_text(params.read_text() + "  plain: false\n  asynchronous: false\n  hold: 0\n")
+    run(["git", "commit", "-qam", "orphan switches"], project)
+    return project
+
+
+def orphaned(project: Path, name: str, *params: str) -> str:
+    """`dvc queue kill --force` of queued run ``name`` at step 13, its
+    trainer then let go on: its log once the trainer has ended."""
+    trainer = queued_trainer_at_13(project, name, *params)
+    run(["dvc", "queue", "kill", "--force", name], project)
+    while os.path.exists(f"/proc/{trainer}/cwd/train.py"):  # DVC removes its directory
+        time.sleep(0.05)
+    (project / "preempt-go").touch()  # the orphan trains on
+    wait_gone(trainer)
+    (project / "preempt-go").unlink()
+    log = run(["dvc", "queue", "logs", name], project).stdout
+    run(["dvc", "queue", "remove", name], project)  # its failure would fail the next wait_queue
+    return log
+
+
+@pytest.mark.parametrize("name,params,kept,also", [
+    # no should_save: its next DVCLive write (step 15) is where it stops; it
+    # said "Free disk space or fix that directory's permissions"
+    pytest.param("plain", ["train.plain=true"], 10, "", id="plain"),
+    pytest.param("plainasync", ["train.plain=true", "train.asynchronous=true"], 10, "",
+                 id="plain-async"),
+])
+def test_an_orphan_stopped_by_its_deleted_directory_says_so_in_one_line(orphans, name, params,
+                                                                       kept, also):
+    """`dvc queue kill --force`, the orphan's loop going on to a DVCLive write
+    or a `wait()` before any should_save, or with an asynchronous checkpoint
+    in flight: one line, naming the row kept, the apply that resumes it and
+    what became of the checkpoint in flight; every row recorded is kept."""
+    log = orphaned(orphans, name, *(f"-S{p}" for p in params))
+    said = [line for line in log.splitlines() if line.startswith("dvc-dali: ")
+            and not line.startswith(("dvc-dali: recorded ", "dvc-dali: waited "))]
+    assert len(said) == 1 and "Traceback" not in log, log
+    assert re.search(r"`dvc exp run` \(pid \d+\) ended and the directory this run trains in "
+                     r"was deleted while the training went on \(`dvc queue kill --force` does "
+                     rf"both\), so it stops.*: step {kept} is kept as row {name}-step{kept}; "
+                     rf"`dvc exp apply {name}-step{kept}` then `dvc exp run` resumes from "
+                     rf"it{re.escape(also)}$", said[0]), log
+    assert {r for r in row_names(orphans) if r.startswith(f"{name}-")} == {
+        f"{name}-step{s}" for s in range(5, kept + 1, 5)}
