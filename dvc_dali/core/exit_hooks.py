@@ -105,11 +105,37 @@ def signals_held() -> Iterator[None]:
 def _settled() -> None:
     """The asynchronous checkpoint in flight finished (and recorded), so the
     interruption line names what is kept: it named the row before it, and
-    the one in flight was recorded after the line (found by a sweep)."""
+    the one in flight was recorded after the line (found by a sweep). Not
+    on the thread that writes it (it would wait for itself)."""
     pool = STATE.background_pool
-    if pool is not None:
+    if pool is not None and not threading.current_thread().name.startswith(_WRITER_THREAD):
         with contextlib.suppress(RuntimeError):  # shut down already: nothing in flight
             pool.submit(lambda: None).result()
+
+
+#: the name of training/checkpointer.py's background writer thread (its prefix)
+_WRITER_THREAD = "dvc-dali-checkpoint"
+
+
+def _lost_saves() -> str:
+    """After ``_settled``: the asynchronous checkpoints that failed in flight,
+    as sentences for the stopping run's line, taken off the exit's list:
+    that said them a second time, with advice for a program that forgot
+    ``wait()``, and ended with status 1, not the signal's (found by a
+    sweep). Their errors are said (a full disk names what to free), but
+    not where the run's directory was deleted: that is their error."""
+    lost = [entry for entry in STATE.unread_saves if entry[2].done()
+            and not entry[2].cancelled() and entry[2].exception() is not None]
+    deleted = bool(lost) and _run_deleted()
+    said = ""
+    for entry in lost:
+        with contextlib.suppress(ValueError):  # joined meanwhile by a wait() on another thread
+            STATE.unread_saves.remove(entry)
+        step, error = entry[0], entry[2].exception()
+        why = ("was lost with the directory" if deleted else
+               f"failed ({type(error).__name__}: {str(error).rstrip('.')})")
+        said += f"; the checkpoint of step {step}, in flight then, {why}: no row holds it"
+    return said
 
 
 def _again(signum: int, _frame: Any) -> None:
@@ -139,20 +165,20 @@ def stopping() -> None:
 def _hook(previous):
     def report(kind: type[BaseException], exc: BaseException,
                tb: Optional[TracebackType]) -> None:
-        ours = issubclass(kind, DvcDaliError) or (
-            STATE.exit_lines_installed and issubclass(kind, KeyboardInterrupt))
-        if ours and issubclass(kind, KeyboardInterrupt):
+        interrupted = STATE.exit_lines_installed and issubclass(kind, KeyboardInterrupt)
+        ours = interrupted or issubclass(kind, DvcDaliError)
+        if interrupted:
             stopping()
         # read now, not at install: the error may be the refusal of the environment
-        orphaned = None if ours or debug_requested() else _failed_orphan(kind, exc)
+        orphaned = None if interrupted or debug_requested() else _orphan_line(kind, exc, ours)
         if orphaned:
             logger.error(orphaned)
             return
         if not ours or debug_requested():
             previous(kind, exc, tb)
-        if ours and issubclass(kind, KeyboardInterrupt):
+        if interrupted:
             _settled()  # the stack is unwound: no lock the save needs is held
-            logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()))
+            logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()) + _lost_saves())
         elif ours:
             logger.error("%s: %s", kind.__name__, exc)
 
@@ -205,8 +231,8 @@ def on_sigterm(signum: int, _frame) -> None:
     # the save needs)
     stopping()
     if STATE.unread_saves:
-        atexit.register(this_process_only(
-            lambda: logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))))
+        atexit.register(this_process_only(lambda: logger.warning(
+            interruption_line("terminated (SIGTERM)", last_kept()) + _lost_saves())))
     else:
         logger.warning(interruption_line("terminated (SIGTERM)", last_kept()))
     raise SystemExit(128 + signum)
@@ -249,8 +275,24 @@ def _failed_orphan(kind: type[BaseException], exc: BaseException) -> Optional[st
     if parent is None:
         return None
     error = f"{kind.__name__}: {exc}".splitlines()[0]
+    _settled()  # the stack is unwound: no lock the save needs is held
+    lost = _lost_saves()
     return interruption_line(f"`dvc exp run` (pid {parent.pid}) ended while this training "
-                             f"went on, which then failed ({error})", last_kept())
+                             f"went on, which then failed ({error})", last_kept()) + lost
+
+
+def _orphan_line(kind: type[BaseException], exc: BaseException, ours: bool) -> Optional[str]:
+    """The line for an error that ends an orphan, in place of the error's
+    own: one not ours (``_failed_orphan``), or one of ours that the run's
+    deleted directory caused, as ``refuse_deleted_run`` says it: a
+    checkpoint in flight there that ``wait()`` raised said "a part of
+    checkpoint was removed ... Save again" (found by a sweep). None
+    otherwise, and for that refusal itself."""
+    if not ours:
+        return _failed_orphan(kind, exc)
+    if getattr(exc, _SAID_DELETED, False) or not _run_deleted():
+        return None
+    return _deleted_run_line(None, f" (a {kind.__name__} there)")
 
 
 def refuse_orphan() -> None:
@@ -269,31 +311,50 @@ def refuse_orphan() -> None:
         last_kept()))
 
 
+#: set on refuse_deleted_run's error: the excepthook says it as it is
+_SAID_DELETED = "dvc_dali_deleted_run"
+
+
 def refuse_deleted_run(step: Optional[int]) -> None:
     """At every should_save and make_checkpoint under `dvc exp run`: where
     the directory the run trains in (its working directory) was deleted, the
     training stops here. `dvc queue kill --force` ends DVC's process, not the
     training, and deletes the queued run's directory under it: the trainer
     went on (hours, with rare checkpoints) until its next DVCLive write or
-    checkpoint failed there (found by a sweep). One stat of "." (7 µs a call
-    measured on a loaded machine: it runs every step); a deleted directory
-    has no links left. An orphan whose directory stands records its next row
-    first (refuse_orphan)."""
+    checkpoint failed there (found by a sweep). An orphan whose directory
+    stands records its next row first (refuse_orphan)."""
+    if _run_deleted():
+        error = RecordError(_deleted_run_line(step))
+        setattr(error, _SAID_DELETED, True)
+        raise error
+
+
+def _run_deleted() -> bool:
+    """This process runs under `dvc exp run` and its working directory was
+    deleted. One stat of "." (7 µs a call measured on a loaded machine: it
+    runs every step); a deleted directory has no links left."""
     if STATE.exit_lines_pid != os.getpid():
-        return
+        return False
     try:
-        if os.stat(".").st_nlink != 0:
-            return
+        return os.stat(".").st_nlink == 0
     except FileNotFoundError:  # a system whose stat refuses a deleted directory
-        pass
+        return True
     except OSError:  # not known to be gone (a permission): what follows says it if so
-        return
+        return False
+
+
+def _deleted_run_line(step: Optional[int], cause: str = "") -> str:
+    """What a run whose directory was deleted says as it stops (at ``step``;
+    ``cause``: what failed there first), once the checkpoint in flight has
+    ended: the row it recorded is named, or its failure said."""
+    _settled()
+    lost = _lost_saves()
     parent = _gone_starter()
     ended = f"`dvc exp run` (pid {parent.pid}) ended and " if parent else ""
     at = "" if step is None else f" at step {step}"
-    raise RecordError(interruption_line(
+    return interruption_line(
         f"{ended}the directory this run trains in was deleted while the training went on "
-        f"(`dvc queue kill --force` does both), so it stops{at}", last_kept()))
+        f"(`dvc queue kill --force` does both), so it stops{at}{cause}", last_kept()) + lost
 
 
 def this_process_only(hook: Callable[..., Any], *args: Any) -> Callable[[], None]:

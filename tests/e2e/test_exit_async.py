@@ -1,0 +1,76 @@
+"""How an asynchronous run (DVC_DALI_ASYNC=1) stopped by Ctrl-C or SIGTERM
+ends when the checkpoint in flight then fails (a full disk: EFBIG through
+tests/helpers/fs_faults.py): one line, naming the row kept and that
+checkpoint's failure, every recorded row kept. Real `dvc exp run --temp`
+(each run starts from the same workspace), real DALI."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import HELPERS
+from tests.helpers.dvc_project import commit_all, run, template_project
+from tests.helpers.rows import exp_rows
+
+# At step 13 the trainer interrupts itself as Ctrl-C or a SIGTERM would
+# (SIGINT's default handler first: a suite started in the background would
+# otherwise have it ignored); the step-10 checkpoint is in flight or failed
+# by then, and nothing has waited for it.
+INTERRUPT = '''
+    if step == 13:
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), getattr(signal, os.environ["INTERRUPT"]))
+'''
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """`dvc-dali init`'s project under fs_faults.py, a checkpoint every 5
+    steps, interrupted at step 13; train.plain: a loop that never asks
+    should_save (SIGTERM then ends it at once, not after a checkpoint)."""
+    project = template_project(tmp_path_factory.mktemp("exit"))
+    dvc_yaml = project / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace(
+        "cmd: python train.py", f"cmd: {sys.executable} {HELPERS / 'fs_faults.py'} train.py"))
+    train = project / "train.py"
+    loop_body = "    x, y = (np.asarray(out.as_tensor()) for out in pipe.run())\n"
+    train.write_text(train.read_text().replace(loop_body, loop_body + INTERRUPT.lstrip("\n"))
+                     .replace('ck.should_save(step, p["checkpoint_every"])',
+                              '(step % p["checkpoint_every"] == 0 if p["plain"] else '
+                              'ck.should_save(step, p["checkpoint_every"]))'))
+    params = project / "params.yaml"
+    params.write_text(params.read_text().replace("checkpoint_every: 10", "checkpoint_every: 5")
+                      + "  plain: false\n")
+    commit_all(project, "interrupted at step 13, under fs_faults")
+    return project
+
+
+@pytest.mark.parametrize("name,interrupt,params,how,status", [
+    ("c", "SIGINT", [], "interrupted (Ctrl-C)", -2),
+    ("t", "SIGTERM", ["-S", "train.plain=true"], "terminated (SIGTERM)", 143),
+])
+def test_an_interrupted_run_whose_checkpoint_in_flight_failed_says_both_in_one_line(
+        project, name, interrupt, params, how, status):
+    """The step-10 row's dvc.lock cannot be written (the disk is full): the
+    interruption's line was followed at exit by a second, "the checkpoint
+    of step 10 failed in the background and was never waited for ... Call
+    wait() or close()", and the run ended with status 1, not the signal's."""
+    proc = run(["dvc", "exp", "run", "--temp", "-n", name, *params], project, check=False,
+               env={"DVC_DALI_ASYNC": "1", "INTERRUPT": interrupt,
+                    "FS_FAULT": "lockfile:2:transient"})
+    out = proc.stdout + proc.stderr
+    said = [line for line in out.splitlines() if line.startswith("dvc-dali: ")
+            and not line.startswith(("dvc-dali: recorded ", "dvc-dali: waited "))]
+    assert proc.returncode != 0 and "Traceback" not in out and len(said) == 1, out
+    assert said[0].startswith(
+        f"dvc-dali: {how}: step 5 is kept as row {name}-step5; `dvc exp apply {name}-step5` "
+        "then `dvc exp run` resumes from it; the checkpoint of step 10, in flight then, failed "
+        "(RecordError: cannot write "), out
+    assert "File too large), so step 10 is not recorded; dvc.lock still names the last " \
+           "recorded row. Free disk space there" in said[0], out
+    assert said[0].endswith("): no row holds it"), out
+    assert f"train.py, exited with {status}\n" in out, out  # the signal's, as DVC tells it
+    assert {r for r in exp_rows(project) if r.startswith(f"{name}-")} == {f"{name}-step5"}
