@@ -21,6 +21,10 @@ torch.distributed.run, gloo, CPU).
   ranks), 2 ranks (gloo), each step a gradient's all_reduce: its time a call
   vs the synchronous all_reduce and the all_gather_object it made before
   (the same agreement), alternated in blocks of 100 steps.
+- The example's DVCLive step at each checkpoint (rank 0's training thread):
+  ck.live()'s next_step vs DVCLive's own, whose VS Code signal file is
+  fsynced, alternated in blocks in one project. No goal: part of the
+  example's own work at each checkpoint, which the throughput row counts.
 - The distributed example (examples/train.py, PyTorch, 2 ranks, gloo) with
   an asynchronous checkpoint every 10 steps vs none (one at the last step),
   outside `dvc exp run`: training steps per second from the example's own
@@ -33,6 +37,7 @@ torch.distributed.run, gloo, CPU).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +148,50 @@ def _file_work_row(tmp: Path, quick: bool) -> tuple[Row, dict[str, Any]]:
     return Row("[7] a checkpoint's file work on one rank, the example's state (17 arrays): "
                "packed vs one file each, CPU", f"{packed * 1000:.2f} ms",
                f"{files * 1000:.2f} ms", f"{packed / files:.2f}", values=values), values
+
+
+def _live_step_row(tmp: Path, quick: bool) -> tuple[Row, dict[str, Any]]:
+    """The example's DVCLive step at each checkpoint (rank 0's training
+    thread): DVCLive's own next_step (its VS Code signal fsynced) vs
+    ck.live()'s, in one git and DVC project, alternated in blocks."""
+    import time
+
+    from dvclive import Live
+
+    from dvc_dali.integrations.live import resume_live
+
+    say("[7] the example's DVCLive step: DVCLive's own next_step vs ck.live()'s")
+    project = tmp / "live-step"
+    project.mkdir()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"],
+                ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "b"]):
+        run(cmd, project)
+    here = os.getcwd()
+    os.chdir(project)
+    try:
+        lives = {"dvclive": Live(dir="theirs", save_dvc_exp=False, dvcyaml=False),
+                 "ours": resume_live(0, False, "ours")}
+        lives["dvclive"].post_data_to_studio = lambda: None  # as ck.live() skips it too
+        times: dict[str, list[float]] = {"dvclive": [], "ours": []}
+        for block in range(10 if quick else 30):
+            for name in (("dvclive", "ours") if block % 2 else ("ours", "dvclive")):
+                live = lives[name]
+                for _ in range(10):
+                    live.log_metric("train/loss", 0.5)
+                    live.log_metric("train/acc", 0.9)
+                    t0 = time.perf_counter()
+                    live.next_step()
+                    times[name].append(time.perf_counter() - t0)
+        for live in lives.values():
+            live.end()
+    finally:
+        os.chdir(here)
+    ours, theirs = median(times["ours"]), median(times["dvclive"])
+    values = {"ours_s": ours, "dvclive_s": theirs}
+    return Row("[7] the example's DVCLive step a checkpoint (rank 0, training thread): "
+               "ck.live()'s next_step vs DVCLive's own (its VS Code signal fsynced)",
+               f"{ours * 1000:.2f} ms", f"{theirs * 1000:.2f} ms", f"{ours / theirs:.2f}",
+               values=values), values
 
 
 @dataclass
@@ -288,7 +337,10 @@ def run_all(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any
     should_save, should_save_values = _should_save_row(tmp, quick)
     try:  # the example logs with DVCLive (a GPU machine here may lack it)
         import dvclive  # noqa: F401
+        live_step, live_values = _live_step_row(tmp, quick)
         throughput, throughput_values = _throughput_row(tmp, quick)
+        throughput.insert(0, live_step)
+        throughput_values = {**throughput_values, "live_step": live_values}
     except ImportError:
         throughput = [Row("[7] distributed example, async checkpoint every 10 steps vs none",
                           "not run (dvclive absent)", "-", "-", ">= 0.97", "n/a")]

@@ -21,7 +21,8 @@ ratio measured side by side in this run.
    write and commit times) and the distributed example's throughput with them,
    vs none, vs its own work at each checkpoint alone and vs the floor's checkpoints
    (example_floor.py: one file a rank, fsynced), each rank's CPU per checkpoint, and
-   each interval after one of ours vs after none, alternated in one run
+   each interval after one of ours vs after none, alternated in one run; the example's
+   DVCLive step, ck.live()'s vs DVCLive's own
 8. training throughput with each row pushed to remotes as recorded vs not,
    and the delay from a row's recording to its ref on the remote
 9. restore of a 1.06 GB torch model + AdamW state (336 tensors; --quick: 265 MB)
