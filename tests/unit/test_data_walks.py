@@ -83,13 +83,19 @@ def _before_f8b2f2a(top):
     return h.hexdigest()
 
 
-def test_an_older_releases_digest_of_a_linked_class_folder_is_not_verified(tmp_path):
+def _linked_class_folder(tmp_path):
+    """data/0/a.png (2 bytes) and data/3 -> other/3 holding b.png (3 bytes)."""
     data = tmp_path / "data"
     (data / "0").mkdir(parents=True)
     (data / "0" / "a.png").write_bytes(b"12")
     (tmp_path / "other" / "3").mkdir(parents=True)
     (tmp_path / "other" / "3" / "b.png").write_bytes(b"123")
     (data / "3").symlink_to(tmp_path / "other" / "3", target_is_directory=True)
+    return data
+
+
+def test_an_older_releases_digest_of_a_linked_class_folder_is_not_verified(tmp_path):
+    data = _linked_class_folder(tmp_path)
     now = _description(str(data), dali_state.data_digest(
         _description(str(data), ""), "reader.file_root", dali_state.WALK))
     older = _description(str(data), _before_f8b2f2a(str(data)))
@@ -107,12 +113,7 @@ def test_an_older_releases_content_record_is_compared_as_it_walked(tmp_path):
     its size kept is named."""
     import zlib
 
-    data = tmp_path / "data"
-    (data / "0").mkdir(parents=True)
-    (data / "0" / "a.png").write_bytes(b"12")
-    (tmp_path / "other" / "3").mkdir(parents=True)
-    (tmp_path / "other" / "3" / "b.png").write_bytes(b"123")
-    (data / "3").symlink_to(tmp_path / "other" / "3", target_is_directory=True)
+    data = _linked_class_folder(tmp_path)
     older = {"reader.file_root": {"files": 1, "bytes": 2,
                                   "crc32": f"{zlib.crc32(b'12'):08x}"}}
     description = _description(str(data), "")
