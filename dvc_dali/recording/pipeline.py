@@ -349,10 +349,11 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
     recorded row whose outputs this run resumed from, in that row's run
     (see _follows; ``checkpoint``: the checkpoint output's dvc.lock path)."""
     key = (os.path.realpath(where.main_git_dir), where.dvc_exp_name, stage_addr)
+    root = rows.project_address(where.repo.root_dir, where.toplevel)
     if key not in where.run.tips:
         parent, step, run, parent_started = (rows.find_resume_parent(
-            where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry))
-            if old_entry else (None, 0, None, None))
+            where.main_git_dir, where.toplevel, stage_addr, exp_refs.outs_digest(old_entry),
+            root=root) if old_entry else (None, 0, None, None))
         follows = _follows(where, request, (old_entry, new_entry), checkpoint, parent, step,
                            run)
         if follows == rows.STARTS_OVER:
@@ -369,7 +370,7 @@ def _lineage(where: _Where, stage_addr: str, old_entry: Optional[dict], new_entr
                                               branched or follows == rows.CANNOT_TELL)
     parent, last_step, run = where.run.tips[key]
     return Lineage(run, last_step + 1 if request.step is None else request.step, parent,
-                   stage_addr, exp_refs.outs_digest(new_entry), where.run.started.get(key))
+                   stage_addr, exp_refs.outs_digest(new_entry), where.run.started.get(key), root)
 
 
 def _run_started(request: RecordRequest, parent: Optional[str],

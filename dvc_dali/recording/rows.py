@@ -28,11 +28,16 @@ class Lineage:
     # when its run began (started_token), which tells its run's rows from
     # another run's of the same name; None: not known (an older checkpoint)
     started: Optional[str] = None
+    # its DVC project's folder in the git repo (project_address); None: not
+    # said (an older release's rows, which any project may resume)
+    root: Optional[str] = None
 
     def line(self) -> str:
         started = f" started={self.started}" if self.started else ""
+        root = f" root={self.root}" if self.root else ""
         return (f"{LINEAGE_KEY} exp={self.run} step={self.step} "
-                f"parent={self.parent or 'none'} stage={self.stage} outs={self.outs}{started}")
+                f"parent={self.parent or 'none'} stage={self.stage} outs={self.outs}"
+                f"{started}{root}")
 
 
 def started_token(started: Optional[float]) -> Optional[str]:
@@ -43,6 +48,22 @@ def started_token(started: Optional[float]) -> Optional[str]:
 
 def stage_address(root_dir: str, stage: Any) -> str:
     return quote(os.path.relpath(stage.path, root_dir) + ":" + stage.name, safe="/:@")
+
+
+def project_address(root_dir: str, toplevel: str) -> str:
+    """Which DVC project of the git repository a row is of: its root's folder
+    relative to the repository's top (``.`` at the top), quoted as stage_address.
+    The stage address alone is relative to the DVC root: two projects of one
+    repository (`dvc init --subdir`) name their stages alike, and share refs."""
+    rel = os.path.relpath(os.path.realpath(root_dir), os.path.realpath(toplevel))
+    return quote(rel.replace(os.sep, "/"), safe="/:@")
+
+
+def same_project(row_root: Optional[str], root: Optional[str]) -> bool:
+    """Whether a row whose lineage says ``row_root`` is of the project at
+    ``root`` (project_address). Pure. A row that says none (an older
+    release's) cannot tell, and counts as before."""
+    return row_root is None or root is None or row_root == root
 
 
 def row_name(run_name: str, step: int) -> str:
@@ -111,17 +132,20 @@ def applied_at(git_dir: str) -> Optional[float]:
 
 
 def find_resume_parent(main_git_dir: str, cwd: str, stage_addr: str, digest: str,
-                       baseline: Optional[str] = None
+                       baseline: Optional[str] = None, root: Optional[str] = None
                        ) -> tuple[Optional[str], int, Optional[str], Optional[str]]:
     """(sha, step, run name, its run's start: its lineage line's started=, None
     where it says none) of the recorded row whose outputs are the ones this
-    run resumed from (see pick_resumed), on ``baseline`` if given;
+    run resumed from (see pick_resumed), on ``baseline`` if given, of the
+    project ``root`` (project_address; a sibling project's row of the same
+    outputs was resumed as this run's parent: found by a sweep);
     (None, 0, None, None) when none."""
     candidates: list[tuple[int, str, int, str]] = []
     applied_sha = None
     started: dict[str, Optional[str]] = {}
     for sha, ref, date, fields in iter_checkpoint_refs(main_git_dir, cwd):
-        if fields.get("outs") != digest or fields.get("stage") != stage_addr:
+        if (fields.get("outs") != digest or fields.get("stage") != stage_addr
+                or not same_project(fields.get("root"), root)):
             continue
         started[sha] = fields.get("started")
         if ref == APPLIED_REF:

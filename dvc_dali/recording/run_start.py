@@ -145,11 +145,12 @@ def _applied_row(ctx: RunContext, repo: Any, stage: Any) -> tuple[Optional[Row],
     addr = rows.stage_address(repo.root_dir, stage)
     main_git_dir = exp_refs.git_dirs(ctx.dvc_root)[0]
     digest = exp_refs.outs_digest(entry)
+    root = rows.project_address(repo.root_dir, exp_refs.git_dirs(repo.root_dir)[1])
     sha, *_ = rows.find_resume_parent(main_git_dir, ctx.dvc_root, addr, digest,
-                                      ctx.baseline_rev)
+                                      ctx.baseline_rev, root)
     if sha is None:  # on another commit (one made or checked out since): the row
         # its lineage finds too, so a dependency changed since is said and branches
-        sha, *_ = rows.find_resume_parent(main_git_dir, ctx.dvc_root, addr, digest)
+        sha, *_ = rows.find_resume_parent(main_git_dir, ctx.dvc_root, addr, digest, root=root)
     listed = exp_refs.list_rows(ctx.dvc_root)
     row = next((r for r in listed if r["sha"] == sha), None) if sha else None
     if row is None:
