@@ -14,7 +14,7 @@ from ..core.process_state import STATE
 from ..format import dirlock
 from . import dvc_door, held, lockfile
 from .outputs import is_checkpoint_dir
-from .stage import STAGE_FIX, find_stage, stage_problems
+from .stage import STAGE_FIX, find_stage, run_alone_hint, stage_problems
 
 
 def repo_at(start: str) -> Any:
@@ -56,6 +56,21 @@ def check_stage(ctx: RunContext, checkpoint_path: Optional[str],
             f"from checkpoints under DVC 3: {'; and '.join(problems)}. {dvc2}"
             + STAGE_FIX.format(path=path))
     _check_cache_writable(repo.cache.local_cache_dir)
+
+
+def finished_stage_hint(ctx: RunContext, checkpoint_path: Optional[str]) -> str:
+    """run_alone_hint for the stage recording into ``checkpoint_path``: its
+    project's other stages with a checkpoint output ("" where none, or the
+    stages cannot be read: a hint is never a reason to fail)."""
+    try:
+        repo = repo_at(os.getcwd())
+        stg = find_stage(repo, ctx.stage, checkpoint_path, ctx.stage)
+        others = list(dict.fromkeys(dvc_door.shown_address(s) for s, _ in
+                                    _checkpoint_outs(repo.root_dir)
+                                    if s.addressing != stg.addressing))
+    except Exception:  # noqa: BLE001 - the refusal stands without it
+        return ""
+    return run_alone_hint(dvc_door.shown_address(stg), others)
 
 
 def _check_cache_writable(cache: Optional[str]) -> None:

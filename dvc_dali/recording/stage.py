@@ -152,3 +152,19 @@ def stage_problems(stage: Any, checkpoint_path: Optional[str]) -> tuple[list[str
         problems.append("it is not `always_changed: true`, so DVC 3 skips it when no "
                         "dependency changed instead of resuming")
     return problems, (out.def_path if out else rel)
+
+
+def run_alone_hint(this: str, others: list[str]) -> str:
+    """What a finished stage's refusal adds where the project has other
+    checkpoint stages (``others``, as `dvc exp run` addresses them). Pure.
+
+    `dvc exp run`, and `dvc exp run <stage>` with its upstream stages, run
+    this stage too: its refusal stopped them, so a killed stage after it
+    could not be resumed, and the advised `dvc-dali reset` reset every stage
+    (found by a sweep)."""
+    if not others:
+        return ""
+    return (f" `dvc exp run` stops at this refusal: to resume another checkpoint stage of "
+            f"this project ({', '.join(others)}) alone, without its upstream stages, run "
+            f"`dvc exp run -s {others[0]}`; `dvc-dali reset --stage {this}` starts only "
+            "this one over.")

@@ -358,7 +358,10 @@ class Checkpointer:
                           manifest=str(snapshot.path / store.MANIFEST))
         if decision.action == NOTHING:
             if self._ctx.mode == "record":  # each rerun would add an experiment, training nothing
-                raise UnchangedCheckpointError(self._named_steps_param(decision.message) + ".")
+                from ..recording.maintenance import finished_stage_hint
+
+                raise UnchangedCheckpointError(self._named_steps_param(decision.message) + "."
+                                               + finished_stage_hint(self._ctx, str(self.path)))
             decision = ResumeDecision(RESUME)  # a plain script: its loop has no step left
         if decision.action != RESUME and decision.message:
             logger.info(decision.message)

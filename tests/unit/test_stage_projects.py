@@ -1,6 +1,7 @@
 """Which DVC project of a git repository a row is of (rows.project_address,
 rows.same_project), and its lineage line's ``root=``: two projects of one
-repository (`dvc init --subdir`) share its experiment refs."""
+repository (`dvc init --subdir`) share its experiment refs. And what a
+finished stage's refusal says where the project has other checkpoint stages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from dvc_dali.reading.exp_refs import parse_lineage
 from dvc_dali.recording.rows import Lineage, project_address, same_project
+from dvc_dali.recording.stage import run_alone_hint
 
 
 @pytest.mark.parametrize("root,top,address", [
@@ -39,3 +41,14 @@ def test_the_root_reads_back_from_a_lineage_line():
     line = Lineage("a", 3, None, "dvc.yaml:train", "0" * 16, "1.000000", "pb").line()
     assert parse_lineage(line)["root"] == "pb"
     assert "root" not in parse_lineage(Lineage("a", 3, None, "s", "d").line())
+
+
+@pytest.mark.parametrize("others,says", [
+    ([], ""),  # the only checkpoint stage: its refusal as it was
+    (["train-b"], "`dvc exp run -s train-b`"),
+    (["train@1", "eval"], "(train@1, eval)"),
+])
+def test_a_finished_stage_names_how_to_run_another_alone(others, says):
+    hint = run_alone_hint("train-a", others)
+    assert says in hint
+    assert ("reset --stage train-a" in hint) is bool(others)
