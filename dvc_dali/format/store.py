@@ -12,12 +12,18 @@
 A snapshot is written into `.tmp-*`, fsynced, renamed to `step-*` (atomic),
 and only then does LATEST move to it (atomic replace). A crash at any instant
 leaves LATEST naming a complete snapshot; the next save removes leftovers.
+No file is ever written in place (new files, O_EXCL; LATEST renamed over;
+old snapshots unlinked): a checkpoint DVC checked out as links into its
+cache (`cache.type symlink` or `hardlink`) is never written through.
 
 Reading treats the directory as input from outside: every file is lstat'ed
 before it is opened and must be a regular file of the size the manifest
 says (LATEST at most 1 MiB, manifest.json at most 64 MiB), opened with
 O_NOFOLLOW | O_NONBLOCK relative to its directory (no symlink anywhere below
-the checkpoint directory is followed, no FIFO blocks); the manifest is
+the checkpoint directory is followed, no FIFO blocks; but a file that is a
+link to a DVC cache object, as DVC checks files out under `cache.type
+symlink`, is read from that object, opened the same way: cache_links.py);
+the manifest is
 parsed with a depth limit (safe_json) and validated whole
 (manifest_schema) before anything uses it; each .npy header is checked
 against the manifest before its array is allocated (npy).
@@ -46,7 +52,7 @@ import numpy as np
 
 from . import arrays as arrays_mod
 from ..core import atomic_file
-from . import manifest_schema, npy, safe_json
+from . import cache_links, manifest_schema, npy, safe_json
 from ..core.errors import (ArgumentTypeError, CheckpointCorruptError, CheckpointWriteError,
                            ConfigError, RankMismatchError)
 from ..core.process_state import STATE
@@ -703,12 +709,32 @@ def _open_checked(path: Path, name: str, dir_fd: int | None, flags: int,
     return fd
 
 
+def _cached_object(path: Path, name: str, dir_fd: int | None, st: os.stat_result
+                   ) -> tuple[str, None, os.stat_result]:
+    """The DVC cache object the link ``path`` points to (DVC's checkout under
+    `cache.type symlink`): its path and lstat, for _open_file to open in the
+    link's stead, without following a further link. Any other link is left
+    as it is (refused by the caller); one to a missing object is named."""
+    try:
+        target = cache_links.cache_target(path, name, dir_fd)
+    except OSError:  # gone since the lstat: refused as the link it was
+        return name, dir_fd, st
+    if target is None:
+        return name, dir_fd, st
+    try:
+        return target, None, os.stat(target, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointCorruptError(cache_links.missing_object(path, target)) from None
+
+
 def _open_file(path: Path, name: str, dir_fd: int | None, *, size: int | None = None,
                limit: int | None = None, missing: str = "missing from the checkpoint"):
     """A regular file (checked with lstat before it is opened) as an
     unbuffered binary file, and its size: ``size`` exactly, or at most
     ``limit`` bytes."""
     st = _lstat(path, name, dir_fd, missing)
+    if stat.S_ISLNK(st.st_mode):
+        name, dir_fd, st = _cached_object(path, name, dir_fd, st)
     if not stat.S_ISREG(st.st_mode):
         raise _not_plain(path, st.st_mode, "a regular file")
     if size is not None and st.st_size != size:

@@ -15,8 +15,6 @@ applies to what is read (store.py).
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +117,8 @@ def _fetch(fs: Any, src: str, dest: Path, named: bool = True) -> None:
                         f"DVC cache nor the DVC remote {_GONE}" if named or _listed(fs, src)
                         else f"{src}: not in that revision, nor in the cache or the DVC "
                         "remote; is it the checkpoint output's path?") from None
-    _own_copy(dest)
+    # Under `cache.type symlink` DVC's filesystem makes ``dest`` a link into
+    # the cache: the store reads such a link (format/cache_links.py).
 
 
 def _listed(fs: Any, src: str) -> bool:
@@ -128,26 +127,6 @@ def _listed(fs: Any, src: str) -> bool:
         return bool(fs.isfile(src))
     except Exception:  # the listing itself is gone: DVC's error, said by the caller
         return False
-
-
-_CACHE_OBJECT = re.compile(r".*/[0-9a-f]{2}/[0-9a-f]{30,62}")  # DVC's <cache>/<2>/<rest>
-
-
-def _own_copy(dest: Path) -> None:
-    """DVC's filesystem links a cached file to ``dest`` by the cache's link
-    type: under `cache.type symlink` the copy would be a link into the cache,
-    which the store refuses as a checkpoint file (it follows no links). Such
-    a link, to a cached object, is replaced by a copy of it; any other is
-    left for the store to refuse."""
-    if dest.is_symlink() and _CACHE_OBJECT.fullmatch(target := os.readlink(dest)):
-        if not os.path.isfile(target):
-            raise CheckpointCorruptError(
-                f"{dest}: a link to the DVC cache object {target}, which is not there (removed "
-                "by `dvc gc`, or the cache moved): fetch it with `dvc pull` (`dvc-dali pull` for "
-                "a row), or `dvc exp apply` a row the cache holds")
-        part = dest.with_name(dest.name + ".part")
-        shutil.copyfile(dest, part)
-        os.replace(part, dest)
 
 
 def _copy_needed(fs: Any, path: str, dest: Path, names: list[str] | None) -> None:
@@ -235,37 +214,8 @@ def load(path: str | os.PathLike = "checkpoint", *, rev: str | Mapping[str, Any]
 def _workspace(root: Path, names: list[str] | None) -> Loaded:
     """The workspace's checkpoint. Under `cache.type symlink` DVC checks its
     files out as links into the cache (after `dvc exp apply`, and at the end
-    of each `dvc exp run`): those are read from copies, as a row's are."""
-    if not (_linked(root) and os.path.lexists(root / store.LATEST)):
-        return _loaded(store.read_arrays(root, names), None)
-    with tempfile.TemporaryDirectory(prefix="dvc-dali-load-") as tmp:
-        copy = Path(tmp) / "workspace"
-        try:
-            _copy_needed(_LinkKeeping(), os.fspath(root), copy, names)
-            return _loaded(store.read_arrays(copy, names), None, os.fspath(root))
-        except CheckpointCorruptError as exc:
-            raise type(exc)(str(exc).replace(str(copy), os.fspath(root))) from None
-
-
-def _linked(root: Path) -> bool:
-    """Whether the checkpoint directory holds symbolic links, each to a DVC
-    cache object (any other link: the store refuses it, naming it)."""
-    links = [os.readlink(p) for top, dirs, files in os.walk(root) for name in files + dirs
-             if os.path.islink(p := os.path.join(top, name))]
-    return bool(links) and all(_CACHE_OBJECT.fullmatch(link) for link in links)
-
-
-class _LinkKeeping:
-    """get_file of a local directory as DVC's filesystem gives a row's: a
-    link is copied as a link (_own_copy then copies a cached object's), a
-    missing file is left missing (the store names it)."""
-
-    @staticmethod
-    def get_file(src: str, dest: str) -> None:
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), dest)
-        elif os.path.isfile(src):
-            shutil.copyfile(src, dest)
+    of each `dvc exp run`): the store reads those (format/cache_links.py)."""
+    return _loaded(store.read_arrays(root, names), None)
 
 
 def _check_types(path: Any, rev: Any, repo: Any) -> None:
