@@ -16,6 +16,8 @@ a real DALI pipeline over PNG files.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,6 +59,22 @@ def test_a_temp_run_resumed_from_a_linked_cache_leaves_older_rows_intact(bare):
     run(["dvc", "exp", "apply", "a-step2"], bare)
     assert (bare / "checkpoint" / "step.txt").read_text() == "2"
 
+
+
+def test_an_applied_row_of_a_bare_port_resumes_exactly(bare):
+    """`dvc exp apply a-step1` (links into the cache), `dvc exp run`: the
+    bare port resumes at step 1 and writes a-step2's pipeline state again,
+    through no link: every cached object keeps its bytes, a-step1 applied
+    still holds step 1."""
+    run(["dvc", "exp", "apply", "a-step2"], bare)
+    want = (bare / "checkpoint" / "pipeline.bin").read_bytes()
+    run(["dvc", "exp", "apply", "a-step1"], bare)
+    proc = run(["dvc", "exp", "run", "-n", "r"], bare, env={"DVC_DALI_RETRAIN": "1"})
+    assert "start at 1" in proc.stdout and "r-step2" in row_names(bare), proc.stdout
+    assert (bare / "checkpoint" / "pipeline.bin").read_bytes() == want
+    assert damaged_objects(bare) == []
+    run(["dvc", "exp", "apply", "a-step1"], bare)
+    assert (bare / "checkpoint" / "step.txt").read_text() == "1"
 
 def test_a_scripts_own_latest_file_is_not_linked_into_the_cache(tmp_path):
     """dvc-dali hard-links its snapshot files into a hardlink cache (never
@@ -108,3 +126,72 @@ def test_a_temp_run_resumes_from_a_symlinked_cache(linked):
     proc = run(["dvc", "exp", "run", "--temp", "-n", "b", "-S", "train.steps=6"], linked)
     assert "resuming at step 4" in proc.stdout, proc.stdout[-3000:]
     assert "a-step6" in row_names(linked) and damaged_objects(linked) == []
+
+
+def dvc_dali_cli(project: Path, *args: str):
+    return run([sys.executable, "-m", "dvc_dali.cli", *args], project, check=False)
+
+
+def test_doctor_verify_reads_a_symlinked_checkpoint(linked):
+    """`dvc-dali doctor --verify` refused the workspace's checkpoint, and a
+    row's, as damaged ("is a symlink") where DVC had left links into the
+    cache; `dvc exp apply`, its fix, made the same links again."""
+    assert (linked / "checkpoint" / "LATEST").is_symlink()
+    proc = dvc_dali_cli(linked, "doctor", "--verify")
+    assert proc.returncode == 0 and "checkpoint (workspace), pipeline 'train'" in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = dvc_dali_cli(linked, "doctor", "--verify", "a-step2")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "a-step2, pipeline 'train': the 2 batches recorded after step 2 are reproduced " \
+           "exactly" in proc.stdout, proc.stdout[-2000:]
+
+
+
+WEIGHTS = ("import hashlib, json, sys, dvc_dali; ck = dvc_dali.load(**json.loads(sys.argv[1])); "
+           "print(ck.step, hashlib.sha256(ck.arrays['w'].tobytes()).hexdigest())")
+
+
+def weights(project: Path, **kwargs) -> tuple[int, str]:
+    """(step, sha256 of the array w) of dvc_dali.load(**kwargs)."""
+    step, digest = run([sys.executable, "-c", WEIGHTS, json.dumps(kwargs)], project
+                       ).stdout.split()
+    return int(step), digest
+
+
+def test_an_applied_row_resumes_exactly_and_leaves_the_cache_intact(linked):
+    """`dvc exp run`, `dvc exp apply a-step2` (links into the cache again),
+    `dvc exp run`: it resumes at step 2 and trains a-step4's weights again,
+    writing no cached object; the workspace is then links again."""
+    run(["dvc", "exp", "apply", "a-step2"], linked)
+    assert (linked / "checkpoint" / "LATEST").is_symlink()
+    proc = run(["dvc", "exp", "run", "-n", "r"], linked, env={"DVC_DALI_RETRAIN": "1"})
+    assert "resuming at step 2" in proc.stdout, proc.stdout[-3000:]
+    assert weights(linked) == weights(linked, rev="a-step4")
+    assert damaged_objects(linked) == []
+    assert (linked / "checkpoint" / "LATEST").is_symlink()
+
+
+def test_a_plain_run_resumes_from_a_symlinked_checkpoint_without_writing_the_cache(linked):
+    """`python train.py` outside `dvc exp run`, the workspace's checkpoint
+    links into the cache (as `dvc exp apply` and every run leave it): the
+    Checkpointer refused it as damaged ("is a symlink"). It resumes, trains
+    what the --temp run from the same step trained (a-step6), and its next
+    snapshot is written beside the links, never through them: the objects
+    they pointed to keep their bytes. (The template's own np.save of
+    model/weights.npy writes through DVC's link: not the checkpoint's.)"""
+    if "a-step6" not in row_names(linked):  # made by the --temp test above
+        run(["dvc", "exp", "run", "--temp", "-n", "b", "-S", "train.steps=6"], linked)
+    ck = linked / "checkpoint"
+    targets = [Path(os.readlink(p)) for p in ck.rglob("*") if p.is_symlink()]
+    assert targets and weights(linked)[0] == 4, targets
+    params = linked / "params.yaml"
+    params.write_text(params.read_text().replace("steps: 4", "steps: 6"))
+    try:
+        proc = run([sys.executable, "train.py"], linked, check=False)
+    finally:
+        run(["git", "checkout", "params.yaml"], linked)
+    assert proc.returncode == 0 and "resuming at step 4" in proc.stdout, proc.stderr[-2000:]
+    assert weights(linked) == weights(linked, rev="a-step6")
+    assert not any(p.is_symlink() for p in ck.rglob("*"))
+    assert [t for t in targets
+            if hashlib.md5(t.read_bytes()).hexdigest() != t.parent.name + t.name] == []
