@@ -834,6 +834,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _doctor_params(report, root)
     if _doctor_lockfile(report, root):  # else DVC loads no stage: its one fix is said
         _doctor_stages(report, root)
+        from .row_data import report_rows
+
+        report_rows(report, str(root))  # rows whose data `dvc gc` removed
     _doctor_gpu(report)
     if args.verify is not None:
         _doctor_verify(report, root, args.verify or None)

@@ -98,3 +98,14 @@ def test_a_row_missing_one_file_is_named_by_load(project):
         loaded, text = load(project, rev="a-step4")
         assert not loaded and "the revision names it" in text, text
         gone(text)
+
+
+def test_doctor_names_the_rows_whose_data_gc_removed(project):
+    """`dvc-dali show` lists every row, the data `dvc gc -w` removed or not,
+    and `doctor` said nothing of it: a row looked as good to apply or resume
+    as any. Doctor now names the rows the local cache lacks (a-step2 by gc,
+    a-step4 by the files the test above removed), as a note."""
+    proc = run([sys.executable, "-m", "dvc_dali.cli", "doctor"], project, check=False)
+    said = [line for line in proc.stdout.splitlines() if line.startswith("--   rows:")]
+    assert len(said) == 1 and "lacks the checkpoint data of 2 of 2 (a-step2, a-step4)" in said[0] \
+        and "`dvc-dali pull <git remote> <run>`" in said[0], proc.stdout[-3000:]
