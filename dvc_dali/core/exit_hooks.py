@@ -9,7 +9,9 @@ one line a person can act on, not a traceback.
 - Under `dvc exp run` only, Ctrl-C (KeyboardInterrupt) and SIGTERM print
   which step is kept, as which row, and that `dvc exp run` resumes from
   it. The exit status stays what the signal gives (130 for Ctrl-C, 143 for
-  SIGTERM).
+  SIGTERM). So does an error of ours that ends a run `should_save` saw
+  preempted (its checkpoint, or the one in flight, failed): one line that
+  says the preemption, the error and the row kept, status 128 + the signal.
 """
 
 from __future__ import annotations
@@ -73,6 +75,19 @@ def interruption_line(how: str, recorded: Optional[tuple[int, str]], pushed: str
         return (f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp apply "
                 f"{shlex.quote(row)}` then `dvc exp run` resumes from it")
     return f"{how}: step {step} is kept as row {row}{pushed}; `dvc exp run` resumes from it"
+
+
+def next_command(row: Optional[str], elsewhere: bool) -> str:
+    """What resumes a run whose checkpoint failed, for the error's advice:
+    in the workspace `dvc exp run` (dvc.lock names the last row); a
+    ``--temp`` or queued run (``elsewhere``) from its last ``row`` only
+    after `dvc exp apply`: "`dvc exp run` again" resumed the workspace's
+    checkpoint, not this run's (found by a sweep)."""
+    if not elsewhere:
+        return "`dvc exp run` again: it resumes from the last recorded row"
+    if row:
+        return f"`dvc exp apply {shlex.quote(row)}` then `dvc exp run`: it resumes from that row"
+    return "run it again as it was started: no row of it was recorded"
 
 
 @contextlib.contextmanager
@@ -180,7 +195,7 @@ def _hook(previous):
             _settled()  # the stack is unwound: no lock the save needs is held
             logger.warning(interruption_line("interrupted (Ctrl-C)", last_kept()) + _lost_saves())
         elif ours:
-            logger.error("%s: %s", kind.__name__, exc)
+            _say_ours(kind, exc)
 
     def excepthook(kind: type[BaseException], exc: BaseException,
                    tb: Optional[TracebackType]) -> None:
@@ -191,6 +206,28 @@ def _hook(previous):
                 raise
             report(kind, exc, tb)  # the second Ctrl-C came before stopping(): once more
     return excepthook
+
+
+def _say_ours(kind: type[BaseException], exc: BaseException) -> None:
+    """An error of ours that ends the program: its message. In a run that
+    should_save saw preempted (the checkpoint of the preempted step failed,
+    or the one in flight before it, raised by its wait()): the preemption's
+    line with that error, the row kept and what resumes it, and the signal's
+    exit status (SystemExit from an excepthook is the interpreter's exit,
+    its atexit hooks run). It said the error alone, with status 1, and
+    "`dvc exp run` again" where a `--temp` run needs `dvc exp apply`
+    first (found by a sweep)."""
+    signum = STATE.preemption_signal
+    if signum is None or not STATE.exit_lines_installed or STATE.exit_lines_pid != os.getpid():
+        logger.error("%s: %s", kind.__name__, exc)
+        return
+    stopping()
+    _settled()  # the stack is unwound: no lock the save needs is held
+    error = f"{kind.__name__}: {str(exc).rstrip('.')}"
+    logger.error(interruption_line(
+        f"preempted ({signal.Signals(signum).name}), but its checkpoint could not be made "
+        f"({error})", last_kept()) + _lost_saves())
+    raise SystemExit(128 + signum)
 
 
 def install_hook() -> None:

@@ -527,18 +527,20 @@ def _tip_name(where: _Where, lineage: Lineage) -> str:
 def _write_lock(where: _Where, stg: Any, lock: _LockWrite, request: RecordRequest,
                 lock_rel: str) -> None:
     """The workspace dvc.lock naming the row; a write that fails (a full disk)
-    is one line, the file as it was (replaced whole or not at all)."""
+    is one line, the file as it was (replaced whole or not at all), with
+    what resumes the run (a --temp or queued run's row applied first)."""
     try:
         lockfile.write_entry(lock.path, lock.data, stg.name, lock.entry, lock.text)
     except OSError as exc:
         if where.workspace:
             pending.clear(where.repo.root_dir, lock_rel, stg.name)
         step = f"step {request.step}" if request.step is not None else "this checkpoint"
+        kept = where.run.kept
+        again = exit_hooks.next_command(kept[1] if kept else None, not where.workspace)
         raise RecordError(
             f"cannot write {lock.path} ({exc}), so {step} is not recorded; dvc.lock still names "
             "the last recorded row. Free disk space there (or lift the file-size limit, fix "
-            "its permissions), then `dvc exp run` again: it resumes from the last recorded "
-            "row.") from exc
+            f"its permissions), then {again}.") from exc
 
 
 def _build_commit(where: _Where, stg: Any, stage_paths: list[str], request: RecordRequest,

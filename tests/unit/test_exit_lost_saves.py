@@ -1,16 +1,19 @@
 """What a stopping run's line says of the asynchronous checkpoints in flight
 (exit_hooks._lost_saves): each one that failed, taken off the exit's list
-(which said it a second time and ended with status 1); the others left."""
+(which said it a second time and ended with status 1); the others left. What a preempted run
+says when an error of ours ends it (exit_hooks._say_ours), and the command
+that resumes a run (exit_hooks.next_command)."""
 
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures import Future
 
 import pytest
 
 from dvc_dali.core import exit_hooks
-from dvc_dali.core.errors import CheckpointWriteError
+from dvc_dali.core.errors import CheckpointWriteError, RecordError
 from dvc_dali.core.process_state import STATE
 
 
@@ -49,3 +52,47 @@ def test_the_failed_checkpoints_in_flight_are_said_once(tmp_path, outcomes, dele
     finally:
         os.chdir(here)
         STATE.unread_saves[:], STATE.exit_lines_pid = kept
+
+
+@pytest.mark.parametrize("row,elsewhere,said", [
+    ("a-step5", False, "`dvc exp run` again: it resumes from the last recorded row"),
+    (None, False, "`dvc exp run` again: it resumes from the last recorded row"),
+    # --temp or queued: the workspace does not hold the row; it said `dvc exp run` again
+    ("a-step5", True, "`dvc exp apply a-step5` then `dvc exp run`: it resumes from that row"),
+    ("it's", True, "`dvc exp apply 'it'\"'\"'s'` then `dvc exp run`: it resumes from that row"),
+    (None, True, "run it again as it was started: no row of it was recorded"),
+])
+def test_the_next_command_of_a_run(row, elsewhere, said):
+    assert exit_hooks.next_command(row, elsewhere) == said
+
+
+@pytest.mark.parametrize("preempted,pid,status,said", [
+    (None, "this", None, "dvc-dali: RecordError: cannot write dvc.lock.\n"),
+    # preempted, then its checkpoint failed: it said the error alone, status 1
+    (signal.SIGTERM, "this", 143, "dvc-dali: preempted (SIGTERM), but its checkpoint could not "
+     "be made (RecordError: cannot write dvc.lock): no checkpoint was recorded by this run; "
+     "`dvc exp run` resumes from the last one in the workspace, if any\n"),
+    (signal.SIGUSR1, "this", 128 + signal.SIGUSR1, "dvc-dali: preempted (SIGUSR1), but its "),
+    # a child forked since (not the run): the error as it is
+    (signal.SIGTERM, "other", None, "dvc-dali: RecordError: cannot write dvc.lock.\n"),
+])
+def test_an_error_that_ends_a_preempted_run_says_the_preemption(capsys, preempted, pid, status,
+                                                                said):
+    fields = ("preemption_signal", "exit_lines_installed", "exit_lines_pid", "said_stopping")
+    kept = {name: getattr(STATE, name) for name in fields}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    STATE.preemption_signal, STATE.exit_lines_installed = preempted, True
+    STATE.exit_lines_pid = os.getpid() if pid == "this" else -1
+    try:
+        if status is None:
+            exit_hooks._say_ours(RecordError, RecordError("cannot write dvc.lock."))
+        else:
+            with pytest.raises(SystemExit) as exited:
+                exit_hooks._say_ours(RecordError, RecordError("cannot write dvc.lock."))
+            assert exited.value.code == status
+    finally:
+        for name, value in kept.items():
+            setattr(STATE, name, value)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err.startswith(said)
