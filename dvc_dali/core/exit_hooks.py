@@ -147,6 +147,8 @@ def _lost_saves() -> str:
         with contextlib.suppress(ValueError):  # joined meanwhile by a wait() on another thread
             STATE.unread_saves.remove(entry)
         step, error = entry[0], entry[2].exception()
+        if getattr(error, _ROW_RECORDED, False):  # its row is the one kept: nothing lost
+            continue
         why = ("was lost with the directory" if deleted else
                f"failed ({type(error).__name__}: {str(error).rstrip('.')})")
         said += f"; the checkpoint of step {step}, in flight then, {why}: no row holds it"
@@ -343,9 +345,15 @@ def refuse_orphan() -> None:
         return
     if STATE.preemption_signal is not None:  # its group got it too: this row is its last
         return
-    raise RecordError(interruption_line(
+    error = RecordError(interruption_line(
         f"`dvc exp run` (pid {parent.pid}) ended while this training went on, so it stops",
         last_kept()))
+    setattr(error, _ROW_RECORDED, True)
+    raise error
+
+
+#: set on refuse_orphan's error: its row was recorded, so it is no failed checkpoint
+_ROW_RECORDED = "dvc_dali_row_recorded"
 
 
 #: set on refuse_deleted_run's error: the excepthook says it as it is
@@ -427,6 +435,11 @@ def _say_unread_failures() -> None:
     if not failed:
         return
     for step, path, exc in failed:
+        if getattr(exc, _ROW_RECORDED, False):
+            # an orphan's refusal, after its row: said as when it is raised; it
+            # was said to have failed, "not saved (nor recorded)" (found by a sweep)
+            logger.error("%s: %s", type(exc).__name__, exc)
+            continue
         logger.error("%s: the checkpoint of step %s failed in the background and was never "
                      "waited for: %s: %s. It is not saved (nor recorded): the last complete "
                      "checkpoint stands. Call wait() or close() before the program ends to get "

@@ -8,13 +8,17 @@ workspace), real DALI."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sys
+import time
 
 import pytest
 
 from tests.helpers import HELPERS
 from tests.helpers.dvc_project import commit_all, run, template_project
-from tests.helpers.preempt import WAIT_FOR_SIGNAL
+from tests.helpers.preempt import WAIT_FOR_SIGNAL, start
 from tests.helpers.rows import exp_rows
 
 # At step 13 the trainer interrupts itself as Ctrl-C or a SIGTERM would
@@ -127,3 +131,30 @@ def test_a_preempted_run_whose_checkpoint_failed_says_both_in_one_line(
     assert {r for r in exp_rows(project) if r.startswith(f"{name}-")} == {
         f"{name}-step{s}" for s in range(5, kept + 1, 5)}
 
+
+def test_an_orphan_that_ends_before_waiting_for_its_refused_row_says_it_once(project):
+    """`dvc exp run` killed at step 13 (its directory kept), the asynchronous
+    trainer going on: its step-15 row is recorded, then refused in the
+    background as an orphan's; the program ends right after, never waiting.
+    That refusal was said at exit as a checkpoint that "failed in the
+    background ... It is not saved (nor recorded)", yet its row was."""
+    proc = start(project, "--temp", "-n", "o",
+                 env={"DVC_DALI_ASYNC": "1", "PREEMPT_AT": "13", "END_AT": "15"})
+    while not list(project.glob(".dvc/tmp/exps/standalone/*/preempt-ready")) or not run(
+            ["git", "for-each-ref", "refs/exps/**/o-step10"], project).stdout:  # nothing in flight
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)  # `dvc exp run` alone: the trainer goes on
+    proc.wait()
+    (project / "preempt-go").touch()
+    try:
+        out = proc.stdout.read()  # the pipe closes when the trainer has ended too
+    finally:
+        (project / "preempt-go").unlink()
+    said = said_lines(out)
+    assert "Traceback" not in out and len(said) == 1, out
+    assert re.fullmatch(r"dvc-dali: RecordError: `dvc exp run` \(pid \d+\) ended while this "
+                        r"training went on, so it stops: step 15 is kept as row o-step15; `dvc "
+                        r"exp apply o-step15` then `dvc exp run` resumes from it", said[0]), out
+    assert {r for r in exp_rows(project) if r.startswith("o-")} == {
+        "o-step5", "o-step10", "o-step15"}

@@ -1,6 +1,7 @@
 """What a stopping run's line says of the asynchronous checkpoints in flight
 (exit_hooks._lost_saves): each one that failed, taken off the exit's list
-(which said it a second time and ended with status 1); the others left. What a preempted run
+(which said it a second time and ended with status 1); the others left. An
+orphan's refusal after its row is no lost checkpoint. What a preempted run
 says when an error of ours ends it (exit_hooks._say_ours), and the command
 that resumes a run (exit_hooks.next_command)."""
 
@@ -21,6 +22,10 @@ def _future(outcome: str) -> Future:
     future: Future = Future()
     if outcome == "failed":
         future.set_exception(CheckpointWriteError("checkpoint: disk full. Free some."))
+    elif outcome == "refused":  # an orphan's refusal, once its row was recorded
+        refusal = RecordError("`dvc exp run` (pid 1) ended while this training went on")
+        setattr(refusal, exit_hooks._ROW_RECORDED, True)
+        future.set_exception(refusal)
     elif outcome == "done":
         future.set_result(None)
     return future  # "pending": still running
@@ -32,6 +37,11 @@ def _future(outcome: str) -> Future:
     (["done", "failed", "pending"], False,
      "; the checkpoint of step 10, in flight then, failed (CheckpointWriteError: checkpoint: "
      "disk full. Free some): no row holds it", [5, 15]),
+    # an orphan's refusal: the row is kept (the line names it), nothing lost; it
+    # was said as "failed ...: no row holds it"
+    (["refused", "failed"], False,
+     "; the checkpoint of step 10, in flight then, failed (CheckpointWriteError: checkpoint: "
+     "disk full. Free some): no row holds it", []),
     # the run's directory deleted: that is the error, not said again
     (["failed"], True,
      "; the checkpoint of step 5, in flight then, was lost with the directory: no row holds it",
