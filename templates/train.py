@@ -32,6 +32,13 @@ def images(data):  # <data>/<class>/<file>.jpg|png; every stateful operator name
 
 
 os.makedirs("model", exist_ok=True)
+
+
+def save_model(w):  # a new file renamed over the last, never written through a link into the
+    np.save("model/weights.new.npy", w)  # DVC cache (cache.type symlink/hardlink: older rows')
+    os.replace("model/weights.new.npy", "model/weights.npy")
+
+
 # params: what the run trains with (a finished run rerun with other params
 # starts anew); total_steps: when it is finished. Resumes from the last checkpoint.
 ck = dvc_dali.Checkpointer("checkpoint", params=p, total_steps=p["steps"])
@@ -57,7 +64,7 @@ for step in range(ck.step + 1, p["steps"] + 1):
         live.step = step  # log first: the recorded checkpoint holds this step's metrics
         live.log_metric("train/loss", loss)
         live.next_step()
-        np.save("model/weights.npy", w)  # every output exists when DVC records it
+        save_model(w)  # every output exists when DVC records it
         ck.make_checkpoint(step, arrays={"w": w}, metadata={"lr": p["lr"]})
-np.save("model/weights.npy", w)
+save_model(w)
 live.end()

@@ -124,7 +124,7 @@ def test_an_output_written_after_an_asynchronous_checkpoint_refuses_its_row(tmp_
     dvc.lock names no checkpoint; never a row holding it (--temp too)."""
     project = template_project(tmp_path, steps=30)
     train = project / "train.py"
-    save = '        np.save("model/weights.npy", w)  # every output exists when DVC records it\n'
+    save = '        save_model(w)  # every output exists when DVC records it\n'
     call = '        ck.make_checkpoint(step, arrays={"w": w}, metadata={"lr": p["lr"]})\n'
     loop = train.read_text()
     assert save + call in loop

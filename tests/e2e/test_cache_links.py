@@ -177,8 +177,9 @@ def test_a_plain_run_resumes_from_a_symlinked_checkpoint_without_writing_the_cac
     Checkpointer refused it as damaged ("is a symlink"). It resumes, trains
     what the --temp run from the same step trained (a-step6), and its next
     snapshot is written beside the links, never through them: the objects
-    they pointed to keep their bytes. (The template's own np.save of
-    model/weights.npy writes through DVC's link: not the checkpoint's.)"""
+    they pointed to keep their bytes. So do the model's: the template's
+    np.save of model/weights.npy wrote through DVC's link into the rows'
+    cached model (a-step4's); it writes a new file and renames it now."""
     if "a-step6" not in row_names(linked):  # made by the --temp test above
         run(["dvc", "exp", "run", "--temp", "-n", "b", "-S", "train.steps=6"], linked)
     ck = linked / "checkpoint"
@@ -195,3 +196,4 @@ def test_a_plain_run_resumes_from_a_symlinked_checkpoint_without_writing_the_cac
     assert not any(p.is_symlink() for p in ck.rglob("*"))
     assert [t for t in targets
             if hashlib.md5(t.read_bytes()).hexdigest() != t.parent.name + t.name] == []
+    assert damaged_objects(linked) == []

@@ -501,10 +501,10 @@ def _killable_template(tmp_path: Path) -> Path:
     project = template_project(tmp_path)
     train = project / "train.py"
     train.write_text(train.read_text().replace(
-        "np.save(\"model/weights.npy\", w)\nlive.end()",
+        "save_model(w)\nlive.end()",
         "    if step == int(os.environ.get(\"KILL_AT\", \"0\")):\n"
         "        ck.wait(); os.kill(os.getpid(), 9)\n"
-        "np.save(\"model/weights.npy\", w)\nlive.end()"))
+        "save_model(w)\nlive.end()"))
     run(["git", "commit", "-qam", "kill at"], project)
     return project
 
