@@ -344,9 +344,9 @@ def _metrics_note(rows: list[Row], given: str | None) -> list[str]:
 def _row_named(root: str, name: str) -> str:
     """Where ``name`` is a row's name, not a run's (found by a sweep: `show`
     said only that no run had it), which run it is of."""
-    from ..reading.exp_refs import list_rows
+    from ..reading.row_queries import project_rows
 
-    runs = sorted({row["exp"] for row in list_rows(root) if row.get("name") == name})
+    runs = sorted({row["exp"] for row in project_rows(root) if row.get("name") == name})
     if not runs:
         return ""
     return (f"{name!r} is a row of run {', '.join(map(repr, runs))} (`dvc-dali show "

@@ -13,12 +13,14 @@ import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 from .best import best_row as _best_row, parse_spec
 from ..core.arguments import check_path, check_str, kind_of, shown as _shown
 from ..core.checked_calls import checked_call
 from ..core.errors import ArgumentError, ArgumentTypeError, DvcDaliError
-from .exp_refs import Row, baseline_and_name, exp_refs, list_rows, outs_digest, tree_path
+from .exp_refs import (Row, baseline_and_name, exp_refs, git_dirs, outs_digest, rows_and_lineage,
+                       tree_path)
 from ..core.flat_keys import flat_keys
 from ..core.log import logger
 from .gitcmd import read_blobs
@@ -78,10 +80,12 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
         metrics_file = os.fspath(metrics_file)
         in_project(root, metrics_file, "the metrics file")
     every, refs = _rows_and_refs(root)
-    found = every if run is None else run_rows(
-        every, the_row(every, run, f"run={_label(run)}", root))
+    mine = [row for row, fields in every if of_project(fields.get("root"), project_of(root))]
+    found = mine if run is None else run_rows(
+        mine, the_row(mine, run, f"run={_label(run)}", root))
     found = [r for r in found if exp is None or r["exp"] == exp]
-    theirs = _dvc_experiments(every, refs)
+    every_row = [row for row, _ in every]  # a sibling project's rows are no DVC experiment
+    theirs = _dvc_experiments(every_row, refs)
     # one git process for the rows' files and the dvc.lock of DVC's own experiments
     lock = tree_path(root, "dvc.lock")
     bad: list[tuple[Row, str]] = []
@@ -89,8 +93,33 @@ def rows(exp: str | None = None, repo: str | Path | None = None,
                             [f"{sha}:{lock}" for _, sha in theirs], bad)
     if bad and metrics_file is None:  # one given by hand: `show` says it its own way
         say_unread_metrics(bad, "the row is listed without metrics")
-    mark_dvc_duplicates(root, found, refs, locks, every)
+    mark_dvc_duplicates(root, found, refs, locks, every_row)
     return found
+
+
+def project_of(root: str) -> str:
+    """The DVC project at ``root`` as its rows' lineage lines say it
+    (``root=``): its folder relative to the git repository's top, ``.`` at
+    the top, quoted; the recorder's rows.project_address, which the reading
+    layer cannot import (tests/unit/test_stage_projects.py holds them equal)."""
+    rel = os.path.relpath(os.path.realpath(root), os.path.realpath(git_dirs(root)[1]))
+    return quote(rel.replace(os.sep, "/"), safe="/:@")
+
+
+def of_project(row_root: str | None, here: str) -> bool:
+    """Whether a row whose lineage says ``row_root`` is of the project
+    ``here`` (project_of). Pure. Two projects of one repository (`dvc init
+    --subdir`) share its refs: `show` in one listed the other's runs, without
+    their metrics (found by a sweep). A row that says none (an older
+    release's) cannot tell, and is listed, as before."""
+    return row_root is None or row_root == here
+
+
+def project_rows(root: str) -> list[Row]:
+    """The rows of the DVC project at ``root`` only (of_project), as
+    list_rows gives them."""
+    here = project_of(root)
+    return [row for row, fields in rows_and_lineage(root) if of_project(fields.get("root"), here)]
 
 
 def read_metrics(root: str, found: list[Row]) -> list[tuple[Row, str]]:
@@ -245,16 +274,18 @@ def in_project(root: str, path: str, what: str) -> None:
                           f"(default {DEFAULT_METRICS})")
 
 
-def _rows_and_refs(root: str) -> tuple[list[Row], list[tuple[str, str]]]:
-    """Every row (a ref that is a row is never DVC's own experiment, whatever
-    is asked), and every experiment ref. exp_refs refuses a repository git
+def _rows_and_refs(root: str
+                   ) -> tuple[list[tuple[Row, dict[str, str]]], list[tuple[str, str]]]:
+    """Every row with its lineage's fields, of every project (a ref that is
+    a row is never DVC's own experiment, whatever is asked), and every
+    experiment ref. exp_refs refuses a repository git
     reads only in part (a broken ref); its git process runs beside
     list_rows' (two reads of refs/exps), its error first."""
     got: dict[str, Any] = {}
     reader = threading.Thread(target=_into, args=(got, exp_refs, root), daemon=True)
     reader.start()
     try:
-        every = list_rows(root)
+        every = rows_and_lineage(root)
     finally:
         reader.join()
         if "error" in got:
@@ -375,7 +406,7 @@ def current_row(path: str | os.PathLike = "checkpoint", repo: str | os.PathLike 
         return None
     lock, stage, out, md5 = entry
     root, step = rows_root(repo), _checkpoint_step(ckpt)
-    found = [r for r in list_rows(root) if step is None or r["step"] == step]
+    found = [r for r in project_rows(root) if step is None or r["step"] == step]
     rel = tree_path(root, str(lock))
     blobs = read_blobs(root, [f"{r['sha']}:{rel}" for r in found])
     hits = [r for r, blob in zip(found, blobs, strict=True)

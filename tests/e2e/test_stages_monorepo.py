@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import dvc_dali
 from dvc_dali.reading.exp_refs import parse_lineage
 
 from tests.helpers.dvc_project import commit_all, make_project, run
@@ -67,17 +68,35 @@ def mono(tmp_path_factory) -> Path:
     return repo
 
 
-def test_a_resumed_run_continues_its_own_projects_row_not_a_siblings(mono):
+@pytest.fixture(scope="module")
+def two_runs(mono) -> dict[str, tuple[str, str]]:
     """pb killed after its first row; pa then records rows of the same stage
-    address and the same outputs; pb resumed continued pa's run (its row
-    named a-step2-<sha>, parent pa's row)."""
+    address and the same outputs; pb resumed. The row refs, by name."""
     pa, pb = mono / "pa", mono / "pb"
     assert exp_run(pb, "-n", "b", env={"KILL_AT": "2"}, check=False).returncode != 0
     exp_run(pa, "-n", "a")
     exp_run(pb)
-    refs = row_refs(mono)
+    return row_refs(mono)
+
+
+def test_a_resumed_run_continues_its_own_projects_row_not_a_siblings(mono, two_runs):
+    """pb resumed continued pa's run (its row named a-step2-<sha>, parent
+    pa's row)."""
+    refs = two_runs
     assert {"a-step1", "a-step2", "b-step1", "b-step2"} <= set(refs), sorted(refs)
     resumed = lineage(mono, refs["b-step2"][0])
     assert resumed["exp"] == "b" and resumed["parent"] == refs["b-step1"][1]
     assert resumed["root"] == "pb" and lineage(mono, refs["a-step2"][0])["root"] == "pa"
     assert not [name for name in refs if name.startswith("a-step2-")]
+
+
+def test_show_and_rows_list_only_their_own_projects_runs(mono, two_runs):
+    """`dvc-dali show` in pa listed pb's run b too (and `rows`, `show b`,
+    `show --best` with it): the projects share the repository's refs."""
+    shown = {p: run([sys.executable, "-m", "dvc_dali", "show"], mono / p).stdout
+             for p in ("pa", "pb")}
+    assert "a-step2" in shown["pa"] and "b-step" not in shown["pa"], shown["pa"]
+    assert "b-step2" in shown["pb"] and "a-step" not in shown["pb"], shown["pb"]
+    assert {r["exp"] for r in dvc_dali.rows(repo=str(mono / "pa"))} == {"a"}
+    other = run([sys.executable, "-m", "dvc_dali", "show", "b"], mono / "pa", check=False)
+    assert other.returncode == 1 and "no checkpoints recorded" in other.stderr
