@@ -166,12 +166,15 @@ def _in_step_order(rows: list[Row]) -> Callable[[dict], tuple]:
 
 
 def group_runs(rows: list[Row]) -> list[list[Row]]:
-    """Rows per run (experiment name and baseline), the run with the newest
-    row first, each run's rows by step; the newest row of each marked
-    ``latest`` (row_queries.newest_row)."""
-    runs: dict[tuple[str, str], list[Row]] = {}
+    """Rows per run (experiment name, baseline and stage: one `dvc exp run`
+    of two checkpoint stages names both stages' runs alike, and the recorder
+    keeps a lineage per stage), the run with the newest row first, each run's
+    rows by step; the newest row of each marked ``latest``
+    (row_queries.newest_row)."""
+    runs: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
-        runs.setdefault((row["exp"], row["baseline"] or ""), []).append(row)
+        runs.setdefault((row["exp"], row["baseline"] or "", row.get("stage") or ""),
+                        []).append(row)
     groups = [sorted(part, key=_in_step_order(part))
               for mine in runs.values() for part in _lineages(mine)]
     parents = {r["parent"] for r in rows}
@@ -179,7 +182,8 @@ def group_runs(rows: list[Row]) -> list[list[Row]]:
         newest = newest_row(mine, parents)
         for row in mine:
             row["latest"] = row is newest
-    groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or ""))
+    groups.sort(key=lambda g: (-max(r["time"] for r in g), g[0]["exp"], g[0]["baseline"] or "",
+                           g[0].get("stage") or ""))
     return groups
 
 
@@ -300,10 +304,21 @@ def render(groups: list[list[Row]], names: dict[str, str]) -> list[str]:
                   if r["parent"] in names and names[r["parent"]] not in own]
         resumed = f", resumed from {origin[0]}" if origin else ""
         baseline = (mine[0]["baseline"] or "")[:7]
-        lines.append(f"{mine[0]['exp']}  (baseline {baseline}, "
+        stage = f"stage {mine[0]['stage']}, " if _stage_told(mine, groups) else ""
+        lines.append(f"{mine[0]['exp']}  ({stage}baseline {baseline}, "
                      f"{_plural(len(mine), 'checkpoint')}{resumed})")
         lines.extend(draw_tree(mine))
     return lines
+
+
+def _stage_told(mine: list[Row], groups: list[list[Row]]) -> bool:
+    """Whether a run's header names its stage: where another run of its name
+    is of another stage (one `dvc exp run` of a pipeline, or a `foreach`, runs
+    each checkpoint stage under the experiment's name: `show` drew trees of
+    one name, no stage said; found by a sweep). Pure."""
+    exp, stage = mine[0]["exp"], mine[0].get("stage")
+    return stage is not None and any(g[0]["exp"] == exp and g[0].get("stage") != stage
+                                     for g in groups)
 
 
 def _metrics_problem(root: str, rows: list[Row], path: str) -> tuple[str, bool]:

@@ -5,6 +5,7 @@ what is tested is which stage is refused, resumed and recorded)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -67,15 +68,24 @@ def project(tmp_path_factory) -> Path:
                         files={"train.py": TRAIN, "dvc.yaml": DVC_YAML})
 
 
-def test_a_killed_downstream_stage_is_resumed_alone_as_the_finished_ones_refusal_says(project):
-    """`dvc exp run` ran the finished train-a first, whose refusal stopped it
-    before train-b; the refusal named only what resets both stages."""
+@pytest.fixture(scope="module")
+def resumed(project) -> subprocess.CompletedProcess:
+    """`dvc exp run -n two` killed in train-b; then `dvc exp run` again (the
+    finished train-a's refusal); then train-b resumed alone."""
     assert exp_run(project, "-n", "two", env={"KILL_AT": "b:2"}, check=False).returncode != 0
     refused = exp_run(project, check=False)
+    exp_run(project, "-s", "train-b")
+    return refused
+
+
+def test_a_killed_downstream_stage_is_resumed_alone_as_the_finished_ones_refusal_says(
+        project, resumed):
+    """`dvc exp run` ran the finished train-a first, whose refusal stopped it
+    before train-b; the refusal named only what resets both stages."""
+    refused = resumed
     assert refused.returncode != 0
     line = next(x for x in refused.stderr.splitlines() if "UnchangedCheckpointError" in x)
     assert "`dvc exp run -s train-b`" in line and "reset --stage train-a`" in line
-    exp_run(project, "-s", "train-b")
     uninterrupted = 0.0
     for step in range(1, 5):
         uninterrupted = uninterrupted * 2 + step
@@ -87,3 +97,12 @@ def test_a_killed_downstream_stage_is_resumed_alone_as_the_finished_ones_refusal
         b_rows.setdefault(fields["stage"], []).append((int(fields["step"]), fields["exp"]))
     assert sorted(b_rows["dvc.yaml:train-b"]) == [(2, "two"), (4, "two")]
     assert sorted(b_rows["dvc.yaml:train-a"]) == [(2, "two"), (4, "two")]
+
+
+def test_show_names_the_stage_of_each_tree_of_one_experiment_name(project, resumed):
+    """Both stages' runs are named after the experiment: `dvc-dali show`
+    drew two trees headed "two" and no stage."""
+    shown = run([sys.executable, "-m", "dvc_dali", "show"], project).stdout
+    heads = sorted(line for line in shown.splitlines() if line.startswith("two "))
+    assert len(heads) == 2, shown
+    assert "(stage dvc.yaml:train-a, " in heads[0] and "(stage dvc.yaml:train-b, " in heads[1]
