@@ -13,7 +13,9 @@ the dvc.yaml the row's own commit holds is read, and the first JSON file of:
 4. else DVCLive's default, ``dvclive/metrics.json`` at the DVC root.
 
 Paths DVC would interpolate (``${...}``) or that lead out of the project
-are skipped: which file they mean is DVC's to say. No DVC import: the YAML
+are skipped: which file they mean is DVC's to say; but in a ``foreach``
+stage's ``do:``, ``${item}`` and ``${key}`` are put in where the
+``foreach`` is written out in dvc.yaml (foreach_values), as DVC does. No DVC import: the YAML
 is parsed with the library DVC parses it with.
 """
 
@@ -74,10 +76,60 @@ def _stage_entry(data: Any, name: str) -> Any:
         return None
     entry = stages.get(name)
     if entry is None and "@" in name:
-        entry = stages.get(name.partition("@")[0])
+        base, _, key = name.partition("@")
+        entry = stages.get(base)
         if isinstance(entry, dict) and "foreach" in entry:
-            entry = entry.get("do")
+            entry = _substituted(entry.get("do"), foreach_values(entry["foreach"], key))
     return entry if isinstance(entry, dict) else None
+
+
+def _scalar_str(value: Any) -> Optional[str]:
+    """A foreach value as DVC writes it into a stage (its to_str: booleans
+    as ``true``/``false``); None for a list or mapping."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return None if isinstance(value, (dict, list)) else str(value)
+
+
+def foreach_values(foreach: Any, key: str) -> dict[str, str]:
+    """What ``${item}`` and ``${key}`` are in the ``do:`` of stage
+    ``base@<key>``, where dvc.yaml writes the ``foreach`` out: a list of
+    plain values (named by the value: ``${item}``) or a mapping (named by
+    its key: ``${key}``, and ``${item}`` where the value is plain), as DVC
+    names the generated stages. {} for one DVC interpolates (``${params}``),
+    a list of mappings (named by index) or a key it does not hold. Pure."""
+    if isinstance(foreach, dict):
+        found = {_scalar_str(k): v for k, v in foreach.items()}
+        if key not in found:
+            return {}
+        item = _scalar_str(found[key])
+        return {"${key}": key, **({"${item}": item} if item is not None else {})}
+    if not isinstance(foreach, list) or any(isinstance(v, (dict, list)) for v in foreach):
+        return {}
+    return {"${item}": key} if key in {_scalar_str(v) for v in foreach} else {}
+
+
+def _substituted(entry: Any, values: dict[str, str]) -> Any:
+    """A ``do:`` entry with ``${item}``/``${key}`` put in its ``wdir`` and
+    ``metrics`` paths (a foreach stage's per-item metrics file was skipped
+    as interpolated, so `show --best` and keep_best found no metric: found
+    by a sweep); any other ``${...}`` stays, and is skipped as before."""
+    if not isinstance(entry, dict) or not values:
+        return entry
+
+    def put(text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        for token, value in values.items():
+            text = text.replace(token, value)
+        return text
+
+    metrics = entry.get("metrics")
+    if isinstance(metrics, list):
+        metrics = [{put(k): v for k, v in m.items()} if isinstance(m, dict) else put(m)
+                   for m in metrics]
+    return {**entry, "wdir": put(entry["wdir"]) if "wdir" in entry else ".",
+            "metrics": metrics}
 
 
 def _wdir(entry: Any, folder: str) -> Optional[str]:
