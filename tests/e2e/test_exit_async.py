@@ -90,7 +90,10 @@ def test_an_interrupted_run_whose_checkpoint_in_flight_failed_says_both_in_one_l
     assert "File too large), so step 10 is not recorded; dvc.lock still names the last " \
            "recorded row. Free disk space there" in said[0], out
     assert said[0].endswith("): no row holds it"), out
-    assert f"train.py, exited with {status}\n" in out, out  # the signal's, as DVC tells it
+    # the signal's, as DVC tells it; a Ctrl-C: Python ends itself by SIGINT,
+    # or with 128 + 2 where that kill does not end it at once (seen once in CI)
+    assert any(f"train.py, exited with {code}\n" in out
+               for code in ((status, 130) if status == -2 else (status,))), out
     assert {r for r in exp_rows(project) if r.startswith(f"{name}-")} == {f"{name}-step5"}
 
 
